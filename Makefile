@@ -1,0 +1,30 @@
+# Two commands: `make run` (Yak on embedded defaults) and `make test` (the test suite).
+# `make setup` is idempotent: it reinstalls only when pyproject.toml changed.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.yak-installed
+
+.PHONY: setup run test test-slow clean-state
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	# The CPU build of torch, pinned before anything that depends on it (an unpinned torch
+	# would pull several GB of CUDA packages).
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	@touch $(STAMP)
+
+run: setup
+	$(BIN)/yak up
+
+test: setup
+	$(BIN)/python -m pytest
+
+clean-state:
+	-$(BIN)/yak db stop
+	rm -rf .yak

@@ -1,0 +1,1 @@
+"""The ``yak`` command: a thin client of the API, plus local administration."""

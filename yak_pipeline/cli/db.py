@@ -1,0 +1,103 @@
+"""``yak db``: which database is in use, migrations, status, and the embedded server."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from yak_pipeline.cli.errors import friendly_errors
+from yak_pipeline.settings import get_settings
+from yak_pipeline.store.database import connect, redact_url, resolve_database_url
+from yak_pipeline.store.embedded import embedded_server_running, stop_embedded_server
+from yak_pipeline.store.migrations import migration_states, read_meta, table_counts
+from yak_pipeline.wiring import migrate_database
+
+app = typer.Typer(help="Database: URL, migrations, status, embedded server.", no_args_is_help=True)
+console = Console()
+
+JsonOption = typer.Option(False, "--json", help="Print JSON for scripts instead of a table.")
+
+
+@app.command("url")
+@friendly_errors
+def url_command(
+    show_password: bool = typer.Option(False, "--show-password", help="Print the password instead of ***."),
+) -> None:
+    """Print the database URL in use (starting the embedded server if it is the one in use)."""
+    url = resolve_database_url(get_settings())
+    print(url if show_password else redact_url(url))
+
+
+@app.command("migrate")
+@friendly_errors
+def migrate_command(as_json: bool = JsonOption) -> None:
+    """Apply pending ``sql/`` migrations in order; running it again applies nothing."""
+    applied = migrate_database(get_settings())
+    if as_json:
+        print(json.dumps({"applied": applied}))
+    elif applied:
+        for name in applied:
+            console.print(f"applied {name}")
+    else:
+        console.print("database is up to date")
+
+
+@app.command("status")
+@friendly_errors
+def status_command(as_json: bool = JsonOption) -> None:
+    """Show applied and pending migrations, the embedding the database holds, and row counts."""
+    settings = get_settings()
+    url = resolve_database_url(settings)
+    with connect(url, vector=False) as conn:
+        states = migration_states(conn)
+        meta = read_meta(conn)
+        counts = table_counts(conn)
+    report = {
+        "database": redact_url(url),
+        "embedded": settings.database_url is None,
+        "migrations": [
+            {"name": s.migration.name, "applied_at": s.applied_at.isoformat() if s.applied_at else None}
+            for s in states
+        ],
+        "embedding": {"dimensions": meta.get("embedding_dim"), "model": meta.get("embedding_model")},
+        "tables": counts,
+    }
+    if as_json:
+        print(json.dumps(report))
+        return
+    console.print(f"database: {report['database']}" + (" (embedded)" if report["embedded"] else ""))
+    console.print(f"embedding: {meta.get('embedding_model', '-')} ({meta.get('embedding_dim', '-')} dimensions)")
+    migrations = Table("migration", "applied")
+    for s in states:
+        migrations.add_row(s.migration.name, s.applied_at.isoformat(timespec="seconds") if s.applied_at else "pending")
+    console.print(migrations)
+    tables = Table("table", "rows")
+    for table, count in counts.items():
+        tables.add_row(table, "not created" if count is None else str(count))
+    console.print(tables)
+
+
+@app.command("stop")
+@friendly_errors
+def stop_command(as_json: bool = JsonOption) -> None:
+    """Stop the embedded PostgreSQL server (nothing to do with an external YAK_DATABASE_URL)."""
+    settings = get_settings()
+    if settings.database_url:
+        message, stopped = "YAK_DATABASE_URL is set: Yak does not manage that server", False
+    else:
+        stopped = stop_embedded_server(settings.pgdata_dir)
+        message = "embedded server stopped" if stopped else "embedded server was not running"
+    if as_json:
+        print(json.dumps({"stopped": stopped, "message": message}))
+    else:
+        console.print(message)
+
+
+@app.command("running")
+@friendly_errors
+def running_command() -> None:
+    """Exit 0 if the embedded server is running, 1 if not (for scripts)."""
+    raise typer.Exit(0 if embedded_server_running(get_settings().pgdata_dir) else 1)

@@ -1,0 +1,54 @@
+"""The ``yak`` command line: one Typer app with a sub-app per area."""
+
+from __future__ import annotations
+
+import json
+
+import typer
+
+from yak_pipeline.cli import db
+from yak_pipeline.cli.errors import USAGE_EXIT, fail
+from yak_pipeline.settings import Settings, SettingsError, get_settings, settings_table_markdown
+
+app = typer.Typer(
+    name="yak",
+    help="Yak, a personal memory system for LLMs.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(db.app, name="db")
+
+
+@app.callback()
+def _validate_settings() -> None:
+    """Read the settings once up front so a bad YAK_* value is one line, exit 2, before any work."""
+    try:
+        get_settings()
+    except SettingsError as exc:
+        raise fail(str(exc), USAGE_EXIT) from None
+
+
+@app.command("settings")
+def settings_command(
+    markdown: bool = typer.Option(False, "--markdown", help="Print the README's table of variables."),
+    as_json: bool = typer.Option(False, "--json", help="Print the effective settings as JSON (secrets hidden)."),
+) -> None:
+    """Show the effective configuration (secrets hidden), or the table of all YAK_* variables."""
+    if markdown:
+        print(settings_table_markdown())
+        return
+    effective = json.loads(get_settings().model_dump_json())
+    if as_json:
+        print(json.dumps(effective))
+        return
+    for name in Settings.model_fields:
+        print(f"YAK_{name.upper()}={'' if effective[name] is None else effective[name]}")
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

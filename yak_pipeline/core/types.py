@@ -1,0 +1,34 @@
+"""The vocabulary every layer shares: tiers, statuses and user-id validation."""
+
+from __future__ import annotations
+
+import re
+from typing import Final, Literal, get_args
+
+Tier = Literal["core", "medium", "low"]
+MemoryStatus = Literal["pending", "distilled", "failed"]
+DistillationStatus = Literal["active", "review", "rejected", "merged"]
+MemorySource = Literal["api", "drop_folder", "import"]
+
+TIERS: Final[tuple[Tier, ...]] = get_args(Tier)
+MEMORY_STATUSES: Final[tuple[MemoryStatus, ...]] = get_args(MemoryStatus)
+DISTILLATION_STATUSES: Final[tuple[DistillationStatus, ...]] = get_args(DistillationStatus)
+MEMORY_SOURCES: Final[tuple[MemorySource, ...]] = get_args(MemorySource)
+
+# Dagster's multi-partition keys join dimensions with "|", so a user id must never hold one;
+# the same pattern is a CHECK constraint in sql/001.
+USER_ID_PATTERN: Final[str] = r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$"
+_USER_ID_RE: Final = re.compile(USER_ID_PATTERN)
+
+
+class InvalidUserId(ValueError):
+    """A user id that does not match :data:`USER_ID_PATTERN`."""
+
+
+def validate_user_id(user_id: object) -> str:
+    """Return ``user_id`` if it is a valid Yak user id, else raise :class:`InvalidUserId`."""
+    if not isinstance(user_id, str) or not _USER_ID_RE.fullmatch(user_id):
+        raise InvalidUserId(
+            f"invalid user id {user_id!r}: use 1-64 letters, digits, '.', '_', '@' or '-', starting with a letter or digit"
+        )
+    return user_id

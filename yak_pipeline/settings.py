@@ -1,0 +1,150 @@
+"""Every environment variable Yak reads, in one place, read once.
+
+Each field's ``description`` is the one-line documentation the README table is generated
+from (``yak settings --markdown``; a test checks the README against this class). Nothing
+else in the project reads ``os.environ`` for Yak's own configuration.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class SettingsError(ValueError):
+    """A configuration value is invalid; the message names the variable and the fix."""
+
+
+class Settings(BaseSettings):
+    """Yak's configuration, from ``YAK_*`` environment variables."""
+
+    model_config = SettingsConfigDict(env_prefix="YAK_", extra="ignore", frozen=True)
+
+    home: Path = Field(
+        default=Path("./.yak"),
+        description="Folder for Yak's local state: embedded database, Dagster home, drop folder.",
+    )
+    database_url: str | None = Field(
+        default=None,
+        description="PostgreSQL 16+ URL with pgvector; unset = embedded server under $YAK_HOME/pgdata.",
+    )
+    llm_base_url: str | None = Field(
+        default=None,
+        description="OpenAI-compatible endpoint (e.g. http://127.0.0.1:11434/v1); unset = offline rules provider.",
+    )
+    llm_model: str = Field(default="gpt-4o-mini", description="Chat model name sent to the LLM endpoint.")
+    llm_api_key: SecretStr | None = Field(
+        default=None, description="API key for the LLM endpoint (never logged)."
+    )
+    llm_timeout_seconds: float = Field(
+        default=60.0, gt=0, description="Timeout of one LLM request, in seconds."
+    )
+    llm_max_retries: int = Field(
+        default=3, ge=0, le=10, description="Retries of an LLM call on transport errors, 5xx and invalid output."
+    )
+    llm_concurrency: int = Field(
+        default=4, ge=1, le=64, description="Concurrent LLM calls within one pipeline run."
+    )
+    embedder: Literal["local", "openai", "hashing"] = Field(
+        default="local",
+        description="Embedding provider: local (all-MiniLM-L6-v2, offline), openai (/v1/embeddings), hashing (feature hashing, for tests).",
+    )
+    embed_model: str | None = Field(
+        default=None,
+        description="Embedding model name for the openai embedder (e.g. nomic-embed-text); ignored by the others.",
+    )
+    embed_base_url: str | None = Field(
+        default=None, description="Endpoint of the openai embedder; unset = $YAK_LLM_BASE_URL."
+    )
+    embed_dimensions: int | None = Field(
+        default=None,
+        ge=8,
+        le=16000,
+        description="Vector size of the openai embedder (asked of the endpoint when unset) or of the hashing one (default 384).",
+    )
+    half_life_days: float = Field(
+        default=30.0, gt=0, description="Recall decay half-life in days."
+    )
+    decay_enabled: bool = Field(default=True, description="Apply recency decay in recall (true/false).")
+    core_threshold_multiplier: float = Field(
+        default=2.0, ge=1.0, le=10.0, description="How much wider the recall distance gate is for core memories."
+    )
+    error_webhook: SecretStr | None = Field(
+        default=None, description="Discord-format webhook for error alerts (never logged)."
+    )
+    critical_webhook: SecretStr | None = Field(
+        default=None, description="Escalation webhook for critical alerts (never logged)."
+    )
+    alert_dedup_seconds: int = Field(
+        default=300, ge=0, description="Window within which alerts of one type are sent once."
+    )
+    admin_api_key: SecretStr | None = Field(
+        default=None, description="An admin API key accepted in addition to stored keys (never logged)."
+    )
+    drop_dir: Path | None = Field(
+        default=None, description="Drop folder watched for exchange files; unset = $YAK_HOME/drop."
+    )
+    timezone: str = Field(default="UTC", description="IANA time zone of the nightly schedule (02:00 local).")
+    prompt_version: str = Field(
+        default="v1", description="Distillation prompt version stored on each distillation; bump to backfill."
+    )
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_timezone(cls, value: str) -> str:
+        try:
+            ZoneInfo(value)
+        except (ZoneInfoNotFoundError, ValueError) as exc:
+            raise ValueError(f"unknown time zone {value!r} (use an IANA name such as Europe/Berlin)") from exc
+        return value
+
+    @field_validator("database_url", "llm_base_url", "embed_base_url", "embed_model", mode="before")
+    @classmethod
+    def _blank_is_unset(cls, value: object) -> object:
+        # `export YAK_DATABASE_URL=` should mean "unset", not "connect to ''".
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @property
+    def resolved_drop_dir(self) -> Path:
+        """The drop folder in use."""
+        return self.drop_dir if self.drop_dir is not None else self.home / "drop"
+
+    @property
+    def pgdata_dir(self) -> Path:
+        """Data folder of the embedded PostgreSQL server."""
+        return self.home / "pgdata"
+
+
+def load_settings() -> Settings:
+    """Read the environment into :class:`Settings`, turning validation errors into one line.
+
+    Raises :class:`SettingsError` naming the ``YAK_*`` variable at fault.
+    """
+    try:
+        return Settings()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else "?"
+        message = str(first["msg"]).removeprefix("Value error, ")
+        raise SettingsError(f"YAK_{field.upper()}: {message}") from None
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process-wide settings, read once."""
+    return load_settings()
+
+
+def settings_table_markdown() -> str:
+    """The README's table of environment variables, generated from :class:`Settings`."""
+    lines = ["| Variable | Default | Description |", "| --- | --- | --- |"]
+    for name, field in Settings.model_fields.items():
+        default = field.default
+        shown = "unset" if default is None else (str(default).lower() if isinstance(default, bool) else str(default))
+        lines.append(f"| `YAK_{name.upper()}` | `{shown}` | {field.description} |")
+    return "\n".join(lines)

@@ -1,0 +1,89 @@
+"""Conflicts: pairs of a user's distillations that contradict each other."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg.rows import dict_row
+
+from yak_pipeline.store.audit import write_audit
+from yak_pipeline.store.distillations import flag_for_review
+
+
+def record_conflict(
+    conn: psycopg.Connection, *, user_id: str, a: UUID | str, b: UUID | str, score: float, actor: str = "pipeline"
+) -> UUID | None:
+    """Store a conflict between two of a user's distillations and flag both for review.
+
+    The pair is stored in a fixed order so (a, b) and (b, a) are one conflict; returns None
+    when it was already recorded.
+    """
+    first, second = sorted((str(a), str(b)))
+    if first == second:
+        raise ValueError("a distillation cannot conflict with itself")
+    row = conn.execute(
+        """INSERT INTO conflicts (user_id, distillation_a, distillation_b, score) VALUES (%s, %s, %s, %s)
+           ON CONFLICT (distillation_a, distillation_b) DO NOTHING RETURNING id""",
+        (user_id, first, second, score),
+    ).fetchone()
+    if row is None:
+        return None
+    flag_for_review(conn, [first, second])
+    write_audit(conn, actor=actor, action="conflict", target_type="conflict", target_id=row[0], user_id=user_id,
+                detail={"a": first, "b": second, "score": score})
+    return row[0]
+
+
+def conflicting_ids(conn: psycopg.Connection, distillation_id: UUID | str) -> set[str]:
+    """Ids of the distillations in an open conflict with this one (never merged with it)."""
+    rows = conn.execute(
+        """SELECT CASE WHEN distillation_a = %(id)s THEN distillation_b ELSE distillation_a END
+           FROM conflicts WHERE status = 'open' AND (distillation_a = %(id)s OR distillation_b = %(id)s)""",
+        {"id": str(distillation_id)},
+    ).fetchall()
+    return {str(r[0]) for r in rows}
+
+
+def list_conflicts(
+    conn: psycopg.Connection, *, user_id: str | None = None, status: str | None = "open", limit: int = 50
+) -> list[dict[str, Any]]:
+    """Conflicts with both sides' text, newest first; hides pairs with a forgotten side."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            """SELECT c.id, c.user_id, c.distillation_a, a.content AS content_a, c.distillation_b,
+                      b.content AS content_b, c.score, c.status, c.resolution, c.created_at, c.resolved_at
+               FROM conflicts c
+               JOIN distillations a ON a.id = c.distillation_a AND a.deleted_at IS NULL
+               JOIN distillations b ON b.id = c.distillation_b AND b.deleted_at IS NULL
+               WHERE (%(user)s::text IS NULL OR c.user_id = %(user)s)
+                 AND (%(status)s::text IS NULL OR c.status = %(status)s)
+               ORDER BY c.created_at DESC LIMIT %(limit)s""",
+            {"user": user_id, "status": status, "limit": limit},
+        ).fetchall()
+
+
+def close_conflict(
+    conn: psycopg.Connection,
+    conflict_id: UUID | str,
+    *,
+    status: str,
+    resolution: str | None = None,
+    user_id: str | None = None,
+    actor: str = "system",
+) -> bool:
+    """Resolve or dismiss an open conflict; False when no such open conflict (for that user)."""
+    if status not in ("resolved", "dismissed"):
+        raise ValueError(f"a conflict closes as resolved or dismissed, not {status!r}")
+    row = conn.execute(
+        """UPDATE conflicts SET status = %(status)s, resolution = %(resolution)s, resolved_at = now()
+           WHERE id = %(id)s AND status = 'open' AND (%(user)s::text IS NULL OR user_id = %(user)s)
+           RETURNING user_id""",
+        {"status": status, "resolution": resolution, "id": str(conflict_id), "user": user_id},
+    ).fetchone()
+    if row is None:
+        return False
+    write_audit(conn, actor=actor, action=f"conflict_{status}", target_type="conflict", target_id=conflict_id,
+                user_id=row[0], detail={"resolution": resolution})
+    return True

@@ -1,0 +1,117 @@
+"""Connections: which database is in use, and a psycopg 3 pool with pgvector registered."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+from pgvector.psycopg import register_vector
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from yak_pipeline.settings import Settings
+from yak_pipeline.store.errors import DatabaseUnavailable, PgvectorMissing
+
+CONNECT_TIMEOUT_SECONDS = 5
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced, safe for messages and logs."""
+    return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)
+
+
+def resolve_database_url(settings: Settings, *, start_embedded: bool = True) -> str:
+    """``YAK_DATABASE_URL`` when set, else the embedded server's URL (starting it if needed)."""
+    if settings.database_url:
+        return settings.database_url
+    from yak_pipeline.store.embedded import start_embedded_server
+
+    if not start_embedded:
+        raise DatabaseUnavailable("YAK_DATABASE_URL is unset and the embedded server was not started")
+    return start_embedded_server(settings.pgdata_dir)
+
+
+def with_database(url: str, dbname: str) -> str:
+    """The same server URL pointing at another database (used for the test and eval databases)."""
+    info = psycopg.conninfo.conninfo_to_dict(url)
+    info["dbname"] = dbname
+    return psycopg.conninfo.make_conninfo(**info)
+
+
+def connect(url: str, *, autocommit: bool = False, vector: bool = True) -> psycopg.Connection:
+    """One connection, with a one-line :class:`DatabaseUnavailable` instead of a traceback."""
+    try:
+        conn = psycopg.connect(url, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT_SECONDS)
+    except psycopg.OperationalError as exc:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        reason = lines[0] if lines else type(exc).__name__
+        raise DatabaseUnavailable(
+            f"cannot connect to {redact_url(url)}: {reason} "
+            "(check YAK_DATABASE_URL, or unset it to use the embedded server)"
+        ) from None
+    if vector:
+        _register_vector(conn)
+    return conn
+
+
+def _register_vector(conn: psycopg.Connection) -> None:
+    try:
+        register_vector(conn)
+    except psycopg.ProgrammingError:
+        conn.close()
+        raise PgvectorMissing(
+            "the vector type is not installed in this database: run `yak db migrate` "
+            "(the server needs the pgvector extension)"
+        ) from None
+    # register_vector may leave a transaction open; the pool wants idle connections.
+    if not conn.autocommit:
+        conn.rollback()
+
+
+class Database:
+    """A connection pool for one database URL; every store function takes a connection from it."""
+
+    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10) -> None:
+        self.url = url
+        self._pool = ConnectionPool(
+            url,
+            min_size=min_size,
+            max_size=max_size,
+            kwargs={"connect_timeout": CONNECT_TIMEOUT_SECONDS},
+            configure=_register_vector,
+            # Connections killed by a server restart are noticed before they are handed out.
+            check=ConnectionPool.check_connection,
+            open=False,
+            name="yak",
+        )
+
+    def open(self, timeout: float = 10.0) -> Database:
+        """Open the pool, failing with a one-line error when the server is unreachable."""
+        try:
+            self._pool.open(wait=True, timeout=timeout)
+        except PoolTimeout:
+            self._pool.close()
+            # Reproduce the real reason with a direct connection attempt.
+            connect(self.url, vector=False).close()
+            raise DatabaseUnavailable(f"cannot open a connection pool to {redact_url(self.url)}") from None
+        return self
+
+    def close(self) -> None:
+        """Close every pooled connection."""
+        self._pool.close()
+
+    def __enter__(self) -> Database:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection]:
+        """A pooled connection in a transaction: committed on success, rolled back on error."""
+        try:
+            with self._pool.connection() as conn:
+                yield conn
+        except (psycopg.OperationalError, PoolTimeout) as exc:
+            raise DatabaseUnavailable(f"database connection lost: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from exc

@@ -1,0 +1,224 @@
+"""Distillations and their versions: every content change writes a version, nothing is lost."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import numpy as np
+import psycopg
+from psycopg.rows import dict_row
+
+from yak_pipeline.core.dedup import Neighbour
+from yak_pipeline.core.gates import confidence_gate
+from yak_pipeline.core.types import TIERS
+from yak_pipeline.store.audit import write_audit
+
+_COLUMNS = (
+    "id, memory_id, user_id, content, confidence, tier, warmth, user_weight, status, needs_review, "
+    "embedding_model, prompt_version, schema_version, refreshed_at, created_at, updated_at"
+)
+
+
+@dataclass(frozen=True)
+class NewDistillation:
+    """What a distillation run produced for one memory, before it is stored."""
+
+    memory_id: UUID | str
+    user_id: str
+    content: str
+    confidence: float
+    tier: str
+    embedding: Sequence[float]
+    embedding_model: str
+    prompt_version: str
+    refreshed_at: datetime
+    schema_version: int = 1
+
+
+def _vector(values: Sequence[float]) -> np.ndarray:
+    return np.asarray(values, dtype=np.float32)
+
+
+def insert_distillation(conn: psycopg.Connection, new: NewDistillation, *, actor: str = "pipeline") -> UUID:
+    """Store a distillation (status from the confidence gate) with its first version.
+
+    The gate is applied here, not by the caller, so no path can store an ungated row; the
+    database's CHECK constraints hold the same rule.
+    """
+    if new.tier not in TIERS:
+        raise ValueError(f"unknown tier {new.tier!r}")
+    decision = confidence_gate(new.confidence)
+    embedding = _vector(new.embedding)
+    distillation_id = conn.execute(
+        """INSERT INTO distillations (memory_id, user_id, content, confidence, tier, status, needs_review,
+                                      embedding, embedding_model, prompt_version, schema_version, refreshed_at)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id""",
+        (str(new.memory_id), new.user_id, new.content, new.confidence, new.tier, decision.status,
+         decision.needs_review, embedding, new.embedding_model, new.prompt_version, new.schema_version,
+         new.refreshed_at),
+    ).fetchone()[0]
+    conn.execute(
+        """INSERT INTO distillation_versions (distillation_id, version, content, embedding, embedding_model,
+                                              prompt_version, reason)
+           VALUES (%s, 1, %s, %s, %s, %s, 'distilled')""",
+        (distillation_id, new.content, embedding, new.embedding_model, new.prompt_version),
+    )
+    write_audit(conn, actor=actor, action="distil", target_type="distillation", target_id=distillation_id,
+                user_id=new.user_id, detail={"memory_id": str(new.memory_id), "status": decision.status,
+                                             "confidence": new.confidence, "tier": new.tier})
+    return distillation_id
+
+
+def add_version(
+    conn: psycopg.Connection,
+    distillation_id: UUID | str,
+    *,
+    content: str,
+    embedding: Sequence[float],
+    embedding_model: str,
+    reason: str,
+    merged_from: Sequence[UUID | str] = (),
+    prompt_version: str | None = None,
+    refreshed_at: datetime | None = None,
+    actor: str = "pipeline",
+) -> int:
+    """Give a distillation new content: write the next version and update the live row.
+
+    Returns the new version number. The row is locked first so concurrent versions of one
+    distillation serialise instead of both claiming the same number.
+    """
+    row = conn.execute(
+        "SELECT user_id FROM distillations WHERE id = %s AND deleted_at IS NULL FOR UPDATE", (str(distillation_id),)
+    ).fetchone()
+    if row is None:
+        raise LookupError(f"distillation {distillation_id} not found")
+    vector = _vector(embedding)
+    version = conn.execute(
+        """INSERT INTO distillation_versions (distillation_id, version, content, embedding, embedding_model,
+                                              prompt_version, reason, merged_from)
+           SELECT %(id)s, coalesce(max(version), 0) + 1, %(content)s, %(embedding)s, %(model)s,
+                  %(prompt)s, %(reason)s, %(merged)s::uuid[]
+           FROM distillation_versions WHERE distillation_id = %(id)s
+           RETURNING version""",
+        {"id": str(distillation_id), "content": content, "embedding": vector, "model": embedding_model,
+         "prompt": prompt_version, "reason": reason, "merged": [str(m) for m in merged_from]},
+    ).fetchone()[0]
+    conn.execute(
+        """UPDATE distillations
+           SET content = %(content)s, embedding = %(embedding)s, embedding_model = %(model)s,
+               prompt_version = coalesce(%(prompt)s, prompt_version),
+               refreshed_at = coalesce(%(refreshed)s, now()), updated_at = now()
+           WHERE id = %(id)s""",
+        {"id": str(distillation_id), "content": content, "embedding": vector, "model": embedding_model,
+         "prompt": prompt_version, "refreshed": refreshed_at},
+    )
+    write_audit(conn, actor=actor, action="version", target_type="distillation", target_id=distillation_id,
+                user_id=row[0], detail={"version": version, "reason": reason,
+                                        "merged_from": [str(m) for m in merged_from]})
+    return version
+
+
+def set_distillation_status(
+    conn: psycopg.Connection,
+    distillation_id: UUID | str,
+    *,
+    status: str,
+    needs_review: bool | None = None,
+    actor: str = "pipeline",
+    action: str = "status",
+) -> bool:
+    """Change a distillation's status (merge, approve, reject); False when it does not exist."""
+    cur = conn.execute(
+        """UPDATE distillations SET status = %s, needs_review = coalesce(%s, needs_review), updated_at = now()
+           WHERE id = %s AND deleted_at IS NULL RETURNING user_id""",
+        (status, needs_review, str(distillation_id)),
+    )
+    row = cur.fetchone()
+    if row is None:
+        return False
+    write_audit(conn, actor=actor, action=action, target_type="distillation", target_id=distillation_id,
+                user_id=row[0], detail={"status": status})
+    return True
+
+
+def flag_for_review(conn: psycopg.Connection, distillation_ids: Sequence[UUID | str]) -> None:
+    """Set ``needs_review`` on distillations (e.g. both sides of a conflict)."""
+    conn.execute(
+        "UPDATE distillations SET needs_review = true, updated_at = now() WHERE id = ANY(%s::uuid[])",
+        ([str(i) for i in distillation_ids],),
+    )
+
+
+def get_distillation(
+    conn: psycopg.Connection, distillation_id: UUID | str, *, user_id: str | None = None
+) -> dict[str, Any] | None:
+    """One live distillation; with ``user_id``, only if it is that user's."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            f"""SELECT {_COLUMNS} FROM distillations
+                WHERE id = %(id)s AND deleted_at IS NULL AND (%(user)s::text IS NULL OR user_id = %(user)s)""",
+            {"id": str(distillation_id), "user": user_id},
+        ).fetchone()
+
+
+def list_distillations(
+    conn: psycopg.Connection,
+    *,
+    user_id: str | None = None,
+    status: str | None = None,
+    memory_id: UUID | str | None = None,
+    needs_review: bool | None = None,
+    limit: int = 50,
+    offset: int = 0,
+) -> list[dict[str, Any]]:
+    """Live distillations, newest first, filtered by user, status, source memory or review flag."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            f"""SELECT {_COLUMNS} FROM distillations
+                WHERE deleted_at IS NULL
+                  AND (%(user)s::text IS NULL OR user_id = %(user)s)
+                  AND (%(status)s::text IS NULL OR status = %(status)s)
+                  AND (%(memory)s::uuid IS NULL OR memory_id = %(memory)s::uuid)
+                  AND (%(review)s::boolean IS NULL OR needs_review = %(review)s)
+                ORDER BY created_at DESC, id LIMIT %(limit)s OFFSET %(offset)s""",
+            {"user": user_id, "status": status, "memory": None if memory_id is None else str(memory_id),
+             "review": needs_review, "limit": limit, "offset": offset},
+        ).fetchall()
+
+
+def list_versions(conn: psycopg.Connection, distillation_id: UUID | str) -> list[dict[str, Any]]:
+    """A distillation's live versions, oldest first."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            """SELECT id, distillation_id, version, content, embedding_model, prompt_version, reason,
+                      merged_from, created_at
+               FROM distillation_versions WHERE distillation_id = %s AND deleted_at IS NULL
+               ORDER BY version""",
+            (str(distillation_id),),
+        ).fetchall()
+
+
+def nearest_active(
+    conn: psycopg.Connection,
+    *,
+    user_id: str,
+    embedding: Sequence[float],
+    embedding_model: str,
+    limit: int = 5,
+    exclude_id: UUID | str | None = None,
+) -> list[Neighbour]:
+    """The user's active distillations nearest to ``embedding`` (for dedup and conflict checks)."""
+    rows = conn.execute(
+        """SELECT id, user_id, 1 - (embedding <=> %(q)s) AS similarity, status, created_at
+           FROM distillations
+           WHERE user_id = %(user)s AND status = 'active' AND deleted_at IS NULL
+             AND embedding_model = %(model)s AND (%(exclude)s::uuid IS NULL OR id <> %(exclude)s::uuid)
+           ORDER BY embedding <=> %(q)s LIMIT %(limit)s""",
+        {"q": _vector(embedding), "user": user_id, "model": embedding_model,
+         "exclude": None if exclude_id is None else str(exclude_id), "limit": limit},
+    ).fetchall()
+    return [Neighbour(id=str(r[0]), user_id=r[1], similarity=float(r[2]), status=r[3], created_at=r[4]) for r in rows]

@@ -1,0 +1,183 @@
+"""Forget (DESIGN §4): a memory and everything derived from it, gone from every table and read path.
+
+Deleting the memory cascades to its distillations, their versions, embeddings, warmth events,
+conflicts and the turns it was stored from. Two things do not cascade by foreign key and are
+handled here: versions of *other* distillations that were consolidated from a forgotten one
+(``merged_from``) carry its text, so they are removed and the distillation is restored to its
+last untouched version; and turns that merely recalled a forgotten distillation drop its id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg.rows import dict_row
+
+from yak_pipeline.store.audit import write_audit
+
+
+@dataclass
+class ForgetReport:
+    """What one forget removed."""
+
+    memory_ids: list[str] = field(default_factory=list)
+    distillation_ids: list[str] = field(default_factory=list)
+    versions_removed: int = 0
+    restored_distillations: list[str] = field(default_factory=list)
+    soft: bool = False
+
+
+def resolve_memory_ids(conn: psycopg.Connection, *, user_id: str, ids: Sequence[UUID | str]) -> list[str]:
+    """Map ids that are the user's memories or distillations to memory ids; others are ignored."""
+    rows = conn.execute(
+        """SELECT id FROM memories WHERE id = ANY(%(ids)s::uuid[]) AND user_id = %(user)s AND deleted_at IS NULL
+           UNION
+           SELECT memory_id FROM distillations
+           WHERE id = ANY(%(ids)s::uuid[]) AND user_id = %(user)s AND deleted_at IS NULL""",
+        {"ids": [str(i) for i in ids], "user": user_id},
+    ).fetchall()
+    return sorted(str(r[0]) for r in rows)
+
+
+def find_forget_candidates(
+    conn: psycopg.Connection, *, user_id: str, phrase: str, limit: int = 20
+) -> list[dict[str, Any]]:
+    """The user's memories whose exchange or distillation contains ``phrase`` (case-insensitive).
+
+    Candidates only: a phrase never deletes without confirmation.
+    """
+    pattern = "%" + phrase.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            """SELECT m.id AS memory_id, m.occurred_at, left(m.content, 300) AS content,
+                      (SELECT array_agg(d.content ORDER BY d.created_at) FROM distillations d
+                        WHERE d.memory_id = m.id AND d.deleted_at IS NULL) AS distillations
+               FROM memories m
+               WHERE m.user_id = %(user)s AND m.deleted_at IS NULL
+                 AND (m.content ILIKE %(pattern)s OR EXISTS (
+                        SELECT 1 FROM distillations d WHERE d.memory_id = m.id AND d.deleted_at IS NULL
+                          AND d.content ILIKE %(pattern)s))
+               ORDER BY m.occurred_at DESC LIMIT %(limit)s""",
+            {"user": user_id, "pattern": pattern, "limit": limit},
+        ).fetchall()
+
+
+def _reactivate(conn: psycopg.Connection, distillation_ids: set[str]) -> None:
+    """Give distillations that had been merged into a now-removed text their own life back."""
+    if distillation_ids:
+        conn.execute(
+            """UPDATE distillations SET status = 'active', updated_at = now()
+               WHERE id = ANY(%s::uuid[]) AND status = 'merged' AND deleted_at IS NULL""",
+            (sorted(distillation_ids),),
+        )
+
+
+def _purge_merged_versions(
+    conn: psycopg.Connection, user_id: str, forgotten: list[str], soft: bool, report: ForgetReport
+) -> None:
+    """Remove versions consolidated from forgotten distillations and restore their owners."""
+    affected = conn.execute(
+        """SELECT v.distillation_id, min(v.version)
+           FROM distillation_versions v JOIN distillations d ON d.id = v.distillation_id
+           WHERE d.user_id = %(user)s AND v.deleted_at IS NULL AND v.merged_from && %(ids)s::uuid[]
+             AND NOT (v.distillation_id = ANY(%(ids)s::uuid[]))
+           GROUP BY v.distillation_id""",
+        {"user": user_id, "ids": forgotten},
+    ).fetchall()
+    for distillation_id, first_tainted in affected:
+        conn.execute("SELECT 1 FROM distillations WHERE id = %s FOR UPDATE", (distillation_id,))
+        # Later versions were consolidated from a tainted text, so they carry it too.
+        removed = conn.execute(
+            """SELECT version, merged_from FROM distillation_versions
+               WHERE distillation_id = %s AND version >= %s AND deleted_at IS NULL""",
+            (distillation_id, first_tainted),
+        ).fetchall()
+        if soft:
+            conn.execute(
+                "UPDATE distillation_versions SET deleted_at = now() WHERE distillation_id = %s AND version >= %s",
+                (distillation_id, first_tainted),
+            )
+        else:
+            conn.execute(
+                "DELETE FROM distillation_versions WHERE distillation_id = %s AND version >= %s",
+                (distillation_id, first_tainted),
+            )
+        report.versions_removed += len(removed)
+        # Distillations absorbed by the removed versions get their own life back.
+        _reactivate(conn, {str(m) for _, merged in removed for m in merged} - set(forgotten))
+        conn.execute(
+            """UPDATE distillations d SET content = v.content, embedding = v.embedding,
+                      embedding_model = v.embedding_model, updated_at = now()
+               FROM (SELECT content, embedding, embedding_model FROM distillation_versions
+                     WHERE distillation_id = %(id)s AND deleted_at IS NULL
+                     ORDER BY version DESC LIMIT 1) v
+               WHERE d.id = %(id)s""",
+            {"id": distillation_id},
+        )
+        report.restored_distillations.append(str(distillation_id))
+
+
+def forget_memories(
+    conn: psycopg.Connection,
+    *,
+    user_id: str,
+    memory_ids: Sequence[UUID | str],
+    actor: str,
+    soft: bool = False,
+) -> ForgetReport:
+    """Forget the user's memories (ids of other users' rows are ignored), in the caller's transaction.
+
+    ``soft`` keeps the rows but hides them from every read path (``deleted_at``); otherwise they
+    are deleted. Either way one audit row per memory records it, with ids and counts only.
+    """
+    report = ForgetReport(soft=soft)
+    locked = conn.execute(
+        """SELECT id FROM memories WHERE id = ANY(%s::uuid[]) AND user_id = %s AND deleted_at IS NULL
+           ORDER BY id FOR UPDATE""",
+        ([str(i) for i in memory_ids], user_id),
+    ).fetchall()
+    report.memory_ids = [str(r[0]) for r in locked]
+    if not report.memory_ids:
+        return report
+    per_memory = conn.execute(
+        """SELECT memory_id, array_agg(id) FROM distillations WHERE memory_id = ANY(%s::uuid[]) GROUP BY memory_id""",
+        (report.memory_ids,),
+    ).fetchall()
+    by_memory = {str(m): [str(d) for d in ds] for m, ds in per_memory}
+    report.distillation_ids = sorted(d for ds in by_memory.values() for d in ds)
+
+    if report.distillation_ids:
+        _purge_merged_versions(conn, user_id, report.distillation_ids, soft, report)
+        # Facts merged *into* a forgotten distillation were not forgotten: they become active again.
+        absorbed = conn.execute(
+            "SELECT DISTINCT unnest(merged_from) FROM distillation_versions WHERE distillation_id = ANY(%s::uuid[])",
+            (report.distillation_ids,),
+        ).fetchall()
+        _reactivate(conn, {str(r[0]) for r in absorbed} - set(report.distillation_ids))
+        conn.execute(
+            """UPDATE turns SET recalled_ids = ARRAY(SELECT unnest(recalled_ids) EXCEPT SELECT unnest(%(ids)s::uuid[]))
+               WHERE user_id = %(user)s AND recalled_ids && %(ids)s::uuid[]""",
+            {"ids": report.distillation_ids, "user": user_id},
+        )
+    if soft:
+        conn.execute("UPDATE memories SET deleted_at = now() WHERE id = ANY(%s::uuid[])", (report.memory_ids,))
+        conn.execute(
+            "UPDATE distillations SET deleted_at = now() WHERE memory_id = ANY(%s::uuid[])",
+            (report.memory_ids,),
+        )
+        conn.execute(
+            "UPDATE distillation_versions SET deleted_at = now() WHERE distillation_id = ANY(%s::uuid[])",
+            (report.distillation_ids,),
+        )
+        conn.execute("UPDATE turns SET deleted_at = now() WHERE memory_id = ANY(%s::uuid[])", (report.memory_ids,))
+    else:
+        conn.execute("DELETE FROM memories WHERE id = ANY(%s::uuid[])", (report.memory_ids,))
+    for memory_id in report.memory_ids:
+        write_audit(conn, actor=actor, action="forget", target_type="memory", target_id=memory_id, user_id=user_id,
+                    detail={"distillations": len(by_memory.get(memory_id, [])), "soft": soft,
+                            "versions_removed": report.versions_removed})
+    return report

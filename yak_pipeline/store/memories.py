@@ -1,0 +1,162 @@
+"""The raw layer: exchanges stored at full fidelity, idempotent on their content hash."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date, datetime, timezone
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg.rows import dict_row
+
+from yak_pipeline.core.exchanges import content_sha256, normalise_exchange_text
+from yak_pipeline.core.types import MEMORY_SOURCES, validate_user_id
+from yak_pipeline.store.audit import write_audit
+
+_MEMORY_COLUMNS = "id, user_id, content, occurred_at, created_at, source, source_ref, content_sha256, status, attempts, last_error"
+
+
+@dataclass(frozen=True)
+class StoredMemory:
+    """The outcome of an insert: the row's id and whether this call created it."""
+
+    id: UUID
+    user_id: str
+    created: bool
+    created_at: datetime
+    occurred_at: datetime
+    status: str
+
+
+def insert_memory(
+    conn: psycopg.Connection,
+    *,
+    user_id: str,
+    content: str,
+    source: str,
+    occurred_at: datetime | None = None,
+    source_ref: str | None = None,
+    actor: str = "system",
+) -> StoredMemory:
+    """Store one exchange as a ``pending`` memory; the same exchange twice is stored once.
+
+    Returns the existing row (``created=False``) when the user already has this content.
+    """
+    validate_user_id(user_id)
+    if source not in MEMORY_SOURCES:
+        raise ValueError(f"unknown memory source {source!r}")
+    text = normalise_exchange_text(content)
+    if not text.strip():
+        raise ValueError("memory content is empty")
+    if occurred_at is not None and occurred_at.tzinfo is None:
+        raise ValueError("occurred_at must carry a time zone")
+    when = occurred_at or datetime.now(timezone.utc)
+    digest = content_sha256(text)
+    row = conn.execute(
+        """INSERT INTO memories (user_id, content, occurred_at, source, source_ref, content_sha256)
+           VALUES (%s, %s, %s, %s, %s, %s)
+           ON CONFLICT (user_id, content_sha256) DO NOTHING
+           RETURNING id, created_at, occurred_at, status""",
+        (user_id, text, when, source, source_ref, digest),
+    ).fetchone()
+    if row is not None:
+        write_audit(conn, actor=actor, action="ingest", target_type="memory", target_id=row[0], user_id=user_id,
+                    detail={"source": source})
+        return StoredMemory(row[0], user_id, True, row[1], row[2], row[3])
+    existing = conn.execute(
+        "SELECT id, created_at, occurred_at, status FROM memories WHERE user_id = %s AND content_sha256 = %s",
+        (user_id, digest),
+    ).fetchone()
+    return StoredMemory(existing[0], user_id, False, existing[1], existing[2], existing[3])
+
+
+def get_memory(conn: psycopg.Connection, memory_id: UUID | str, *, user_id: str | None = None) -> dict[str, Any] | None:
+    """One live memory by id; with ``user_id``, only if it belongs to that user."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            f"""SELECT {_MEMORY_COLUMNS} FROM memories
+                WHERE id = %(id)s AND deleted_at IS NULL AND (%(user)s::text IS NULL OR user_id = %(user)s)""",
+            {"id": str(memory_id), "user": user_id},
+        ).fetchone()
+
+
+def list_memories(
+    conn: psycopg.Connection,
+    *,
+    user_id: str | None = None,
+    status: str | None = None,
+    limit: int = 50,
+    offset: int = 0,
+) -> list[dict[str, Any]]:
+    """Live memories, newest exchange first, optionally for one user and status."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            f"""SELECT {_MEMORY_COLUMNS} FROM memories
+                WHERE deleted_at IS NULL
+                  AND (%(user)s::text IS NULL OR user_id = %(user)s)
+                  AND (%(status)s::text IS NULL OR status = %(status)s)
+                ORDER BY occurred_at DESC, id LIMIT %(limit)s OFFSET %(offset)s""",
+            {"user": user_id, "status": status, "limit": limit, "offset": offset},
+        ).fetchall()
+
+
+def claim_pending_memories(
+    conn: psycopg.Connection,
+    *,
+    user_id: str | None = None,
+    day: date | None = None,
+    limit: int = 1000,
+) -> list[dict[str, Any]]:
+    """Lock and return pending memories (optionally of one user and UTC day).
+
+    ``FOR UPDATE SKIP LOCKED``: concurrent workers never claim the same memory, so no memory
+    is distilled twice. The locks hold until the caller's transaction ends.
+    """
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            f"""SELECT {_MEMORY_COLUMNS} FROM memories
+                WHERE status = 'pending' AND deleted_at IS NULL
+                  AND (%(user)s::text IS NULL OR user_id = %(user)s)
+                  AND (%(day)s::date IS NULL OR (occurred_at AT TIME ZONE 'UTC')::date = %(day)s)
+                ORDER BY occurred_at, id
+                LIMIT %(limit)s
+                FOR UPDATE SKIP LOCKED""",
+            {"user": user_id, "day": day, "limit": limit},
+        ).fetchall()
+
+
+def pending_memory_partitions(conn: psycopg.Connection) -> list[tuple[str, date, int]]:
+    """``(user_id, UTC day, count)`` of pending memories: what the inbox sensor turns into runs."""
+    return conn.execute(
+        """SELECT user_id, (occurred_at AT TIME ZONE 'UTC')::date AS day, count(*)
+           FROM memories WHERE status = 'pending' AND deleted_at IS NULL
+           GROUP BY 1, 2 ORDER BY 2, 1"""
+    ).fetchall()
+
+
+def mark_memory_distilled(conn: psycopg.Connection, memory_id: UUID | str) -> None:
+    """Mark a memory as distilled and clear its last error."""
+    conn.execute(
+        "UPDATE memories SET status = 'distilled', last_error = NULL, attempts = attempts + 1 WHERE id = %s",
+        (str(memory_id),),
+    )
+
+
+def record_memory_error(conn: psycopg.Connection, memory_id: UUID | str, error: str, *, give_up: bool = False) -> None:
+    """Record why distilling a memory failed; it stays ``pending`` (retried) unless ``give_up``."""
+    conn.execute(
+        """UPDATE memories SET last_error = %s, attempts = attempts + 1,
+                  status = CASE WHEN %s THEN 'failed' ELSE status END
+           WHERE id = %s""",
+        (error[:2000], give_up, str(memory_id)),
+    )
+
+
+def reset_memories_to_pending(conn: psycopg.Connection, memory_ids: list[UUID | str]) -> int:
+    """Send memories back to the distillation queue (re-distillation, retry of failed ones)."""
+    cur = conn.execute(
+        "UPDATE memories SET status = 'pending', last_error = NULL WHERE id = ANY(%s::uuid[]) AND deleted_at IS NULL",
+        ([str(i) for i in memory_ids],),
+    )
+    return cur.rowcount

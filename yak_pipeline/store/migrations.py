@@ -1,0 +1,163 @@
+"""Applies ``sql/NNN_*.sql`` in order, each in its own transaction, recorded in ``schema_migrations``.
+
+The embedding dimension is a property of the database: it is substituted into the first
+migration from the configured embedder and recorded in ``yak_meta``; later starts with an
+embedder of another size fail with a one-line error instead of storing garbage similarity.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+import psycopg
+
+from yak_pipeline.store.database import connect
+from yak_pipeline.store.errors import PgvectorMissing, SchemaMismatch
+
+SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
+_MIGRATION_NAME = re.compile(r"^(\d{3})_[a-z0-9_]+\.sql$")
+# Serialises concurrent `yak db migrate` runs against one database.
+_MIGRATION_LOCK_KEY = 0x59414B  # "YAK"
+
+# The tables of DESIGN §3, which `yak db status` counts.
+DATA_TABLES = (
+    "memories",
+    "distillations",
+    "distillation_versions",
+    "conflicts",
+    "turns",
+    "warmth_events",
+    "audit_log",
+)
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One migration file."""
+
+    version: int
+    name: str
+    path: Path
+
+    def sql(self, embedding_dim: int) -> str:
+        """The migration's SQL with the embedding dimension filled in."""
+        return self.path.read_text().replace("{{EMBEDDING_DIM}}", str(int(embedding_dim)))
+
+
+@dataclass(frozen=True)
+class MigrationState:
+    """A migration and when it was applied (None: pending)."""
+
+    migration: Migration
+    applied_at: datetime | None
+
+
+def discover_migrations(sql_dir: Path = SQL_DIR) -> list[Migration]:
+    """The migration files in version order; a misnamed or duplicated file is an error."""
+    migrations: list[Migration] = []
+    for path in sorted(sql_dir.glob("*.sql")):
+        match = _MIGRATION_NAME.match(path.name)
+        if not match:
+            raise SchemaMismatch(f"migration file {path.name} is not named NNN_name.sql")
+        migrations.append(Migration(int(match.group(1)), path.stem, path))
+    versions = [m.version for m in migrations]
+    if len(set(versions)) != len(versions):
+        raise SchemaMismatch(f"two migration files share a number in {sql_dir}")
+    return migrations
+
+
+def _ensure_bookkeeping(conn: psycopg.Connection) -> None:
+    conn.execute(
+        """CREATE TABLE IF NOT EXISTS schema_migrations (
+               version    integer PRIMARY KEY,
+               name       text NOT NULL,
+               applied_at timestamptz NOT NULL DEFAULT now())"""
+    )
+
+
+def _ensure_pgvector(conn: psycopg.Connection) -> None:
+    available = conn.execute(
+        "SELECT default_version FROM pg_available_extensions WHERE name = 'vector'"
+    ).fetchone()
+    if available is None:
+        raise PgvectorMissing(
+            "this PostgreSQL server has no pgvector extension: install pgvector 0.5+ on it, "
+            "or unset YAK_DATABASE_URL to use the embedded server"
+        )
+    conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+
+
+def read_meta(conn: psycopg.Connection) -> dict[str, str]:
+    """The ``yak_meta`` facts (empty before the first migration)."""
+    exists = conn.execute("SELECT to_regclass('yak_meta') IS NOT NULL").fetchone()[0]
+    if not exists:
+        return {}
+    return dict(conn.execute("SELECT key, value FROM yak_meta").fetchall())
+
+
+def check_embedding_compatibility(meta: dict[str, str], *, dimensions: int, model_name: str) -> None:
+    """Raise :class:`SchemaMismatch` when the configured embedder cannot share this database."""
+    stored = meta.get("embedding_dim")
+    if stored is not None and int(stored) != dimensions:
+        raise SchemaMismatch(
+            f"YAK_EMBEDDER gives {dimensions}-dimensional vectors ({model_name}) but this database "
+            f"holds {stored}-dimensional ones ({meta.get('embedding_model', '?')}): switch YAK_EMBEDDER "
+            "back, or point YAK_DATABASE_URL/YAK_HOME at a new database"
+        )
+
+
+def migration_states(conn: psycopg.Connection, sql_dir: Path = SQL_DIR) -> list[MigrationState]:
+    """Every migration with its applied time, or None when pending."""
+    exists = conn.execute("SELECT to_regclass('schema_migrations') IS NOT NULL").fetchone()[0]
+    applied: dict[int, datetime] = {}
+    if exists:
+        applied = dict(conn.execute("SELECT version, applied_at FROM schema_migrations").fetchall())
+    return [MigrationState(m, applied.get(m.version)) for m in discover_migrations(sql_dir)]
+
+
+def migrate(url: str, *, dimensions: int, model_name: str, sql_dir: Path = SQL_DIR) -> list[Migration]:
+    """Apply the pending migrations to the database at ``url``; return those applied.
+
+    Idempotent: a second run applies nothing. Each migration commits on its own, so a failing
+    one leaves the earlier ones applied and itself not at all.
+    """
+    with connect(url, autocommit=True, vector=False) as conn:
+        conn.execute("SELECT pg_advisory_lock(%s)", (_MIGRATION_LOCK_KEY,))
+        try:
+            _ensure_pgvector(conn)
+            _ensure_bookkeeping(conn)
+            check_embedding_compatibility(read_meta(conn), dimensions=dimensions, model_name=model_name)
+            applied: list[Migration] = []
+            for state in migration_states(conn, sql_dir):
+                if state.applied_at is not None:
+                    continue
+                migration = state.migration
+                with conn.transaction():
+                    conn.execute(migration.sql(dimensions))
+                    conn.execute(
+                        "INSERT INTO schema_migrations (version, name) VALUES (%s, %s)",
+                        (migration.version, migration.name),
+                    )
+                    if migration.version == 1:
+                        conn.execute(
+                            "INSERT INTO yak_meta (key, value) VALUES ('embedding_dim', %s), ('embedding_model', %s)",
+                            (str(dimensions), model_name),
+                        )
+                applied.append(migration)
+            return applied
+        finally:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK_KEY,))
+
+
+def table_counts(conn: psycopg.Connection) -> dict[str, int | None]:
+    """Row counts of the DESIGN §3 tables (None for a table that does not exist yet)."""
+    counts: dict[str, int | None] = {}
+    for table in DATA_TABLES:
+        if conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()[0]:
+            counts[table] = conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]  # noqa: S608 - fixed names
+        else:
+            counts[table] = None
+    return counts

@@ -1,0 +1,123 @@
+"""The recall query (DESIGN §4): ANN candidates, fetched until provably enough, re-ranked exactly.
+
+The HNSW index only proposes candidates in similarity order. Because every multiplier of the
+score is bounded (decay ≤ 1, 1 + warmth ≤ 2, gravity ≤ 2 × max user weight), once the k-th
+best score so far beats the best score any not-yet-fetched row could reach, fetching stops
+(a threshold algorithm); otherwise the fetch size grows. The final order comes from
+``core.scoring.rank_candidates``, the same function the reference ranking in tests uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import numpy as np
+import psycopg
+
+from yak_pipeline.core.scoring import (
+    RecallCandidate,
+    ScoredMemory,
+    can_stop_fetching,
+    max_gate_distance,
+    rank_candidates,
+)
+
+_MIN_FETCH = 40
+_MAX_EF_SEARCH = 1000
+_CANDIDATE_SQL = """
+    SELECT id, 1 - (embedding <=> %(q)s) AS similarity, tier, warmth, user_weight, refreshed_at
+    FROM distillations
+    WHERE user_id = %(user)s AND status = 'active' AND deleted_at IS NULL AND embedding_model = %(model)s
+"""
+
+
+@dataclass(frozen=True)
+class RecallParams:
+    """The knobs of one recall (request threshold and limit, plus the configured scoring)."""
+
+    threshold: float = 0.7
+    limit: int = 5
+    half_life_days: float = 30.0
+    decay_enabled: bool = True
+    core_multiplier: float = 2.0
+
+
+def _candidates(rows: Sequence[tuple]) -> list[RecallCandidate]:
+    return [
+        RecallCandidate(id=str(r[0]), similarity=float(r[1]), tier=r[2], warmth=float(r[3]),
+                        user_weight=float(r[4]), refreshed_at=r[5])
+        for r in rows
+    ]
+
+
+def _rank(candidates: list[RecallCandidate], params: RecallParams, now: datetime) -> list[ScoredMemory]:
+    return rank_candidates(
+        candidates, threshold=params.threshold, limit=params.limit, now=now,
+        half_life_days=params.half_life_days, decay_enabled=params.decay_enabled,
+        core_multiplier=params.core_multiplier,
+    )
+
+
+def recall(
+    conn: psycopg.Connection,
+    *,
+    user_id: str,
+    query_embedding: Sequence[float],
+    embedding_model: str,
+    params: RecallParams = RecallParams(),
+    now: datetime | None = None,
+) -> list[ScoredMemory]:
+    """The user's best ``params.limit`` active distillations for a query embedding, best first."""
+    now = now or datetime.now(timezone.utc)
+    query = np.asarray(query_embedding, dtype=np.float32)
+    max_weight = conn.execute(
+        """SELECT max(user_weight) FROM distillations
+           WHERE user_id = %s AND status = 'active' AND deleted_at IS NULL AND embedding_model = %s""",
+        (user_id, embedding_model),
+    ).fetchone()[0]
+    if max_weight is None:
+        return []
+    widest_gate = max_gate_distance(params.threshold, params.core_multiplier)
+    fetch = max(params.limit * 4, _MIN_FETCH)
+    while True:
+        # relaxed_order lets pgvector keep scanning the graph past ef_search when the user filter
+        # discards most of what it finds; set_config(..., true) scopes both to this transaction.
+        conn.execute(
+            "SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true), "
+            "set_config('hnsw.ef_search', %s, true)",
+            (str(min(max(fetch, _MIN_FETCH), _MAX_EF_SEARCH)),),
+        )
+        rows = conn.execute(
+            _CANDIDATE_SQL + " ORDER BY embedding <=> %(q)s LIMIT %(n)s",
+            {"q": query, "user": user_id, "model": embedding_model, "n": fetch},
+        ).fetchall()
+        candidates = _candidates(rows)
+        ranked = _rank(candidates, params, now)
+        if len(rows) < fetch:
+            return ranked  # every row of the user was a candidate
+        last_similarity = min(c.similarity for c in candidates)
+        if 1.0 - last_similarity > widest_gate:
+            return ranked  # no row further away can pass even the core gate
+        if can_stop_fetching(ranked, params.limit, last_similarity, float(max_weight)):
+            return ranked
+        fetch *= 4
+
+
+def recall_exact(
+    conn: psycopg.Connection,
+    *,
+    user_id: str,
+    query_embedding: Sequence[float],
+    embedding_model: str,
+    params: RecallParams = RecallParams(),
+    now: datetime | None = None,
+) -> list[ScoredMemory]:
+    """Exact scoring of every candidate row, no index: the reference recall is checked against."""
+    now = now or datetime.now(timezone.utc)
+    rows = conn.execute(
+        _CANDIDATE_SQL,
+        {"q": np.asarray(query_embedding, dtype=np.float32), "user": user_id, "model": embedding_model},
+    ).fetchall()
+    return _rank(_candidates(rows), params, now)

@@ -1,0 +1,86 @@
+"""Turns: the per-turn evaluation queue (which recalled memories were useful)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import date, datetime, timezone
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg.rows import dict_row
+
+from yak_pipeline.core.types import validate_user_id
+
+_COLUMNS = (
+    "id, user_id, memory_id, user_message, assistant_message, recalled_ids, status, attempts, last_error, "
+    "occurred_at, created_at, evaluated_at"
+)
+
+
+def insert_turn(
+    conn: psycopg.Connection,
+    *,
+    user_id: str,
+    user_message: str,
+    assistant_message: str,
+    recalled_ids: Sequence[UUID | str],
+    memory_id: UUID | str | None = None,
+    occurred_at: datetime | None = None,
+) -> UUID:
+    """Queue one turn for evaluation; recalled ids of other users are dropped, never evaluated."""
+    validate_user_id(user_id)
+    ids = [str(i) for i in recalled_ids]
+    # Scope the recalled ids to the user in SQL so a turn can never touch another user's warmth.
+    row = conn.execute(
+        """INSERT INTO turns (user_id, memory_id, user_message, assistant_message, recalled_ids, occurred_at)
+           SELECT %(user)s, %(memory)s, %(um)s, %(am)s,
+                  coalesce(array_agg(d.id ORDER BY d.id), '{}'), %(at)s
+           FROM distillations d WHERE d.id = ANY(%(ids)s::uuid[]) AND d.user_id = %(user)s AND d.deleted_at IS NULL
+           RETURNING id""",
+        {"user": user_id, "memory": None if memory_id is None else str(memory_id), "um": user_message,
+         "am": assistant_message, "ids": ids, "at": occurred_at or datetime.now(timezone.utc)},
+    ).fetchone()
+    return row[0]
+
+
+def get_turn(conn: psycopg.Connection, turn_id: UUID | str, *, user_id: str | None = None) -> dict[str, Any] | None:
+    """One turn by id, optionally scoped to a user."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            f"SELECT {_COLUMNS} FROM turns WHERE id = %(id)s AND deleted_at IS NULL AND (%(user)s::text IS NULL OR user_id = %(user)s)",
+            {"id": str(turn_id), "user": user_id},
+        ).fetchone()
+
+
+def claim_pending_turns(
+    conn: psycopg.Connection, *, user_id: str | None = None, day: date | None = None, limit: int = 500
+) -> list[dict[str, Any]]:
+    """Lock and return pending turns (``SKIP LOCKED``: concurrent workers never share one)."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            f"""SELECT {_COLUMNS} FROM turns
+                WHERE status = 'pending' AND deleted_at IS NULL
+                  AND (%(user)s::text IS NULL OR user_id = %(user)s)
+                  AND (%(day)s::date IS NULL OR (occurred_at AT TIME ZONE 'UTC')::date = %(day)s)
+                ORDER BY occurred_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED""",
+            {"user": user_id, "day": day, "limit": limit},
+        ).fetchall()
+
+
+def pending_turn_partitions(conn: psycopg.Connection) -> list[tuple[str, date, int]]:
+    """``(user_id, UTC day, count)`` of pending turns: what the turns sensor turns into runs."""
+    return conn.execute(
+        """SELECT user_id, (occurred_at AT TIME ZONE 'UTC')::date, count(*) FROM turns
+           WHERE status = 'pending' AND deleted_at IS NULL GROUP BY 1, 2 ORDER BY 2, 1"""
+    ).fetchall()
+
+
+def mark_turn(conn: psycopg.Connection, turn_id: UUID | str, *, status: str, error: str | None = None) -> None:
+    """Record the outcome of evaluating a turn."""
+    conn.execute(
+        """UPDATE turns SET status = %s, last_error = %s, attempts = attempts + 1,
+                  evaluated_at = CASE WHEN %s = 'evaluated' THEN now() ELSE evaluated_at END
+           WHERE id = %s""",
+        (status, None if error is None else error[:2000], status, str(turn_id)),
+    )

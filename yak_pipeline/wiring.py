@@ -1,0 +1,40 @@
+"""Builds Yak's parts from settings: the one place entry points (CLI, API, Dagster resources) call.
+
+Keeping this in one module means configuration is read in one place and every entry point
+gets the same checks (embedder size against the database, migrations applied).
+"""
+
+from __future__ import annotations
+
+from yak_pipeline.embeddings import Embedder, get_embedder
+from yak_pipeline.settings import Settings
+from yak_pipeline.store.database import Database, connect, resolve_database_url
+from yak_pipeline.store.errors import SchemaMismatch
+from yak_pipeline.store.migrations import check_embedding_compatibility, migrate, migration_states, read_meta
+
+
+def migrate_database(settings: Settings, url: str | None = None) -> list[str]:
+    """Apply pending migrations to the configured database; return the names applied."""
+    url = url or resolve_database_url(settings)
+    embedder = get_embedder(settings)
+    applied = migrate(url, dimensions=embedder.dimensions, model_name=embedder.model_name)
+    return [m.name for m in applied]
+
+
+def open_database(settings: Settings, *, url: str | None = None, auto_migrate: bool = True, max_size: int = 10) -> Database:
+    """A connection pool on the configured database, its schema current and matching the embedder.
+
+    With ``auto_migrate`` pending migrations are applied first (a fresh embedded database just
+    works); otherwise a database behind on migrations is an error naming the fix.
+    """
+    url = url or resolve_database_url(settings)
+    embedder: Embedder = get_embedder(settings)
+    if auto_migrate:
+        migrate(url, dimensions=embedder.dimensions, model_name=embedder.model_name)
+    else:
+        with connect(url, vector=False) as conn:
+            pending = [s.migration.name for s in migration_states(conn) if s.applied_at is None]
+            if pending:
+                raise SchemaMismatch(f"the database has pending migrations ({', '.join(pending)}): run `yak db migrate`")
+            check_embedding_compatibility(read_meta(conn), dimensions=embedder.dimensions, model_name=embedder.model_name)
+    return Database(url, max_size=max_size).open()

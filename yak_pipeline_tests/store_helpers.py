@@ -1,0 +1,47 @@
+"""Shared helpers for store tests: seed memories and distillations without the pipeline."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from uuid import UUID
+
+import psycopg
+
+from yak_pipeline.embeddings.hashing import HashingEmbedder
+from yak_pipeline.store.distillations import NewDistillation, insert_distillation
+from yak_pipeline.store.memories import insert_memory
+
+EMBEDDER = HashingEmbedder(384)
+
+
+def seed_memory_with_distillation(
+    conn: psycopg.Connection,
+    *,
+    user_id: str,
+    exchange: str,
+    distillation: str,
+    confidence: float = 0.9,
+    tier: str = "medium",
+    embedding: Sequence[float] | None = None,
+    occurred_at: datetime | None = None,
+) -> tuple[UUID, UUID]:
+    """Insert one memory and one distillation of it; return (memory id, distillation id)."""
+    when = occurred_at or datetime.now(timezone.utc)
+    memory = insert_memory(conn, user_id=user_id, content=exchange, source="import", occurred_at=when)
+    distillation_id = insert_distillation(
+        conn,
+        NewDistillation(
+            memory_id=memory.id,
+            user_id=user_id,
+            content=distillation,
+            confidence=confidence,
+            tier=tier,
+            embedding=embedding if embedding is not None else EMBEDDER.embed_query(distillation),
+            embedding_model=EMBEDDER.model_name,
+            prompt_version="test",
+            refreshed_at=when,
+        ),
+    )
+    conn.execute("UPDATE memories SET status = 'distilled' WHERE id = %s", (memory.id,))
+    return memory.id, distillation_id

@@ -1,0 +1,59 @@
+"""Embedders: the protocol, the offline local model, the OpenAI-compatible endpoint, hashing."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from yak_pipeline.embeddings import Embedder, EmbeddingError, get_embedder
+from yak_pipeline.embeddings.hashing import HashingEmbedder
+from yak_pipeline.embeddings.openai_embedder import OpenAIEmbedder
+from yak_pipeline.settings import Settings, SettingsError
+
+
+def _cosine(a: list[float], b: list[float]) -> float:
+    return sum(x * y for x, y in zip(a, b))
+
+
+def test_hashing_embedder_is_deterministic_unit_length_and_named_for_what_it_is() -> None:
+    embedder = HashingEmbedder(384)
+    assert isinstance(embedder, Embedder)
+    a, b = embedder.embed_documents(["User lives in Berlin.", "User lives in Berlin."])
+    assert a == b and len(a) == 384 and math.isclose(_cosine(a, a), 1.0, rel_tol=1e-9)
+    assert "hashing" in embedder.model_name
+    near = _cosine(embedder.embed_query("User lives in Berlin"), embedder.embed_query("User lives in Berlin now"))
+    far = _cosine(embedder.embed_query("User lives in Berlin"), embedder.embed_query("favourite pasta recipe"))
+    assert near > far
+
+
+def test_local_model_runs_offline_and_ranks_by_meaning() -> None:
+    embedder = get_embedder(Settings(embedder="local"))
+    assert (embedder.model_name, embedder.dimensions) == ("all-MiniLM-L6-v2", 384)
+    query = embedder.embed_query("Where does the user live?")
+    city, food = embedder.embed_documents(["User lives in Berlin.", "User likes spicy noodles."])
+    assert len(city) == 384 and math.isclose(_cosine(city, city), 1.0, rel_tol=1e-5)
+    assert _cosine(query, city) > _cosine(query, food)
+    assert get_embedder(Settings(embedder="local")) is embedder  # loaded once per process
+
+
+def test_openai_embedder_through_a_real_loopback_server(openai_server) -> None:
+    embedder = OpenAIEmbedder(base_url=openai_server.base_url, model="nomic-embed-text")
+    assert embedder.dimensions == 768
+    vectors = embedder.embed_documents(["one", "two", "three"])
+    assert len(vectors) == 3 and all(len(v) == 768 for v in vectors)
+    assert all(math.isclose(_cosine(v, v), 1.0, rel_tol=1e-6) for v in vectors)
+    assert any(r["path"].endswith("/embeddings") for r in openai_server.requests)
+
+
+def test_openai_embedder_failure_is_one_line(openai_server) -> None:
+    openai_server.stop()
+    embedder = OpenAIEmbedder(base_url=openai_server.base_url, model="m", dimensions=8, timeout_seconds=1, max_retries=0)
+    with pytest.raises(EmbeddingError) as err:
+        embedder.embed_query("hello")
+    assert "\n" not in str(err.value)
+
+
+def test_openai_embedder_needs_a_model() -> None:
+    with pytest.raises(SettingsError, match="YAK_EMBED_MODEL"):
+        get_embedder(Settings(embedder="openai", llm_base_url="http://127.0.0.1:9/v1"))

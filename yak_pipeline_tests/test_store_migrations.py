@@ -1,0 +1,86 @@
+"""Migrations against the real embedded PostgreSQL: idempotent, recorded, dimension-checked."""
+
+from __future__ import annotations
+
+import uuid
+
+import psycopg
+import pytest
+
+from yak_pipeline.store.database import connect
+from yak_pipeline.store.errors import DatabaseUnavailable, SchemaMismatch
+from yak_pipeline.store.migrations import DATA_TABLES, discover_migrations, migrate, migration_states, read_meta, table_counts
+from yak_pipeline_tests.conftest import create_database, drop_database
+
+
+@pytest.fixture
+def empty_db(pg_server_url: str):
+    name = f"yak_empty_{uuid.uuid4().hex[:10]}"
+    url = create_database(pg_server_url, name)
+    yield url
+    drop_database(pg_server_url, name)
+
+
+def test_migrate_twice_applies_once_and_records_it(empty_db: str) -> None:
+    first = migrate(empty_db, dimensions=384, model_name="m")
+    second = migrate(empty_db, dimensions=384, model_name="m")
+    assert [m.name for m in first] == [m.name for m in discover_migrations()]
+    assert second == []
+    with connect(empty_db) as conn:
+        states = migration_states(conn)
+        assert all(s.applied_at is not None for s in states)
+        assert read_meta(conn) == {"embedding_dim": "384", "embedding_model": "m"}
+        counts = table_counts(conn)
+    assert set(counts) == set(DATA_TABLES)
+    assert all(count == 0 for count in counts.values())
+
+
+def test_embedding_column_takes_the_configured_dimension(empty_db: str) -> None:
+    migrate(empty_db, dimensions=768, model_name="nomic-embed-text")
+    with connect(empty_db) as conn:
+        typmod = conn.execute(
+            "SELECT atttypmod FROM pg_attribute WHERE attrelid = 'distillations'::regclass AND attname = 'embedding'"
+        ).fetchone()[0]
+    assert typmod == 768
+
+
+def test_dimension_mismatch_is_a_one_line_error_and_changes_nothing(empty_db: str) -> None:
+    migrate(empty_db, dimensions=384, model_name="all-MiniLM-L6-v2")
+    with pytest.raises(SchemaMismatch) as err:
+        migrate(empty_db, dimensions=768, model_name="nomic-embed-text")
+    message = str(err.value)
+    assert "\n" not in message and "768" in message and "384" in message and "YAK_EMBEDDER" in message
+    with connect(empty_db) as conn:
+        assert read_meta(conn)["embedding_dim"] == "384"
+
+
+def test_unreachable_database_is_one_line_naming_the_variable() -> None:
+    with pytest.raises(DatabaseUnavailable) as err:
+        connect("postgresql://yak:hunter2@127.0.0.1:1/nothing")
+    message = str(err.value)
+    assert "\n" not in message and "YAK_DATABASE_URL" in message
+    assert "hunter2" not in message  # the password never reaches a message
+
+
+def test_schema_constraints_refuse_bad_states(conn: psycopg.Connection) -> None:
+    from yak_pipeline_tests.store_helpers import seed_memory_with_distillation
+
+    _, distillation_id = seed_memory_with_distillation(conn, user_id="alice", exchange="User: hi\nAssistant: hello",
+                                                       distillation="User says hi.")
+    conn.commit()
+    bad_updates = [
+        "UPDATE distillations SET confidence = 1.5",
+        "UPDATE distillations SET warmth = -0.1",
+        "UPDATE distillations SET tier = 'urgent'",
+        "UPDATE distillations SET status = 'deleted'",
+        "UPDATE distillations SET confidence = 0.3",  # active below the 0.6 gate
+        "UPDATE distillations SET user_id = 'bob'",  # a distillation cannot change hands
+        "UPDATE memories SET user_id = 'a|b'",
+        "UPDATE memories SET status = 'lost'",
+        "DELETE FROM audit_log",
+    ]
+    for statement in bad_updates:
+        with pytest.raises(psycopg.errors.Error):
+            conn.execute(statement)
+        conn.rollback()
+    assert conn.execute("SELECT confidence, status FROM distillations WHERE id = %s", (distillation_id,)).fetchone() == (0.9, "active")
