@@ -49,6 +49,13 @@ operations = st.lists(
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=operations, soft=st.booleans())
 def test_forget_leaves_nothing_behind(conn: psycopg.Connection, ops: list[tuple[str, int]], soft: bool) -> None:
+    try:
+        _check_forget(conn, ops, soft)
+    finally:
+        conn.rollback()  # each example starts from an empty database
+
+
+def _check_forget(conn: psycopg.Connection, ops: list[tuple[str, int]], soft: bool) -> None:
     live: list[tuple[str, str, str]] = []  # (memory id, distillation id, token)
     forgotten_tokens: list[str] = []
     counter = 0
@@ -106,7 +113,6 @@ def test_forget_leaves_nothing_behind(conn: psycopg.Connection, ops: list[tuple[
         assert find_forget_candidates(conn, user_id="alice", phrase=token) != []
     audit = conn.execute("SELECT count(*) FROM audit_log WHERE action = 'forget'").fetchone()[0]
     assert audit == len(forgotten_tokens)
-    conn.rollback()
 
 
 def test_forget_resolves_distillation_ids_and_ignores_other_users(conn: psycopg.Connection) -> None:

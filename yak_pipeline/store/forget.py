@@ -79,46 +79,64 @@ def _reactivate(conn: psycopg.Connection, distillation_ids: set[str]) -> None:
 def _purge_merged_versions(
     conn: psycopg.Connection, user_id: str, forgotten: list[str], soft: bool, report: ForgetReport
 ) -> None:
-    """Remove versions consolidated from forgotten distillations and restore their owners."""
-    affected = conn.execute(
-        """SELECT v.distillation_id, min(v.version)
-           FROM distillation_versions v JOIN distillations d ON d.id = v.distillation_id
-           WHERE d.user_id = %(user)s AND v.deleted_at IS NULL AND v.merged_from && %(ids)s::uuid[]
-             AND NOT (v.distillation_id = ANY(%(ids)s::uuid[]))
-           GROUP BY v.distillation_id""",
-        {"user": user_id, "ids": forgotten},
-    ).fetchall()
-    for distillation_id, first_tainted in affected:
-        conn.execute("SELECT 1 FROM distillations WHERE id = %s FOR UPDATE", (distillation_id,))
-        # Later versions were consolidated from a tainted text, so they carry it too.
-        removed = conn.execute(
-            """SELECT version, merged_from FROM distillation_versions
-               WHERE distillation_id = %s AND version >= %s AND deleted_at IS NULL""",
-            (distillation_id, first_tainted),
+    """Remove versions consolidated from forgotten text and restore their distillations.
+
+    Taint spreads: once a distillation absorbed forgotten text, any version consolidated from it
+    may carry that text too, so the search repeats with it until nothing new is tainted. This
+    errs towards undoing a consolidation; no fact is lost, since every absorbed distillation
+    gets its own life back.
+    """
+    tainted = set(forgotten)
+    while True:
+        affected = conn.execute(
+            """SELECT v.distillation_id, min(v.version)
+               FROM distillation_versions v JOIN distillations d ON d.id = v.distillation_id
+               WHERE d.user_id = %(user)s AND v.deleted_at IS NULL AND v.merged_from && %(ids)s::uuid[]
+                 AND NOT (v.distillation_id = ANY(%(ids)s::uuid[]))
+               GROUP BY v.distillation_id ORDER BY v.distillation_id""",
+            {"user": user_id, "ids": sorted(tainted)},
         ).fetchall()
-        if soft:
-            conn.execute(
-                "UPDATE distillation_versions SET deleted_at = now() WHERE distillation_id = %s AND version >= %s",
-                (distillation_id, first_tainted),
-            )
-        else:
-            conn.execute(
-                "DELETE FROM distillation_versions WHERE distillation_id = %s AND version >= %s",
-                (distillation_id, first_tainted),
-            )
-        report.versions_removed += len(removed)
-        # Distillations absorbed by the removed versions get their own life back.
-        _reactivate(conn, {str(m) for _, merged in removed for m in merged} - set(forgotten))
+        if not affected:
+            return
+        for distillation_id, first_tainted in affected:
+            _restore_before(conn, str(distillation_id), first_tainted, set(forgotten), soft, report)
+            tainted.add(str(distillation_id))
+
+
+def _restore_before(
+    conn: psycopg.Connection, distillation_id: str, first_tainted: int, forgotten: set[str], soft: bool,
+    report: ForgetReport,
+) -> None:
+    """Drop a distillation's versions from ``first_tainted`` on and go back to the latest one left."""
+    conn.execute("SELECT 1 FROM distillations WHERE id = %s FOR UPDATE", (distillation_id,))
+    # Later versions were consolidated from a tainted text, so they carry it too.
+    removed = conn.execute(
+        """SELECT version, merged_from FROM distillation_versions
+           WHERE distillation_id = %s AND version >= %s AND deleted_at IS NULL""",
+        (distillation_id, first_tainted),
+    ).fetchall()
+    if soft:
         conn.execute(
-            """UPDATE distillations d SET content = v.content, embedding = v.embedding,
-                      embedding_model = v.embedding_model, updated_at = now()
-               FROM (SELECT content, embedding, embedding_model FROM distillation_versions
-                     WHERE distillation_id = %(id)s AND deleted_at IS NULL
-                     ORDER BY version DESC LIMIT 1) v
-               WHERE d.id = %(id)s""",
-            {"id": distillation_id},
+            "UPDATE distillation_versions SET deleted_at = now() WHERE distillation_id = %s AND version >= %s",
+            (distillation_id, first_tainted),
         )
-        report.restored_distillations.append(str(distillation_id))
+    else:
+        conn.execute(
+            "DELETE FROM distillation_versions WHERE distillation_id = %s AND version >= %s",
+            (distillation_id, first_tainted),
+        )
+    report.versions_removed += len(removed)
+    _reactivate(conn, {str(m) for _, merged in removed for m in merged} - forgotten)
+    conn.execute(
+        """UPDATE distillations d SET content = v.content, embedding = v.embedding,
+                  embedding_model = v.embedding_model, updated_at = now()
+           FROM (SELECT content, embedding, embedding_model FROM distillation_versions
+                 WHERE distillation_id = %(id)s AND deleted_at IS NULL
+                 ORDER BY version DESC LIMIT 1) v
+           WHERE d.id = %(id)s""",
+        {"id": distillation_id},
+    )
+    report.restored_distillations.append(distillation_id)
 
 
 def forget_memories(

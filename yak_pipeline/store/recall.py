@@ -3,8 +3,10 @@
 The HNSW index only proposes candidates in similarity order. Because every multiplier of the
 score is bounded (decay ≤ 1, 1 + warmth ≤ 2, gravity ≤ 2 × max user weight), once the k-th
 best score so far beats the best score any not-yet-fetched row could reach, fetching stops
-(a threshold algorithm); otherwise the fetch size grows. The final order comes from
-``core.scoring.rank_candidates``, the same function the reference ranking in tests uses.
+(a threshold algorithm); otherwise the fetch size grows. When the user has fewer rows than a
+fetch, or the index cannot deliver enough rows, every row is scored exactly instead. The final
+order always comes from ``core.scoring.rank_candidates``, the function the tests' reference
+ranking uses.
 """
 
 from __future__ import annotations
@@ -60,6 +62,19 @@ def _rank(candidates: list[RecallCandidate], params: RecallParams, now: datetime
     )
 
 
+_ITERATIVE_SCAN_SUPPORT: dict[tuple[str, str, str], bool] = {}
+
+
+def _supports_iterative_scan(conn: psycopg.Connection) -> bool:
+    """Whether the server's pgvector (0.8+) can keep scanning HNSW past filtered-out rows."""
+    key = (conn.info.host, str(conn.info.port), conn.info.dbname)
+    if key not in _ITERATIVE_SCAN_SUPPORT:
+        version = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
+        parts = tuple(int(p) for p in version[0].split(".")[:2]) if version else (0, 0)
+        _ITERATIVE_SCAN_SUPPORT[key] = parts >= (0, 8)
+    return _ITERATIVE_SCAN_SUPPORT[key]
+
+
 def recall(
     conn: psycopg.Connection,
     *,
@@ -72,37 +87,38 @@ def recall(
     """The user's best ``params.limit`` active distillations for a query embedding, best first."""
     now = now or datetime.now(timezone.utc)
     query = np.asarray(query_embedding, dtype=np.float32)
-    max_weight = conn.execute(
-        """SELECT max(user_weight) FROM distillations
+    total, max_weight = conn.execute(
+        """SELECT count(*), max(user_weight) FROM distillations
            WHERE user_id = %s AND status = 'active' AND deleted_at IS NULL AND embedding_model = %s""",
         (user_id, embedding_model),
-    ).fetchone()[0]
-    if max_weight is None:
+    ).fetchone()
+    if total == 0:
         return []
     widest_gate = max_gate_distance(params.threshold, params.core_multiplier)
+    iterative = _supports_iterative_scan(conn)
     fetch = max(params.limit * 4, _MIN_FETCH)
-    while True:
-        # relaxed_order lets pgvector keep scanning the graph past ef_search when the user filter
-        # discards most of what it finds; set_config(..., true) scopes both to this transaction.
-        conn.execute(
-            "SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true), "
-            "set_config('hnsw.ef_search', %s, true)",
-            (str(min(max(fetch, _MIN_FETCH), _MAX_EF_SEARCH)),),
-        )
+    while fetch < total and fetch <= _MAX_EF_SEARCH:
+        # HNSW returns at most ef_search rows; with pgvector 0.8+ relaxed_order lets it keep
+        # scanning past rows the user filter discards. set_config(..., true) scopes to this transaction.
+        conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", (str(max(fetch, _MIN_FETCH)),))
+        if iterative:
+            conn.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true)")
         rows = conn.execute(
             _CANDIDATE_SQL + " ORDER BY embedding <=> %(q)s LIMIT %(n)s",
             {"q": query, "user": user_id, "model": embedding_model, "n": fetch},
         ).fetchall()
+        if len(rows) < fetch:
+            break  # the index gave up early (other users' rows filled its beam): score exactly
         candidates = _candidates(rows)
         ranked = _rank(candidates, params, now)
-        if len(rows) < fetch:
-            return ranked  # every row of the user was a candidate
         last_similarity = min(c.similarity for c in candidates)
         if 1.0 - last_similarity > widest_gate:
             return ranked  # no row further away can pass even the core gate
         if can_stop_fetching(ranked, params.limit, last_similarity, float(max_weight)):
             return ranked
         fetch *= 4
+    return recall_exact(conn, user_id=user_id, query_embedding=query, embedding_model=embedding_model,
+                        params=params, now=now)
 
 
 def recall_exact(

@@ -1,0 +1,49 @@
+"""Exchanges (one user turn and the assistant's reply) as stored raw memories.
+
+The text is normalised once, before hashing and storing, so the same exchange ingested twice —
+from the API, a dropped file with Windows line endings, or an import — is recognised as the same.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Final
+
+_EXCHANGE_RE: Final = re.compile(r"User:[ ]?(?P<user>.*?)\nAssistant:[ ]?(?P<assistant>.*)", re.DOTALL)
+
+
+def format_exchange(user: str, assistant: str) -> str:
+    """``User: <user>\\nAssistant: <assistant>``."""
+    return f"User: {user}\nAssistant: {assistant}"
+
+
+def normalise_exchange_text(content: str) -> str:
+    """CRLF/CR become LF, trailing whitespace goes from each line and blank lines from both ends.
+
+    Everything else, including leading indentation and inner blank lines, is kept byte for byte.
+    """
+    lines = [line.rstrip() for line in content.replace("\r\n", "\n").replace("\r", "\n").split("\n")]
+    start, end = 0, len(lines)
+    while start < end and not lines[start]:
+        start += 1
+    while end > start and not lines[end - 1]:
+        end -= 1
+    return "\n".join(lines[start:end])
+
+
+def content_sha256(content: str) -> str:
+    """Hex SHA-256 of the normalised text, the key that makes ingestion idempotent."""
+    return hashlib.sha256(normalise_exchange_text(content).encode("utf-8")).hexdigest()
+
+
+def parse_exchange(content: str) -> tuple[str, str] | None:
+    """``(user, assistant)`` from text in :func:`format_exchange` form, else None.
+
+    The first ``\\nAssistant:`` ends the user's part, so the assistant's reply may itself quote
+    "Assistant:" lines.
+    """
+    match = _EXCHANGE_RE.fullmatch(content.replace("\r\n", "\n").replace("\r", "\n"))
+    if match is None:
+        return None
+    return match.group("user"), match.group("assistant")

@@ -1,0 +1,88 @@
+"""The memory block (DESIGN §4): recalled memories as one isolated block in the prompt.
+
+Memory text is data written partly by an LLM from user input, so it is escaped before it enters
+the block and is never passed through ``str.format`` or any template: it can neither close the
+block nor fill a template variable.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from yak_pipeline.core.types import TIERS, Tier
+
+BLOCK_OPEN: Final[str] = "<memories>"
+BLOCK_CLOSE: Final[str] = "</memories>"
+
+# str.splitlines' line boundaries, so no Unicode separator can start a fake line in the block.
+_LINE_BREAKS_RE: Final = re.compile(r"\s*[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]+\s*")
+_MAX_ERROR_CHARS: Final[int] = 200
+
+
+@dataclass(frozen=True)
+class BlockMemory:
+    """One recalled memory as the prompt shows it."""
+
+    id: str
+    content: str
+    tier: Tier
+
+
+@dataclass(frozen=True)
+class PromptBuild:
+    """The chat messages for one turn, which memories they contain, and why recall failed if it did."""
+
+    messages: list[dict[str, str]] = field(default_factory=list)
+    recalled_ids: list[str] = field(default_factory=list)
+    recall_error: str | None = None
+
+
+def neutralise_memory_text(text: str) -> str:
+    """Memory text made inert inside the block: markup escaped, line breaks collapsed to spaces."""
+    escaped = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _LINE_BREAKS_RE.sub(" ", escaped).strip()
+
+
+def render_memory_block(memories: Sequence[BlockMemory]) -> str:
+    """``<memories>`` with one ``- [tier] text`` line per memory, or "" when there are none."""
+    if not memories:
+        return ""
+    lines = [BLOCK_OPEN]
+    for memory in memories:
+        if memory.tier not in TIERS:
+            raise ValueError(f"memory {memory.id} has unknown tier {memory.tier!r}")
+        lines.append(f"- [{memory.tier}] {neutralise_memory_text(memory.content)}")
+    lines.append(BLOCK_CLOSE)
+    return "\n".join(lines)
+
+
+def _one_line(error: Exception) -> str:
+    message = " ".join(str(error).split()) or "no message"
+    return f"{type(error).__name__}: {message}"[:_MAX_ERROR_CHARS]
+
+
+def build_prompt_messages(
+    system_prompt: str, user_query: str, recall: Callable[[], Sequence[BlockMemory]]
+) -> PromptBuild:
+    """System prompt, then the memory block (if any memories), then the user query.
+
+    A failing recall never fails the turn: the prompt is built without the block and
+    ``recall_error`` says what went wrong.
+    """
+    block = ""
+    recalled_ids: list[str] = []
+    recall_error: str | None = None
+    try:
+        memories = list(recall())
+        block = render_memory_block(memories)
+        recalled_ids = [m.id for m in memories]
+    except Exception as error:  # noqa: BLE001 - any recall failure degrades to "no memories"
+        recall_error = _one_line(error)
+    messages = [{"role": "system", "content": system_prompt}]
+    if block:
+        messages.append({"role": "system", "content": block})
+    messages.append({"role": "user", "content": user_query})
+    return PromptBuild(messages=messages, recalled_ids=recalled_ids, recall_error=recall_error)
