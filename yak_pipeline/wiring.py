@@ -6,6 +6,9 @@ gets the same checks (embedder size against the database, migrations applied).
 
 from __future__ import annotations
 
+import threading
+
+from yak_pipeline.alerts import Alerter
 from yak_pipeline.embeddings import Embedder, get_embedder
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database, connect, resolve_database_url
@@ -38,3 +41,27 @@ def open_database(settings: Settings, *, url: str | None = None, auto_migrate: b
                 raise SchemaMismatch(f"the database has pending migrations ({', '.join(pending)}): run `yak db migrate`")
             check_embedding_compatibility(read_meta(conn), dimensions=embedder.dimensions, model_name=embedder.model_name)
     return Database(url, max_size=max_size).open()
+
+
+_SHARED: dict[str, Database] = {}
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_database(settings: Settings, *, max_size: int = 16) -> Database:
+    """One migrated pool per database URL per process, for long-lived callers (runs, the API)."""
+    url = resolve_database_url(settings)
+    with _SHARED_LOCK:
+        if url not in _SHARED:
+            _SHARED[url] = open_database(settings, url=url, max_size=max_size)
+        return _SHARED[url]
+
+
+def build_alerter(settings: Settings, database: Database | None = None) -> Alerter:
+    """The alerter for these settings; with a database, de-duplication spans processes."""
+    secret = lambda value: value.get_secret_value() if value is not None else None  # noqa: E731
+    return Alerter(
+        error_webhook=secret(settings.error_webhook),
+        critical_webhook=secret(settings.critical_webhook),
+        dedup_seconds=settings.alert_dedup_seconds,
+        connect=(lambda: connect(database.url, vector=False)) if database is not None else None,
+    )

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any
 from uuid import UUID
 
 import numpy as np
 import psycopg
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
 from yak_pipeline.core.dedup import Neighbour
 from yak_pipeline.core.gates import confidence_gate
@@ -222,3 +223,30 @@ def nearest_active(
          "exclude": None if exclude_id is None else str(exclude_id), "limit": limit},
     ).fetchall()
     return [Neighbour(id=str(r[0]), user_id=r[1], similarity=float(r[2]), status=r[3], created_at=r[4]) for r in rows]
+
+
+def partition_distillations(conn: psycopg.Connection, *, user_id: str, day: date) -> list[dict[str, Any]]:
+    """A user's day of live distillations (by the exchange's date), with embeddings, for the quality gate."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            """SELECT d.id, d.content, d.confidence, d.tier, d.status, d.embedding
+               FROM distillations d JOIN memories m ON m.id = d.memory_id
+               WHERE d.user_id = %s AND d.deleted_at IS NULL AND (m.occurred_at AT TIME ZONE 'UTC')::date = %s""",
+            (user_id, day),
+        ).fetchall()
+
+
+def record_partition_gate(conn: psycopg.Connection, *, user_id: str, day: date, passed: bool, failures: Sequence[str]) -> None:
+    """Store the quality gate's latest verdict on a partition."""
+    conn.execute(
+        """INSERT INTO partition_gates (user_id, day, passed, failures) VALUES (%s, %s, %s, %s)
+           ON CONFLICT (user_id, day) DO UPDATE SET passed = EXCLUDED.passed, failures = EXCLUDED.failures,
+                                                   checked_at = now()""",
+        (user_id, day, passed, Jsonb(list(failures))),
+    )
+
+
+def partition_gate_passed(conn: psycopg.Connection, *, user_id: str, day: date) -> bool | None:
+    """The gate's latest verdict on a partition (None: never checked)."""
+    row = conn.execute("SELECT passed FROM partition_gates WHERE user_id = %s AND day = %s", (user_id, day)).fetchone()
+    return None if row is None else bool(row[0])

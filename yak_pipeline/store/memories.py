@@ -126,12 +126,19 @@ def claim_pending_memories(
         ).fetchall()
 
 
-def pending_memory_partitions(conn: psycopg.Connection) -> list[tuple[str, date, int]]:
-    """``(user_id, UTC day, count)`` of pending memories: what the inbox sensor turns into runs."""
+def pending_memory_partitions(conn: psycopg.Connection, *, drop_folder: bool | None = None) -> list[tuple[str, date, int, str]]:
+    """``(user_id, UTC day, count, signature)`` of pending memories, for the inbox sensor.
+
+    The signature changes whenever the partition's pending work does (a new memory, a failed
+    attempt), so a run key built from it requests one run per state, never a duplicate.
+    """
     return conn.execute(
-        """SELECT user_id, (occurred_at AT TIME ZONE 'UTC')::date AS day, count(*)
+        """SELECT user_id, (occurred_at AT TIME ZONE 'UTC')::date AS day, count(*),
+                  count(*) || '-' || sum(attempts) || '-' || extract(epoch FROM max(created_at))::bigint
            FROM memories WHERE status = 'pending' AND deleted_at IS NULL
-           GROUP BY 1, 2 ORDER BY 2, 1"""
+             AND (%(drop)s::boolean IS NULL OR (source = 'drop_folder') = %(drop)s)
+           GROUP BY 1, 2 ORDER BY 2, 1""",
+        {"drop": drop_folder},
     ).fetchall()
 
 
@@ -160,3 +167,26 @@ def reset_memories_to_pending(conn: psycopg.Connection, memory_ids: list[UUID | 
         ([str(i) for i in memory_ids],),
     )
     return cur.rowcount
+
+
+def partition_memory_stats(conn: psycopg.Connection, *, user_id: str, day: date) -> dict[str, Any]:
+    """Counts of a user's day of exchanges by status and source, and rows whose hash does not match."""
+    rows = conn.execute(
+        """SELECT status, source, count(*) FROM memories
+           WHERE user_id = %s AND deleted_at IS NULL AND (occurred_at AT TIME ZONE 'UTC')::date = %s
+           GROUP BY 1, 2""",
+        (user_id, day),
+    ).fetchall()
+    stats: dict[str, Any] = {"rows": 0, "pending": 0, "distilled": 0, "failed": 0}
+    for status, source, count in rows:
+        stats["rows"] += count
+        stats[status] += count
+        stats[f"source_{source}"] = stats.get(f"source_{source}", 0) + count
+    # Integrity: the stored hash must still be the hash of the stored text.
+    contents = conn.execute(
+        """SELECT content, content_sha256 FROM memories
+           WHERE user_id = %s AND deleted_at IS NULL AND (occurred_at AT TIME ZONE 'UTC')::date = %s""",
+        (user_id, day),
+    ).fetchall()
+    stats["hash_mismatches"] = sum(1 for content, digest in contents if content_sha256(content) != digest)
+    return stats

@@ -68,11 +68,12 @@ def claim_pending_turns(
         ).fetchall()
 
 
-def pending_turn_partitions(conn: psycopg.Connection) -> list[tuple[str, date, int]]:
-    """``(user_id, UTC day, count)`` of pending turns: what the turns sensor turns into runs."""
+def pending_turn_partitions(conn: psycopg.Connection) -> list[tuple[str, date, int, str]]:
+    """``(user_id, UTC day, count, signature)`` of pending turns, for the turns sensor."""
     return conn.execute(
-        """SELECT user_id, (occurred_at AT TIME ZONE 'UTC')::date, count(*) FROM turns
-           WHERE status = 'pending' AND deleted_at IS NULL GROUP BY 1, 2 ORDER BY 2, 1"""
+        """SELECT user_id, (occurred_at AT TIME ZONE 'UTC')::date, count(*),
+                  count(*) || '-' || sum(attempts) || '-' || extract(epoch FROM max(created_at))::bigint
+           FROM turns WHERE status = 'pending' AND deleted_at IS NULL GROUP BY 1, 2 ORDER BY 2, 1"""
     ).fetchall()
 
 

@@ -1,0 +1,1 @@
+"""Dagster definitions for Yak: one folder per concept (exchanges, distillations, scores, automation)."""

@@ -1,0 +1,1 @@
+"""Dagster automation: jobs, sensors and the nightly schedule."""

@@ -1,0 +1,40 @@
+"""The nightly schedule: warmth re-evaluation of the last 7 days at 02:00 local time."""
+
+from datetime import datetime, timedelta
+
+import dagster as dg
+
+from yak_pipeline.defs.automation.jobs import warmth_job
+from yak_pipeline.defs.partitions import partition_key, users_partitions
+from yak_pipeline.settings import get_settings
+
+NIGHTLY_DAYS = 7
+
+
+def nightly_run_requests(users: list[str], scheduled_for: datetime, days: int = NIGHTLY_DAYS) -> list[dg.RunRequest]:
+    """One nightly warmth run per user and day of the last ``days`` days (UTC dates)."""
+    today = scheduled_for.date()
+    requests = []
+    for user_id in sorted(users):
+        for back in range(days):
+            day = today - timedelta(days=back)
+            key = partition_key(user_id, day)
+            requests.append(dg.RunRequest(
+                run_key=f"nightly:{scheduled_for.date().isoformat()}:{key}",
+                partition_key=key,
+                run_config={"ops": {"warmth": {"config": {"nightly": True, "days": days}}}},
+                tags={"yak/trigger": "nightly"},
+            ))
+    return requests
+
+
+@dg.schedule(job=warmth_job, cron_schedule="0 2 * * *", execution_timezone=get_settings().timezone,
+             default_status=dg.DefaultScheduleStatus.RUNNING)
+def nightly_warmth_schedule(context: dg.ScheduleEvaluationContext) -> list[dg.RunRequest] | dg.SkipReason:
+    """At 02:00 in YAK_TIMEZONE: re-evaluate warmth over the last 7 days for every user,
+    including memories that were recalled but never evaluated."""
+    users = context.instance.get_dynamic_partitions(users_partitions.name)
+    if not users:
+        return dg.SkipReason("no users yet")
+    scheduled = context.scheduled_execution_time or datetime.now().astimezone()
+    return nightly_run_requests(users, scheduled)

@@ -1,0 +1,1 @@
+"""Dagster definitions for distillations: the distil asset and its quality gate."""

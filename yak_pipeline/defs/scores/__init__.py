@@ -1,0 +1,1 @@
+"""Dagster definitions for scores: conflicts, near-duplicate versions and warmth."""

@@ -1,0 +1,103 @@
+"""Conflict scores, near-duplicate versions and warmth as Dagster assets."""
+
+import dagster as dg
+from pydantic import Field
+
+from yak_pipeline.defs.distillations.assets import distillations
+from yak_pipeline.defs.partitions import exchange_partitions, partition_parts
+from yak_pipeline.defs.resources import AlertsResource, EmbedderResource, LLMResource, PostgresResource
+from yak_pipeline.services.consolidate import ConsolidateJob, merge_near_duplicates, score_conflicts
+from yak_pipeline.services.warmth import WarmthJob, evaluate_pending_turns, reevaluate_recent
+from yak_pipeline.store.distillations import partition_gate_passed
+
+
+def _held_back(context: dg.AssetExecutionContext, postgres: PostgresResource) -> dg.MaterializeResult | None:
+    """A result that skips the work when the partition's quality gate last failed."""
+    user_id, day = partition_parts(context.partition_key)
+    with postgres.database().connection() as conn:
+        passed = partition_gate_passed(conn, user_id=user_id, day=day)
+    if passed is False:
+        context.log.warning("quality gate failed for %s on %s: holding back until it passes", user_id, day)
+        return dg.MaterializeResult(metadata={"held_back_by_quality_gate": True, "rows_in": 0, "rows_out": 0})
+    return None
+
+
+def _job(postgres: PostgresResource, llm: LLMResource, embedder: EmbedderResource, alerts: AlertsResource) -> ConsolidateJob:
+    return ConsolidateJob(db=postgres.database(), llm=llm.provider(), embedder=embedder.embedder(),
+                          alerter=alerts.alerter())
+
+
+@dg.asset(partitions_def=exchange_partitions, deps=[distillations], group_name="memory", kinds={"postgres"})
+def conflict_scores(
+    context: dg.AssetExecutionContext,
+    postgres: PostgresResource,
+    llm: LLMResource,
+    embedder: EmbedderResource,
+    alerts: AlertsResource,
+) -> dg.MaterializeResult:
+    """Contradiction scores of each new distillation against the user's similar active ones.
+
+    A score above 0.7 records a conflict, flags both distillations for review, keeps them from
+    being merged, and raises a ``conflict_detected`` alert.
+    """
+    held = _held_back(context, postgres)
+    if held is not None:
+        return held
+    user_id, day = partition_parts(context.partition_key)
+    report = score_conflicts(_job(postgres, llm, embedder, alerts), user_id=user_id, day=day)
+    return dg.MaterializeResult(metadata=report.metadata())
+
+
+@dg.asset(partitions_def=exchange_partitions, deps=[conflict_scores], group_name="memory", kinds={"postgres"})
+def distillation_versions(
+    context: dg.AssetExecutionContext,
+    postgres: PostgresResource,
+    llm: LLMResource,
+    embedder: EmbedderResource,
+    alerts: AlertsResource,
+) -> dg.MaterializeResult:
+    """Near-duplicates consolidated into versions instead of overwritten.
+
+    For each new distillation, the nearest of the user's active ones with similarity ≥ 0.85
+    (top 5, never one it conflicts with) is consolidated with it by the LLM: the older one gets
+    a new version recording ``merged_from``, the newer one becomes ``merged``. Old text stays in
+    the version history.
+    """
+    held = _held_back(context, postgres)
+    if held is not None:
+        return held
+    user_id, day = partition_parts(context.partition_key)
+    report = merge_near_duplicates(_job(postgres, llm, embedder, alerts), user_id=user_id, day=day)
+    return dg.MaterializeResult(metadata=report.metadata())
+
+
+class WarmthConfig(dg.Config):
+    """Run options for the warmth asset."""
+
+    nightly: bool = Field(
+        default=False, description="Re-evaluate every turn of the last days (the nightly pass), not only pending ones.")
+    days: int = Field(default=7, ge=1, le=90, description="How many days back the nightly pass looks.")
+
+
+@dg.asset(partitions_def=exchange_partitions, group_name="memory", kinds={"postgres"})
+def warmth(
+    context: dg.AssetExecutionContext,
+    config: WarmthConfig,
+    postgres: PostgresResource,
+    llm: LLMResource,
+    alerts: AlertsResource,
+) -> dg.MaterializeResult:
+    """How useful each recalled memory was, learnt from the turns of one user's day.
+
+    For every recalled memory of a pending turn the evaluator scores usefulness 0–1: above 0.7
+    warms it by 0.1, below 0.3 cools it by 0.2, clamped to [0, 1]; every change is a
+    ``warmth_events`` row. The nightly pass re-runs this over the last 7 days, catching memories
+    recalled but never evaluated; a (turn, memory) pair is only ever counted once.
+    """
+    user_id, day = partition_parts(context.partition_key)
+    job = WarmthJob(db=postgres.database(), llm=llm.provider(), alerter=alerts.alerter())
+    if config.nightly:
+        report = reevaluate_recent(job, user_id=user_id, day=day, days=config.days)
+    else:
+        report = evaluate_pending_turns(job, user_id=user_id, day=day)
+    return dg.MaterializeResult(metadata=report.metadata())

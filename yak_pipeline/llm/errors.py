@@ -1,0 +1,64 @@
+"""Errors of the LLM layer: every failure carries a one-line ``reason`` fit for a log line or a row.
+
+The reason is what a person reads in the Dagster UI, the audit log or an alert, so it is kept to
+one line and never holds the API key (callers pass reasons through :func:`redact` when they build
+them from transport errors, which may echo request details).
+"""
+
+from __future__ import annotations
+
+# Long enough to quote the start of a bad reply, short enough for a log line or a table cell.
+MAX_REASON_CHARS = 500
+
+
+def one_line(text: object, limit: int = MAX_REASON_CHARS) -> str:
+    """``text`` collapsed to a single line of at most ``limit`` characters."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def redact(text: str, *secrets: str | None) -> str:
+    """``text`` with every non-empty secret replaced by ``***``."""
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    return text
+
+
+class LLMError(Exception):
+    """Base of the LLM layer's errors; ``reason`` is one line saying what went wrong."""
+
+    def __init__(self, reason: object, *, attempts: int | None = None) -> None:
+        self.reason = one_line(reason) or type(self).__name__
+        self.attempts = attempts
+        super().__init__(self.reason)
+
+
+class LLMUnavailable(LLMError):
+    """The endpoint could not be used: transport errors, timeouts, 429/5xx after all retries.
+
+    ``retryable`` says whether the failure was transient (a later call may succeed).
+    """
+
+    def __init__(self, reason: object, *, attempts: int | None = None, retryable: bool = True) -> None:
+        super().__init__(reason, attempts=attempts)
+        self.retryable = retryable
+
+
+class LLMRequestRejected(LLMUnavailable):
+    """The endpoint refused the request with a 4xx other than 429 (bad model name, bad key …).
+
+    Not retried: asking again would get the same answer. It is an :class:`LLMUnavailable`, so
+    callers that only care whether the LLM could be used need not tell the two apart.
+    """
+
+    def __init__(self, reason: object, *, attempts: int | None = None) -> None:
+        super().__init__(reason, attempts=attempts, retryable=False)
+
+
+class LLMOutputError(LLMError):
+    """The endpoint answered, but the answer was not valid output (not JSON, wrong shape, out of range).
+
+    The reason names the defect, e.g. ``confidence 100 is outside [0, 1]``; the value is rejected,
+    never clamped into looking valid.
+    """

@@ -1,0 +1,636 @@
+"""The offline rules provider: a deterministic stand-in for the LLM when no endpoint is configured.
+
+It makes Yak usable (and testable) without a model, and it says so: its ``name`` is ``"rules"``
+and :func:`yak_pipeline.llm.get_llm_provider` logs that it stands in. It is not a language model
+and its judgements are rough; they are designed to be predictable and to err towards review.
+
+How it works:
+
+- **distill** — takes the user's part of "User: …\\nAssistant: …" (the whole text when it is not in
+  that form), splits it into sentences and rewrites first-person statements in the third person:
+  "I live in Berlin" → "User lives in Berlin.", "I'm a nurse" → "User is a nurse.", "my sister
+  Anna …" → "User's sister Anna …". Questions and sentences without a first-person statement are
+  left out. At most 4 sentences are kept (core facts first). Confidence: 0.9 for direct
+  statements, 0.65 when any kept statement is hedged ("I think", "maybe", "probably" …); with no
+  statement at all the content is a one-sentence summary of the user's turn with confidence 0.5,
+  which the confidence gate sends to review. Tier by keywords: identity, location, occupation,
+  family and health → core; preferences and habits → medium; the rest → low.
+- **consolidate** — the newer text's sentences, then the older text's sentences that are not
+  already there and not superseded (same subject and predicate, e.g. "User lives in …"), capped at 4.
+- **conflict_score** — 0.85 when both texts give different values to the same subject and
+  predicate ("lives in", "is from", "was born in", "works as", "works at", "'s name is", "is N years
+  old", "is married/single …"; 0.8 for short "is a …" values such as "nurse" / "teacher"), 0.9 when
+  one negates what the other states, 0.8 when two sentences share most content words but differ in
+  negation; otherwise at most 0.3 (scaled by word overlap). Subjects must match, so "User's sister
+  lives in Rome" does not contradict "User lives in Berlin".
+- **relevance_score** — the overlap coefficient of content words (stop words removed, crude
+  stemming): ``|M ∩ C| / min(|M|, |C|)``, 0 when either side has no content words.
+
+Everything here is pure computation on the inputs: no network, no state, hence thread-safe.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Final
+
+from yak_pipeline.core.sentences import count_sentences, split_sentences
+from yak_pipeline.core.types import Tier
+from yak_pipeline.llm.models import (
+    MAX_CONTENT_CHARS,
+    MAX_SENTENCES,
+    ConsolidationResult,
+    DistillationResult,
+    LLMCallStats,
+    ScoreResult,
+)
+
+DIRECT_CONFIDENCE: Final = 0.9
+HEDGED_CONFIDENCE: Final = 0.65
+SUMMARY_CONFIDENCE: Final = 0.5
+
+# A sentence longer than this is cut at a word boundary, so four of them stay within the limit.
+_MAX_SENTENCE_CHARS: Final = 220
+_SUMMARY_QUOTE_CHARS: Final = 200
+
+# --- vocabulary ---------------------------------------------------------------------------
+
+_CORE_WORDS: Final = frozenset(
+    """
+    name named names called nickname live lives living lived reside resides hometown address born
+    grew moved relocated work works working worked job jobs career profession employer employed
+    unemployed retired occupation boss colleague coworker office company
+    engineer developer programmer nurse doctor teacher professor student lawyer designer manager
+    accountant scientist researcher artist writer chef pilot farmer architect consultant
+    wife husband partner spouse girlfriend boyfriend fiance fiancee sister sisters brother brothers
+    sibling siblings mother mom mum father dad parent parents son sons daughter daughters child
+    children kid kids baby grandmother grandfather grandma grandpa aunt uncle cousin niece nephew
+    family married divorced engaged widowed single pregnant age birthday
+    allergic allergy allergies diabetic diabetes disability diagnosed condition medication
+    nationality citizen citizenship religion pronouns
+    """.split()
+)
+_MEDIUM_WORDS: Final = frozenset(
+    """
+    like likes liked love loves loved prefer prefers preferred hate hates dislike dislikes enjoy
+    enjoys favourite favorite favourites favorites fan fond into usually always never often
+    sometimes rarely every daily weekly monthly weekend weekends mornings evenings habit habits
+    routine hobby hobbies vegetarian vegan diet learning studying practising practicing training
+    playing collecting reading watching listening eat eats drink drinks meat
+    """.split()
+)
+# "I'm from Spain" is about origin; "a letter from the bank" is not.
+_ORIGIN: Final = re.compile(r"\b(?:i'?m|am|is|are|come|comes|came)\s+(?:originally\s+)?from\b", re.I)
+_AGE: Final = re.compile(r"\b(?:i'?m|am|is|turned|turning)\s+\d{1,3}\b|\byears?\s+old\b", re.I)
+_IDENTITY: Final = re.compile(r"^User\s+is\s+an?\s+(\w+)", re.I)
+# "I'm Sam" → "User is Sam." names the user.
+_NAME_ONLY: Final = re.compile(r"^(?:User\s+is|I'?m|I\s+am)\s+[A-Z][\w-]*\.?$")
+
+_STOP_WORDS: Final = frozenset(
+    """
+    a an the and or but if then than so of in on at to for from by with about as into onto over
+    under up down out off again also just only very too not no nor own same such is am are was
+    were be been being have has had having do does did doing will would shall should can could may
+    might must i me my mine myself we us our ours you your yours he him his she her hers it its
+    they them their theirs this that these those there here what which who whom whose when where
+    why how all any both each few more most other some user users s t don doesn didn isn aren
+    wasn weren won can't get got go going really quite
+    """.split()
+)
+_NEGATION: Final = re.compile(r"\b(?:not|never|no\s+longer|no)\b", re.I)
+
+_ADVERBS: Final = frozenset(
+    """
+    also really usually always often sometimes never rarely still just actually currently now
+    mostly mainly generally typically normally basically definitely absolutely totally kind sort
+    recently finally already even seriously truly literally honestly probably certainly
+    """.split()
+)
+_MODALS: Final = frozenset(
+    "can can't cannot could couldn't should shouldn't would wouldn't must mustn't might mightn't may "
+    "did didn't had hadn't".split()
+)
+# Irregular past forms stay as they are ("I grew up in Ohio" → "User grew up in Ohio").
+_PAST_FORMS: Final = frozenset(
+    """
+    was were went grew got had met made took came saw ran began became bought left lost found
+    thought knew wrote spent sold taught did said felt kept fell broke chose drove ate gave won
+    built heard held brought caught fought sang swam sat stood understood told paid put set let
+    cut hurt quit read slept woke wore rode flew drew threw forgot
+    """.split()
+)
+_HEDGE_PREFIX: Final = re.compile(
+    r"^(?:i\s+(?:think|guess|believe|suppose|reckon|feel\s+like|assume|imagine)(?:\s+that)?"
+    r"|maybe|probably|perhaps|possibly|apparently)\b[,]?\s*",
+    re.I,
+)
+_HEDGE_WORD: Final = re.compile(
+    r"\b(?:maybe|probably|perhaps|possibly|might|not\s+sure|i\s+guess|i\s+think|i\s+suppose|"
+    r"i\s+believe|kind\s+of|sort\s+of|i\s+reckon)\b",
+    re.I,
+)
+_FILLER: Final = re.compile(
+    r"^(?:(?:well|so|oh|ok|okay|hi|hey|hello|yes|yeah|yep|no|nope|actually|also|and|but|btw|"
+    r"by\s+the\s+way|honestly|anyway|fun\s+fact|just\s+so\s+you\s+know|for\s+context|fyi|fwiw|"
+    r"thanks|thank\s+you|great|cool|sure|right)\b[\s,:;!.\-—]*)+",
+    re.I,
+)
+# Intro phrases that may precede the subject: "Last year I moved …", "In my free time I paint …".
+_INTRO_STARTERS: Final = frozenset(
+    """
+    in on at since last next this every when after before during for as from yesterday today
+    tomorrow recently now currently lately nowadays back once these those while because
+    """.split()
+)
+_BULLET: Final = re.compile(r"^\s*(?:[-*•]+|\d+[.)])\s+")
+_ROLE_LINE: Final = re.compile(r"^[ \t]*(user|assistant|system)[ \t]*:[ \t]?", re.I | re.M)
+_WORD: Final = re.compile(r"[^\W_]+(?:'[^\W_]+)?")
+_TRAILING_PUNCT: Final = re.compile(r"[\s.!?…,;:]+$")
+
+
+# --- helpers shared by the four methods --------------------------------------------------
+
+
+def user_part(exchange: str) -> str:
+    """The user's words in an exchange "User: …\\nAssistant: …" (every user turn), else the whole text.
+
+    An exchange whose user turns are empty gives ``""``: the assistant's words are not the user's.
+    """
+    roles = list(_ROLE_LINE.finditer(exchange))
+    parts: list[str] = []
+    for index, match in enumerate(roles):
+        if match.group(1).lower() != "user":
+            continue
+        end = roles[index + 1].start() if index + 1 < len(roles) else len(exchange)
+        parts.append(exchange[match.end() : end].strip())
+    if not roles or all(m.group(1).lower() != "user" for m in roles):
+        return exchange.strip()
+    # In exchange form with an empty user turn: the user said nothing (the assistant's words are not theirs).
+    return "\n".join(part for part in parts if part)
+
+
+def _third_person_verb(verb: str) -> str:
+    """``verb`` conjugated for "User" (live → lives, go → goes, study → studies); past forms unchanged."""
+    low = verb.lower()
+    irregular = {"have": "has", "do": "does", "go": "goes", "be": "is", "am": "is"}
+    if low in irregular:
+        return irregular[low]
+    if low in _PAST_FORMS or low.endswith("ed") or low in _MODALS:
+        return verb
+    if low.endswith(("s", "sh", "ch", "x", "z", "o")):
+        return verb + "es"
+    if len(low) > 1 and low.endswith("y") and low[-2] not in "aeiou":
+        return verb[:-1] + "ies"
+    return verb + "s"
+
+
+# Mid-sentence first-person words, rewritten after the subject ("… with my wife" → "… with their wife").
+_PRONOUNS: Final = [
+    (re.compile(r"\bi\s*'\s*m\b|\bi\s+am\b", re.I), "they are"),
+    (re.compile(r"\bi\s+was\b", re.I), "they were"),
+    (re.compile(r"\bi\s*'\s*ve\b", re.I), "they have"),
+    (re.compile(r"\bi\s*'\s*ll\b", re.I), "they will"),
+    (re.compile(r"\bi\s*'\s*d\b", re.I), "they would"),
+    (re.compile(r"\bi\b(?!\.)", re.I), "they"),
+    (re.compile(r"\bmyself\b", re.I), "themselves"),
+    (re.compile(r"\bmine\b", re.I), "theirs"),
+    (re.compile(r"\bmy\b", re.I), "their"),
+    (re.compile(r"\bme\b", re.I), "them"),
+]
+
+
+def _rewrite_pronouns(text: str) -> str:
+    """First-person words inside a clause, in the third person."""
+    for pattern, replacement in _PRONOUNS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def _rewrite_subject(clause: str) -> str | None:
+    """A clause starting with a first-person subject, rewritten to start with "User"; else ``None``."""
+    rules: list[tuple[str, str]] = [
+        (r"^my\s+(.+?)\s+and\s+i\s+", r"User and their \1 "),
+        (r"^([A-Z][\w-]*)\s+and\s+i\s+", r"User and \1 "),
+        (r"^(?:please\s+)?call\s+me\s+", "User goes by "),
+        (r"^i\s*'\s*m\b|^i\s+am\b|^im\s+(?=an?\b)", "User is"),
+        (r"^i\s*'\s*ve\s+been\b|^i\s+have\s+been\b", "User has been"),
+        (r"^i\s*'\s*ve\b|^i\s+have\b", "User has"),
+        (r"^i\s*'\s*d\s+been\b", "User had been"),
+        (r"^i\s*'\s*d\b|^i\s+would\b", "User would"),
+        (r"^i\s*'\s*ll\b|^i\s+will\b", "User will"),
+        (r"^i\s+was\b", "User was"),
+        (r"^i\s+(?:don'?t|do\s+not)\b", "User does not"),
+        (r"^my\s+", "User's "),
+    ]
+    for pattern, replacement in rules:
+        match = re.match(pattern, clause, re.I)
+        if match:
+            head = match.expand(replacement)
+            return head + _rewrite_pronouns(clause[match.end() :])
+    match = re.match(r"^i\s+", clause, re.I)
+    if not match:
+        return None
+    words = clause[match.end() :].split(" ")
+    # Adverbs between subject and verb stay: "I usually run" → "User usually runs".
+    index = 0
+    while index < len(words) - 1 and (
+        words[index].lower() in _ADVERBS or (index > 0 and words[index].lower() == "of" and words[index - 1].lower() in {"kind", "sort"})
+    ):
+        index += 1
+    if not words or not words[index] or not words[index][0].isalpha():
+        return None
+    words[index] = _third_person_verb(words[index])
+    rest = " ".join(words)
+    return "User " + _rewrite_pronouns(rest)
+
+
+@dataclass(frozen=True)
+class _Statement:
+    """One rewritten sentence, whether it was hedged, and the user's original words (for the tier)."""
+
+    text: str
+    hedged: bool
+    original: str
+
+
+def _clip(text: str, limit: int) -> str:
+    """``text`` cut at a word boundary to at most ``limit`` characters, marked with '...' when cut."""
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 3]
+    if " " in cut[limit // 2 :]:
+        cut = cut.rsplit(" ", 1)[0]
+    return _TRAILING_PUNCT.sub("", cut) + "..."
+
+
+def _finish(text: str) -> str:
+    """A sentence with a capital first letter, ending in exactly one full stop."""
+    text = _TRAILING_PUNCT.sub("", " ".join(text.split()))
+    text = _clip(text, _MAX_SENTENCE_CHARS)
+    if text.endswith("..."):
+        return text[0].upper() + text[1:]
+    return text[0].upper() + text[1:] + "."
+
+
+def _statement(sentence: str) -> _Statement | None:
+    """Rewrite one of the user's sentences as a third-person statement, or ``None`` if it is none."""
+    original = " ".join(_BULLET.sub("", sentence).split())
+    if not original or original.rstrip(" \"')").endswith("?"):
+        return None  # a question tells what the user wants, not what is true of them
+    text = _FILLER.sub("", original)
+    text = _TRAILING_PUNCT.sub("", text)
+    if not text:
+        return None
+    hedged = bool(_HEDGE_WORD.search(text))
+    hedge = _HEDGE_PREFIX.match(text)
+    if hedge:
+        hedged = True
+        remainder = text[hedge.end() :]
+        rewritten = _rewrite_subject(remainder) if remainder else None
+        if rewritten is None:
+            # "I think Python is great" is still an opinion of the user's; "maybe it rains" is nothing.
+            rewritten = _rewrite_subject(text) if text.lower().startswith("i ") else None
+    else:
+        rewritten = _rewrite_subject(text)
+    if rewritten is None:
+        rewritten = _rewrite_after_intro(text)
+    if rewritten is None:
+        return None
+    return _Statement(text=_finish(rewritten), hedged=hedged, original=original)
+
+
+def _rewrite_after_intro(text: str) -> str | None:
+    """"When I was a kid, I lived in Ohio" → "User lived in Ohio when they were a kid"."""
+    head, comma, tail = text.partition(",")
+    if comma and tail.strip():
+        rewritten = _rewrite_subject(tail.strip())
+        if rewritten is not None and len(head.split()) <= 8:
+            return rewritten + " " + _lower_first(_rewrite_pronouns(head.strip()))
+    match = re.search(r"\bi\b(?=\s)", text, re.I)
+    if match is None or match.start() == 0:
+        return None
+    intro = text[: match.start()].strip()
+    words = intro.split()
+    if not words or len(words) > 6 or words[0].lower() not in _INTRO_STARTERS:
+        return None
+    rewritten = _rewrite_subject(text[match.start() :])
+    if rewritten is None:
+        return None
+    return rewritten + " " + _lower_first(_rewrite_pronouns(intro))
+
+
+def _lower_first(text: str) -> str:
+    """``text`` with a lower-case first letter, unless it starts an acronym or a proper name of two capitals."""
+    if len(text) > 1 and text[1].isupper():
+        return text
+    return text[:1].lower() + text[1:]
+
+
+def _words(text: str) -> list[str]:
+    """Lower-case words of ``text``, apostrophes kept inside words."""
+    return [w.lower().replace("’", "'") for w in _WORD.findall(text.replace("’", "'"))]
+
+
+def _tier(texts: Iterable[str]) -> Tier:
+    """Keyword tier of a distillation: identity/location/occupation/family/health → core, preferences → medium."""
+    texts_list = list(texts)
+    joined = " ".join(texts_list)
+    words = set(_words(joined))
+    if words & _CORE_WORDS or _ORIGIN.search(joined) or _AGE.search(joined) or "goes by" in joined.lower():
+        return "core"
+    if words & _MEDIUM_WORDS:
+        return "medium"
+    if any(_NAME_ONLY.match(text.strip()) for text in texts_list):
+        return "core"
+    identity = _IDENTITY.search(joined)
+    if identity and identity.group(1).lower() not in _MEDIUM_WORDS | {"big", "huge", "bit", "little", "lot"}:
+        return "core"
+    return "low"
+
+
+_TIER_ORDER: Final[dict[Tier, int]] = {"core": 0, "medium": 1, "low": 2}
+
+
+# People typing fast write "i live in berlin. i love dogs": a lower-case "i"/"my" after a full stop
+# still starts a new first-person sentence, though the shared splitter wants a capital.
+_LOWERCASE_START: Final = re.compile(r"(?<=[.!?])\s+(?=(?:i|i'm|i've|i'd|i'll|im|my)\b)")
+
+
+def _sentences_of(text: str) -> list[str]:
+    """Sentences of ``text``, also breaking at line ends (users write lists and one fact per line)."""
+    sentences: list[str] = []
+    for line in text.splitlines():
+        for sentence in split_sentences(line):
+            sentences.extend(piece for piece in _LOWERCASE_START.split(sentence) if piece.strip())
+    return sentences
+
+
+def _valid_text(sentences: list[str], fallback_source: str) -> str:
+    """Join sentences into a text that is 1–4 sentences and within the length limit, whatever the input.
+
+    Joining can merge two sentences (an abbreviation at the end of one), never split one; the final
+    check is still made, with a word-only fallback, so arbitrary input cannot yield invalid output.
+    """
+    text = " ".join(sentences)
+    if 1 <= count_sentences(text) <= MAX_SENTENCES and len(text) <= MAX_CONTENT_CHARS:
+        return text
+    words = re.sub(r"[.!?…]+", " ", fallback_source).split()
+    quote = _clip(" ".join(words), _SUMMARY_QUOTE_CHARS)
+    return f"User said: {quote.rstrip('.')}." if quote else "User sent a message without words."
+
+
+def _summary(user_text: str) -> str:
+    """One sentence saying what the user said or asked, quoting the start of their first sentence."""
+    sentences = _sentences_of(user_text)
+    first = " ".join(sentences[0].split()) if sentences else ""
+    if not first:
+        return "User sent an empty message."
+    first = _clip(first, _SUMMARY_QUOTE_CHARS)
+    if first.endswith("?"):
+        return "User asked: " + first
+    return "User said: " + _TRAILING_PUNCT.sub("", first) + ("" if first.endswith("...") else ".")
+
+
+def _normalised(sentence: str) -> str:
+    """A sentence reduced to its lower-case words, for "is this the same sentence?" comparisons."""
+    return " ".join(_words(sentence))
+
+
+# --- predicates used by consolidation and conflict scoring --------------------------------
+
+_VALUE_END: Final = re.compile(r",|;|\s(?:and|but|with|since|because|for|where|who|which|when|while|as|until)\s")
+_PREDICATES: Final[list[tuple[str, re.Pattern[str]]]] = [
+    ("name", re.compile(r"^(?P<subj>.+?)\s+(?:name\s+is|goes\s+by|is\s+called|is\s+named)\s+(?P<val>.+)$")),
+    ("age", re.compile(r"^(?P<subj>.+?)\s+is\s+(?P<val>\d{1,3})(?:\s+years?\s+old)?\b")),
+    (
+        "marital",
+        re.compile(r"^(?P<subj>.+?)\s+is\s+(?P<val>married|single|divorced|engaged|widowed)\b"),
+    ),
+    (
+        "location",
+        re.compile(
+            r"^(?P<subj>.+?)\s+(?:(?:currently|now|still)\s+)?"
+            r"(?:lives?|is\s+living|resides?|is\s+based|is\s+located)\s+in\s+(?P<val>.+)$"
+        ),
+    ),
+    ("origin", re.compile(r"^(?P<subj>.+?)\s+(?:is|are|comes?)\s+(?:originally\s+)?from\s+(?P<val>.+)$")),
+    ("born", re.compile(r"^(?P<subj>.+?)\s+was\s+born\s+in\s+(?P<val>.+)$")),
+    ("occupation", re.compile(r"^(?P<subj>.+?)\s+works?\s+as\s+(?:an?\s+)?(?P<val>.+)$")),
+    ("employer", re.compile(r"^(?P<subj>.+?)\s+works?\s+(?:at|for)\s+(?P<val>.+)$")),
+    ("is_a", re.compile(r"^(?P<subj>.+?)\s+is\s+an?\s+(?P<val>.+)$")),
+]
+
+
+@dataclass(frozen=True)
+class _Claim:
+    """A sentence read as subject / predicate / value, with whether it is negated."""
+
+    subject: str
+    predicate: str
+    value: str
+    negated: bool
+
+
+def _negation_free(sentence: str) -> tuple[str, bool]:
+    """The sentence in lower case with negations removed, and whether there were any."""
+    text = " ".join(sentence.lower().replace("’", "'").split())
+    text = re.sub(r"\bcan't\b|\bcannot\b", "can not", text)
+    text = re.sub(r"\bwon't\b", "will not", text)
+    text = re.sub(r"n't\b", " not", text)
+    negated = bool(_NEGATION.search(text))
+    text = re.sub(r"\b(?:does|do|did)\s+not\s+", "", text)
+    text = re.sub(r"\b(?:not|never|no\s+longer)\s+", "", text)
+    return _TRAILING_PUNCT.sub("", text), negated
+
+
+def _claims(text: str) -> list[_Claim]:
+    """Every subject/predicate/value claim found in the sentences of ``text``."""
+    claims: list[_Claim] = []
+    for sentence in _sentences_of(text):
+        plain, negated = _negation_free(_rewrite_subject(sentence) or sentence)
+        for predicate, pattern in _PREDICATES:
+            match = pattern.match(plain)
+            if match is None:
+                continue
+            value = _VALUE_END.split(match.group("val"), maxsplit=1)[0]
+            value = re.sub(r"^(?:the|a|an)\s+", "", value.strip(" .!?\"'"))
+            subject = " ".join(match.group("subj").split())
+            if value:
+                claims.append(_Claim(subject, predicate, value, negated))
+            break  # one claim per sentence: the most specific predicate wins
+    return claims
+
+
+def _same_value_in(claim: _Claim, others: list[_Claim]) -> bool:
+    """Whether ``others`` hold a claim with the same subject, predicate and value as ``claim``."""
+    return any(
+        o.subject == claim.subject and o.predicate == claim.predicate and _same_value(o.value, claim.value)
+        for o in others
+    )
+
+
+def _same_value(a: str, b: str) -> bool:
+    """Whether two values name the same thing ("berlin" and "berlin germany" do)."""
+    return a == b or a.startswith(b + " ") or b.startswith(a + " ")
+
+
+def _differing_values_score(a: _Claim, b: _Claim) -> float:
+    """Score of two un-negated claims giving different values to the same subject and predicate.
+
+    "is a …" is weaker evidence than "lives in …": a person can be a nurse and a mother, so only
+    short, noun-like values ("nurse" / "teacher") count, and they score just above the 0.7 line.
+    """
+    if a.predicate != "is_a":
+        return 0.85
+    if len(a.value.split()) <= 2 and len(b.value.split()) <= 2:
+        return 0.8
+    return 0.0
+
+
+def _stem(word: str) -> str:
+    """A crude stem, enough to match "lives", "living" and "live", or "hikes" and "hiking"."""
+    word = word.removesuffix("'s")
+    if len(word) > 4 and word.endswith("ies"):
+        word = word[:-3] + "y"
+    elif len(word) > 3 and word.endswith("s") and not word.endswith("ss"):
+        word = word[:-1]
+    if len(word) > 5 and word.endswith("ing"):
+        word = word[:-3]
+    elif len(word) > 4 and word.endswith("ed"):
+        word = word[:-2]
+    if len(word) > 3 and word.endswith("e"):
+        word = word[:-1]
+    return word
+
+
+def content_words(text: str) -> set[str]:
+    """Stemmed content words of ``text`` (stop words, negations and "User" removed)."""
+    return {_stem(w) for w in _words(text) if w not in _STOP_WORDS and w.removesuffix("'s") not in _STOP_WORDS}
+
+
+def _jaccard(a: set[str], b: set[str]) -> float:
+    """Jaccard similarity of two sets (0 when both are empty)."""
+    union = a | b
+    return len(a & b) / len(union) if union else 0.0
+
+
+def _sentence_conflict(a: str, b: str) -> float:
+    """Contradiction score of two single sentences."""
+    plain_a, negated_a = _negation_free(a)
+    plain_b, negated_b = _negation_free(b)
+    words_a, words_b = content_words(plain_a), content_words(plain_b)
+    overlap = _jaccard(words_a, words_b)
+    if negated_a != negated_b and overlap >= 0.6:
+        return 0.8
+    return round(0.3 * overlap, 4) if plain_a != plain_b else 0.0
+
+
+class RulesProvider:
+    """Deterministic, offline :class:`~yak_pipeline.llm.provider.LLMProvider` stand-in (see the module docstring).
+
+    Stateless, so thread-safe. Results carry stats with ``attempts=1`` and no token counts.
+    """
+
+    name = "rules"
+
+    def __repr__(self) -> str:
+        return "RulesProvider()"
+
+    @staticmethod
+    def _stats(started: float) -> LLMCallStats:
+        """Stats of a rules call: its latency, one attempt, no tokens."""
+        return LLMCallStats(
+            latency_ms=(time.perf_counter() - started) * 1000.0, prompt_tokens=None, completion_tokens=None, attempts=1
+        )
+
+    def distill(self, exchange: str) -> DistillationResult:
+        """Third-person statements from the user's first-person sentences (see the module docstring)."""
+        started = time.perf_counter()
+        if not exchange.strip():
+            raise ValueError("cannot distil an empty exchange")
+        user_text = user_part(exchange)
+        if not user_text:
+            content = "User sent an empty message."
+            return DistillationResult(content=content, confidence=SUMMARY_CONFIDENCE, tier="low", stats=self._stats(started))
+        statements: list[_Statement] = []
+        seen: set[str] = set()
+        for sentence in _sentences_of(user_text):
+            statement = _statement(sentence)
+            if statement is None or _normalised(statement.text) in seen:
+                continue
+            seen.add(_normalised(statement.text))
+            statements.append(statement)
+        if statements:
+            # Keep the four most important statements, then restore the user's order.
+            ranked = sorted(
+                range(len(statements)),
+                key=lambda i: (_TIER_ORDER[_tier([statements[i].original, statements[i].text])], i),
+            )
+            kept = [statements[i] for i in sorted(ranked[:MAX_SENTENCES])]
+            content = _valid_text([s.text for s in kept], user_text)
+            confidence = HEDGED_CONFIDENCE if any(s.hedged for s in kept) else DIRECT_CONFIDENCE
+            tier = _tier([s.original for s in kept] + [s.text for s in kept])
+        else:
+            content = _valid_text([_summary(user_text)], user_text)
+            confidence = SUMMARY_CONFIDENCE
+            tier = _tier([user_text])
+        return DistillationResult(content=content, confidence=confidence, tier=tier, stats=self._stats(started))
+
+    def consolidate(self, older: str, newer: str) -> ConsolidationResult:
+        """Newer's sentences, then older's that are new and not superseded, capped at 4."""
+        started = time.perf_counter()
+        newer_sentences = [_finish(s) for s in _sentences_of(newer) if _TRAILING_PUNCT.sub("", s)]
+        older_sentences = [_finish(s) for s in _sentences_of(older) if _TRAILING_PUNCT.sub("", s)]
+        if not newer.strip() and not older.strip():
+            raise ValueError("cannot consolidate two empty texts")
+        merged = list(newer_sentences)
+        seen = {_normalised(s) for s in merged}
+        newer_claims = _claims(newer)
+        newer_keys = {(c.subject, c.predicate) for c in newer_claims if c.predicate != "is_a"}
+        for sentence in older_sentences:
+            if len(merged) >= MAX_SENTENCES:
+                break
+            if _normalised(sentence) in seen:
+                continue
+            # The newer memory wins: "User lives in Paris" supersedes an older "User lives in Berlin".
+            # An older sentence that only repeats the same value is dropped when it adds no words.
+            claims = _claims(sentence)
+            if any((c.subject, c.predicate) in newer_keys and not _same_value_in(c, newer_claims) for c in claims):
+                continue
+            if content_words(sentence) <= content_words(" ".join(merged)):
+                continue
+            merged.append(sentence)
+            seen.add(_normalised(sentence))
+        content = _valid_text(merged[:MAX_SENTENCES], newer if newer.strip() else older)
+        return ConsolidationResult(content=content, stats=self._stats(started))
+
+    def conflict_score(self, a: str, b: str) -> ScoreResult:
+        """Contradiction heuristic over predicates and negation (see the module docstring); symmetric."""
+        started = time.perf_counter()
+        score = 0.0
+        for claim_a in _claims(a):
+            for claim_b in _claims(b):
+                if claim_a.subject != claim_b.subject or claim_a.predicate != claim_b.predicate:
+                    continue
+                if _same_value(claim_a.value, claim_b.value):
+                    if claim_a.negated != claim_b.negated:
+                        score = max(score, 0.9)
+                elif not claim_a.negated and not claim_b.negated:
+                    score = max(score, _differing_values_score(claim_a, claim_b))
+        for sentence_a in _sentences_of(a):
+            for sentence_b in _sentences_of(b):
+                score = max(score, _sentence_conflict(sentence_a, sentence_b))
+        return ScoreResult(score=score, stats=self._stats(started))
+
+    def relevance_score(self, memory: str, context: str) -> ScoreResult:
+        """Overlap coefficient of content words, ``|M ∩ C| / min(|M|, |C|)``, in [0, 1]."""
+        started = time.perf_counter()
+        memory_words, context_words = content_words(memory), content_words(context)
+        if not memory_words or not context_words:
+            score = 0.0
+        else:
+            score = len(memory_words & context_words) / min(len(memory_words), len(context_words))
+        return ScoreResult(score=round(score, 4), stats=self._stats(started))

@@ -1,0 +1,146 @@
+"""Distil pending memories: LLM → validate → embed → confidence gate → store, one memory at a time.
+
+Each memory is handled in its own transaction that holds a ``FOR UPDATE SKIP LOCKED`` lock on
+it from claim to commit: the distillation, its embedding, its gate decision, its first version
+and the memory's new status commit together or not at all (a killed worker leaves the memory
+``pending``), and two workers never distil the same memory. LLM calls run concurrently up to
+``concurrency`` (one pooled connection per worker).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import date
+
+from yak_pipeline.alerts import NULL_ALERTER, Alerter
+from yak_pipeline.core.gates import confidence_gate
+from yak_pipeline.embeddings import Embedder, EmbeddingError
+from yak_pipeline.llm.errors import LLMError
+from yak_pipeline.llm.prompts import OUTPUT_SCHEMA_VERSION
+from yak_pipeline.llm.provider import LLMProvider
+from yak_pipeline.services.reports import StageReport
+from yak_pipeline.store.database import Database
+from yak_pipeline.store.distillations import NewDistillation, add_version, insert_distillation
+from yak_pipeline.store.memories import mark_memory_distilled, record_memory_error
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_ATTEMPTS = 5
+
+
+@dataclass(frozen=True)
+class DistillJob:
+    """What a distillation run needs besides the memories."""
+
+    db: Database
+    llm: LLMProvider
+    embedder: Embedder
+    prompt_version: str
+    alerter: Alerter = NULL_ALERTER
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+
+
+def partition_memory_ids(db: Database, *, user_id: str, day: date | None, include_outdated: bool,
+                         prompt_version: str) -> list[str]:
+    """Ids of the partition's memories that need (re-)distilling, oldest first.
+
+    Pending memories always; with ``include_outdated`` also distilled memories whose live
+    distillation was made by another prompt or output-schema version (the backfill case).
+    """
+    with db.connection() as conn:
+        rows = conn.execute(
+            """SELECT m.id FROM memories m
+               WHERE m.user_id = %(user)s AND m.deleted_at IS NULL
+                 AND (%(day)s::date IS NULL OR (m.occurred_at AT TIME ZONE 'UTC')::date = %(day)s)
+                 AND (m.status = 'pending' OR (%(outdated)s AND EXISTS (
+                        SELECT 1 FROM distillations d WHERE d.memory_id = m.id AND d.deleted_at IS NULL
+                          AND d.status IN ('active', 'review')
+                          AND (d.prompt_version <> %(prompt)s OR d.schema_version <> %(schema)s))))
+               ORDER BY m.occurred_at, m.id""",
+            {"user": user_id, "day": day, "outdated": include_outdated, "prompt": prompt_version,
+             "schema": OUTPUT_SCHEMA_VERSION},
+        ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def _distill_one(job: DistillJob, memory_id: str) -> StageReport:
+    report = StageReport(rows_in=1)
+    with job.db.connection() as conn:
+        row = conn.execute(
+            """SELECT id, user_id, content, occurred_at, attempts, status FROM memories
+               WHERE id = %s AND deleted_at IS NULL FOR UPDATE SKIP LOCKED""",
+            (memory_id,),
+        ).fetchone()
+        if row is None:
+            report.skipped += 1  # another worker has it, or it was forgotten meanwhile
+            return report
+        _, user_id, content, occurred_at, attempts, status = row
+        existing = conn.execute(
+            """SELECT id, prompt_version, schema_version FROM distillations
+               WHERE memory_id = %s AND deleted_at IS NULL AND status IN ('active', 'review')
+               ORDER BY created_at LIMIT 1""",
+            (memory_id,),
+        ).fetchone()
+        if status != "pending" and (existing is None or
+                                    (existing[1] == job.prompt_version and existing[2] == OUTPUT_SCHEMA_VERSION)):
+            report.skipped += 1  # done by someone else since it was listed
+            return report
+        try:
+            result = job.llm.distill(content)
+        except LLMError as exc:
+            give_up = attempts + 1 >= job.max_attempts
+            record_memory_error(conn, memory_id, exc.reason, give_up=give_up)
+            report.failed += 1
+            report.errors.append(f"{memory_id}: {exc.reason}")
+            job.alerter.alert("distillation_failed", f"distilling memory {memory_id} failed", ids=(memory_id,),
+                              error=exc.reason, retry=(attempts + 1, job.max_attempts))
+            return report
+        report.record_call(result.stats)
+        try:
+            embedding = job.embedder.embed_documents([result.content])[0]
+        except EmbeddingError as exc:
+            record_memory_error(conn, memory_id, str(exc), give_up=False)
+            report.failed += 1
+            report.errors.append(f"{memory_id}: {exc}")
+            job.alerter.alert("embedding_failed", f"embedding memory {memory_id} failed", ids=(memory_id,),
+                              error=str(exc))
+            return report
+        decision = confidence_gate(result.confidence)
+        if existing is None:
+            distillation_id = insert_distillation(conn, NewDistillation(
+                memory_id=memory_id, user_id=user_id, content=result.content, confidence=result.confidence,
+                tier=result.tier, embedding=embedding, embedding_model=job.embedder.model_name,
+                prompt_version=job.prompt_version, refreshed_at=occurred_at, schema_version=OUTPUT_SCHEMA_VERSION,
+            ))
+        else:
+            # Re-distillation after a prompt change: a new version, the old text kept in history.
+            distillation_id = existing[0]
+            add_version(conn, distillation_id, content=result.content, embedding=embedding,
+                        embedding_model=job.embedder.model_name, reason="redistilled",
+                        prompt_version=job.prompt_version, refreshed_at=occurred_at)
+            conn.execute(
+                """UPDATE distillations SET confidence = %s, tier = %s, status = %s, needs_review = %s,
+                          schema_version = %s, conflict_checked_at = NULL, dedup_checked_at = NULL
+                   WHERE id = %s""",
+                (result.confidence, result.tier, decision.status, decision.needs_review, OUTPUT_SCHEMA_VERSION,
+                 distillation_id),
+            )
+        mark_memory_distilled(conn, memory_id)
+    report.rows_out += 1
+    report.flagged += int(decision.needs_review)
+    report.ids.append(str(distillation_id))
+    return report
+
+
+def distill_memories(job: DistillJob, memory_ids: Sequence[str], *, concurrency: int = 4) -> StageReport:
+    """Distil the given memories with up to ``concurrency`` LLM calls at once."""
+    total = StageReport()
+    if not memory_ids:
+        return total
+    with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="yak-distil") as pool:
+        for report in pool.map(lambda memory_id: _distill_one(job, memory_id), memory_ids):
+            total.merge(report)
+    return total

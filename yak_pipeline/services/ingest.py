@@ -1,0 +1,76 @@
+"""Store parsed exchange records as memories: idempotent, scoped, every record accounted for."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import date, datetime, timedelta, timezone
+
+import psycopg
+
+from yak_pipeline.core.exchange_files import ExchangeRecord, RejectedRecord
+from yak_pipeline.store.database import Database
+from yak_pipeline.store.memories import insert_memory
+
+# Partitions are daily from this date on; an exchange dated earlier cannot be placed in one.
+EARLIEST_EXCHANGE_DATE = date(2000, 1, 1)
+# Clocks and time zones disagree a little; more than a day ahead is a wrong date, not skew.
+FUTURE_TOLERANCE = timedelta(days=1)
+
+
+@dataclass
+class IngestReport:
+    """What happened to each record: stored, already there, or rejected with a reason."""
+
+    stored: list[str] = field(default_factory=list)
+    duplicates: list[str] = field(default_factory=list)
+    rejected: list[RejectedRecord] = field(default_factory=list)
+    partitions: set[tuple[str, date]] = field(default_factory=set)
+
+    @property
+    def users(self) -> set[str]:
+        """The users whose exchanges were seen."""
+        return {user for user, _ in self.partitions}
+
+
+def _reject(record: ExchangeRecord, reason: str) -> RejectedRecord:
+    raw = json.dumps({"user_id": record.user_id, "content": record.content,
+                      "occurred_at": record.occurred_at.isoformat() if record.occurred_at else None})
+    return RejectedRecord(line=record.line, raw=raw, reason=reason)
+
+
+def ingest_records(
+    db: Database,
+    records: Sequence[ExchangeRecord],
+    *,
+    source: str,
+    source_ref: str | None = None,
+    now: datetime | None = None,
+) -> IngestReport:
+    """Store records as ``pending`` memories in one transaction, a savepoint per record.
+
+    A record the database refuses is rejected with its reason while the others are kept; the
+    same exchange twice is stored once (``duplicates``).
+    """
+    report = IngestReport()
+    received = now or datetime.now(timezone.utc)
+    with db.connection() as conn:
+        for record in records:
+            when = record.occurred_at or received
+            if when.date() < EARLIEST_EXCHANGE_DATE:
+                report.rejected.append(_reject(record, f"occurred_at {when.date()} is before {EARLIEST_EXCHANGE_DATE}"))
+                continue
+            if when > received + FUTURE_TOLERANCE:
+                report.rejected.append(_reject(record, f"occurred_at {when.isoformat()} is in the future"))
+                continue
+            try:
+                with conn.transaction():
+                    stored = insert_memory(conn, user_id=record.user_id, content=record.content, source=source,
+                                           occurred_at=when, source_ref=source_ref)
+            except (ValueError, psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
+                report.rejected.append(_reject(record, " ".join(str(exc).split())[:300]))
+                continue
+            (report.stored if stored.created else report.duplicates).append(str(stored.id))
+            report.partitions.add((record.user_id, when.astimezone(timezone.utc).date()))
+    return report

@@ -1,0 +1,92 @@
+"""Recall for a query: embed it, run the store's recall, attach the memories' text."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from yak_pipeline.core.memory_block import BlockMemory, PromptBuild, build_prompt_messages
+from yak_pipeline.embeddings import Embedder
+from yak_pipeline.settings import Settings
+from yak_pipeline.store.database import Database
+from yak_pipeline.store.recall import RecallParams, recall
+
+
+@dataclass(frozen=True)
+class RecallHit:
+    """One recalled distillation, with its score and what it says."""
+
+    id: str
+    memory_id: str
+    content: str
+    confidence: float
+    tier: str
+    warmth: float
+    similarity: float
+    score: float
+
+    @property
+    def is_core(self) -> bool:
+        """Core memories get the wider gate and double gravity."""
+        return self.tier == "core"
+
+
+def recall_params(settings: Settings, *, threshold: float = 0.7, limit: int = 5) -> RecallParams:
+    """Recall parameters: the request's threshold and limit, the configured scoring."""
+    return RecallParams(threshold=threshold, limit=limit, half_life_days=settings.half_life_days,
+                        decay_enabled=settings.decay_enabled, core_multiplier=settings.core_threshold_multiplier)
+
+
+def search_memories(
+    db: Database,
+    embedder: Embedder,
+    *,
+    user_id: str,
+    query: str,
+    params: RecallParams,
+    now: datetime | None = None,
+) -> list[RecallHit]:
+    """The user's best distillations for ``query``, best first (DESIGN §4)."""
+    vector = embedder.embed_query(query)
+    with db.connection() as conn:
+        ranked = recall(conn, user_id=user_id, query_embedding=vector, embedding_model=embedder.model_name,
+                        params=params, now=now)
+        if not ranked:
+            return []
+        rows = conn.execute(
+            "SELECT id, memory_id, content, confidence FROM distillations WHERE id = ANY(%s::uuid[])",
+            ([r.id for r in ranked],),
+        ).fetchall()
+    by_id = {str(r[0]): r for r in rows}
+    return [
+        RecallHit(id=r.id, memory_id=str(by_id[r.id][1]), content=by_id[r.id][2], confidence=by_id[r.id][3],
+                  tier=r.tier, warmth=r.warmth, similarity=r.similarity, score=r.score)
+        for r in ranked if r.id in by_id
+    ]
+
+
+def build_context(
+    db: Database,
+    embedder: Embedder,
+    *,
+    user_id: str,
+    query: str,
+    params: RecallParams,
+    system_prompt: str = "",
+    now: datetime | None = None,
+) -> tuple[str, PromptBuild]:
+    """The memory block for ``query`` and the prompt messages around it; recall failures degrade.
+
+    If recall fails (database down, embedder broken) the prompt is still built, without memories,
+    and ``PromptBuild.recall_error`` says why.
+    """
+    def _recall() -> list[BlockMemory]:
+        hits = search_memories(db, embedder, user_id=user_id, query=query, params=params, now=now)
+        return [BlockMemory(id=h.id, content=h.content, tier=h.tier) for h in hits]
+
+    built = build_prompt_messages(system_prompt, query, _recall)
+    block = next((m["content"] for m in built.messages[1:-1]), "")
+    return block, built
+
+
+

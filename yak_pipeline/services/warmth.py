@@ -1,0 +1,134 @@
+"""Warmth evaluation: was a recalled memory useful for the turn? (DESIGN §4)
+
+One function, :func:`evaluate_relevance`, serves the API's synchronous evaluation, the per-turn
+``warmth`` asset and the nightly re-evaluation. Each (turn, memory) pair is evaluated once: a
+pair that already has a warmth event is skipped, so re-runs never count a turn twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import date, datetime, timedelta, timezone
+
+import psycopg
+
+from yak_pipeline.alerts import NULL_ALERTER, Alerter
+from yak_pipeline.core.exchanges import format_exchange
+from yak_pipeline.llm.errors import LLMError
+from yak_pipeline.llm.provider import LLMProvider
+from yak_pipeline.services.reports import StageReport
+from yak_pipeline.store.database import Database
+from yak_pipeline.store.distillations import get_distillation
+from yak_pipeline.store.turns import mark_turn
+from yak_pipeline.store.warmth import WarmthUpdate, apply_relevance
+
+MAX_TURN_ATTEMPTS = 5
+
+
+def evaluate_relevance(
+    conn: psycopg.Connection,
+    llm: LLMProvider,
+    *,
+    distillation_id: str,
+    context: str,
+    reason: str,
+    evaluator: str | None = None,
+    turn_id: str | None = None,
+    user_id: str | None = None,
+    report: StageReport | None = None,
+) -> WarmthUpdate | None:
+    """Score one memory's usefulness for ``context`` and apply the warmth rule; None if not found.
+
+    Raises :class:`~yak_pipeline.llm.errors.LLMError` when the evaluator cannot answer.
+    """
+    distillation = get_distillation(conn, distillation_id, user_id=user_id)
+    if distillation is None:
+        return None
+    result = llm.relevance_score(distillation["content"], context)
+    if report is not None:
+        report.record_call(result.stats)
+    return apply_relevance(conn, distillation_id, relevance_score=result.score, reason=reason, turn_id=turn_id,
+                           evaluator=evaluator or llm.name, user_id=distillation["user_id"])
+
+
+@dataclass(frozen=True)
+class WarmthJob:
+    """What a warmth run needs."""
+
+    db: Database
+    llm: LLMProvider
+    alerter: Alerter = NULL_ALERTER
+
+
+def _turn_ids(db: Database, *, user_id: str | None, day: date | None, since: datetime | None, pending_only: bool) -> list[str]:
+    with db.connection() as conn:
+        rows = conn.execute(
+            """SELECT id FROM turns
+               WHERE deleted_at IS NULL
+                 AND (%(user)s::text IS NULL OR user_id = %(user)s)
+                 AND (%(day)s::date IS NULL OR (occurred_at AT TIME ZONE 'UTC')::date = %(day)s)
+                 AND (%(since)s::timestamptz IS NULL OR occurred_at >= %(since)s)
+                 AND (status = 'pending' OR NOT %(pending_only)s)
+               ORDER BY occurred_at, id""",
+            {"user": user_id, "day": day, "since": since, "pending_only": pending_only},
+        ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def evaluate_turn(job: WarmthJob, turn_id: str, *, reason: str) -> StageReport:
+    """Evaluate every recalled memory of one turn that has no warmth event for it yet."""
+    report = StageReport(rows_in=1)
+    with job.db.connection() as conn:
+        turn = conn.execute(
+            """SELECT id, user_id, user_message, assistant_message, recalled_ids, attempts FROM turns
+               WHERE id = %s AND deleted_at IS NULL FOR UPDATE SKIP LOCKED""",
+            (turn_id,),
+        ).fetchone()
+        if turn is None:
+            report.skipped += 1
+            return report
+        _, user_id, user_message, assistant_message, recalled, attempts = turn
+        done = {str(r[0]) for r in conn.execute(
+            "SELECT distillation_id FROM warmth_events WHERE turn_id = %s", (turn_id,)).fetchall()}
+        context = format_exchange(user_message, assistant_message)
+        try:
+            for distillation_id in [str(r) for r in recalled if str(r) not in done]:
+                update = evaluate_relevance(conn, job.llm, distillation_id=distillation_id, context=context,
+                                            reason=reason, turn_id=turn_id, user_id=user_id, report=report)
+                if update is not None and update.change.delta != 0:
+                    report.flagged += 1
+        except LLMError as exc:
+            # Events written so far stay (each pair counts once); the rest waits for the next run.
+            status = "failed" if attempts + 1 >= MAX_TURN_ATTEMPTS else "pending"
+            mark_turn(conn, turn_id, status=status, error=exc.reason)
+            report.failed += 1
+            report.errors.append(f"{turn_id}: {exc.reason}")
+            job.alerter.alert("warmth_failed", f"evaluating turn {turn_id} failed", ids=(turn_id,), error=exc.reason,
+                              retry=(attempts + 1, MAX_TURN_ATTEMPTS))
+            return report
+        mark_turn(conn, turn_id, status="evaluated")
+    report.rows_out += 1
+    return report
+
+
+def evaluate_pending_turns(job: WarmthJob, *, user_id: str | None, day: date | None) -> StageReport:
+    """Evaluate the pending turns of a partition (the per-turn ``warmth`` asset)."""
+    total = StageReport()
+    for turn_id in _turn_ids(job.db, user_id=user_id, day=day, since=None, pending_only=True):
+        total.merge(evaluate_turn(job, turn_id, reason="turn"))
+    return total
+
+
+def reevaluate_recent(job: WarmthJob, *, user_id: str | None, day: date | None, days: int = 7,
+                      now: datetime | None = None) -> StageReport:
+    """The nightly pass: every turn of the last ``days`` days, including failed ones.
+
+    It catches up on recalled memories that were never evaluated for their turn (a failed or
+    interrupted evaluation, a turn posted while the daemon was down); pairs already evaluated
+    are left alone, so running it twice changes nothing.
+    """
+    since = (now or datetime.now(timezone.utc)) - timedelta(days=days)
+    total = StageReport()
+    for turn_id in _turn_ids(job.db, user_id=user_id, day=day, since=since, pending_only=False):
+        total.merge(evaluate_turn(job, turn_id, reason="nightly"))
+    return total

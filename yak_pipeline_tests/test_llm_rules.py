@@ -1,0 +1,200 @@
+"""The offline rules provider: deterministic distillation, consolidation, conflict and relevance."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import yak_pipeline.llm as llm
+from yak_pipeline.core.sentences import count_sentences
+from yak_pipeline.llm import LLMProvider, RulesProvider, get_llm_provider
+from yak_pipeline.llm.models import ConsolidationOutput, DistillationOutput
+from yak_pipeline.llm.rules import user_part
+from yak_pipeline.settings import Settings
+
+RULES = RulesProvider()
+
+
+def distil(user: str, assistant: str = "Got it.") -> tuple[str, float, str]:
+    """(content, confidence, tier) of the rules distillation of one exchange."""
+    result = RULES.distill(f"User: {user}\nAssistant: {assistant}")
+    return result.content, result.confidence, result.tier
+
+
+@pytest.mark.parametrize(
+    ("user", "content", "tier"),
+    [
+        ("I live in Berlin", "User lives in Berlin.", "core"),
+        ("I'm a nurse.", "User is a nurse.", "core"),
+        ("my sister Anna is a doctor in Rome", "User's sister Anna is a doctor in Rome.", "core"),
+        ("I love hiking!", "User loves hiking.", "medium"),
+        ("I usually go swimming on Sundays.", "User usually goes swimming on Sundays.", "medium"),
+        ("I work as a data engineer at Zalando.", "User works as a data engineer at Zalando.", "core"),
+        ("I'm from Spain", "User is from Spain.", "core"),
+        ("My wife and I have two kids.", "User and their wife have two kids.", "core"),
+        ("Last year I moved to Lisbon with my partner.", "User moved to Lisbon with their partner last year.", "core"),
+        ("When I was a kid, I lived in Ohio.", "User lived in Ohio when they were a kid.", "core"),
+        ("I don't eat meat.", "User does not eat meat.", "medium"),
+        ("Hi, I'm Sam.", "User is Sam.", "core"),
+        ("I'm tired today.", "User is tired today.", "low"),
+        ("i live in berlin. i love dogs", "User lives in berlin. User loves dogs.", "core"),
+    ],
+)
+def test_first_person_statements_become_user_sentences(user: str, content: str, tier: str) -> None:
+    assert distil(user) == (content, 0.9, tier)
+
+
+def test_hedged_statements_get_lower_confidence() -> None:
+    assert distil("I think I'm allergic to cats.") == ("User is allergic to cats.", 0.65, "core")
+    assert distil("Maybe I'll learn Spanish.")[1] == 0.65
+    assert distil("I probably prefer tea.") == ("User probably prefers tea.", 0.65, "medium")
+    # One hedged statement makes the whole distillation hedged: the gate then asks for review.
+    assert distil("I live in Berlin. I think I might move to Spain.")[1] == 0.65
+
+
+def test_no_statement_gives_a_summary_the_gate_sends_to_review() -> None:
+    assert distil("What's the capital of France?", "Paris.") == ("User asked: What's the capital of France?", 0.5, "low")
+    assert distil("The weather is nice today.") == ("User said: The weather is nice today.", 0.5, "low")
+    assert distil("Hello!") == ("User said: Hello.", 0.5, "low")
+
+
+def test_only_the_users_words_count() -> None:
+    content, _, _ = distil("Can you suggest a book?", "I live in Paris and I love Proust.")
+    assert "Paris" not in content
+    assert RULES.distill("User: \nAssistant: I live in Paris.").content == "User sent an empty message."
+    assert user_part("User: a\nAssistant: b\nUser: c\nAssistant: d") == "a\nc"
+
+
+def test_text_not_in_exchange_form_is_used_whole() -> None:
+    assert RULES.distill("I live in Berlin.").content == "User lives in Berlin."
+    assert user_part("just some text") == "just some text"
+
+
+def test_at_most_four_sentences_and_core_facts_are_kept_first() -> None:
+    user = (
+        "I love jazz. I hate cilantro. I usually run at 6. I enjoy chess. I collect stamps. "
+        "I live in Oslo. My brother is a pilot."
+    )
+    content, confidence, tier = distil(user)
+    assert count_sentences(content) == 4 and confidence == 0.9 and tier == "core"
+    assert content == "User loves jazz. User hates cilantro. User lives in Oslo. User's brother is a pilot."
+
+
+def test_questions_are_not_facts() -> None:
+    assert distil("Do I need a visa for Japan?")[1] == 0.5
+
+
+def test_long_sentences_are_cut_within_limits() -> None:
+    content, _, _ = distil("I like " + "very " * 400 + "long walks.")
+    assert len(content) <= 1000 and count_sentences(content) == 1 and content.startswith("User likes very")
+
+
+def test_rules_provider_is_deterministic_and_announces_itself() -> None:
+    exchange = "User: I live in Berlin and work at SAP.\nAssistant: Cool."
+    first, second = RulesProvider().distill(exchange), RulesProvider().distill(exchange)
+    assert (first.content, first.confidence, first.tier) == (second.content, second.confidence, second.tier)
+    assert RULES.name == "rules" and isinstance(RULES, LLMProvider)
+    assert first.stats.attempts == 1 and first.stats.prompt_tokens is None
+
+
+def test_empty_exchange_is_refused() -> None:
+    with pytest.raises(ValueError, match="empty exchange"):
+        RULES.distill("  \n ")
+
+
+def test_get_llm_provider_without_endpoint_logs_the_stand_in_once(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(llm, "_notice_logged", False)  # our own once-per-process flag, reset for the test
+    with caplog.at_level(logging.INFO, logger="yak_pipeline.llm"):
+        first = get_llm_provider(Settings())
+        get_llm_provider(Settings())
+    assert isinstance(first, RulesProvider) and first.name == "rules"
+    notices = [r for r in caplog.records if "rules provider stands in" in r.getMessage()]
+    assert len(notices) == 1 and notices[0].levelno == logging.INFO
+    assert "YAK_LLM_BASE_URL is unset" in notices[0].getMessage()
+
+
+_texts = st.text(min_size=1, max_size=400).filter(lambda t: t.strip())
+_wordy = st.lists(
+    st.sampled_from(
+        ["I", "i", "my", "I'm", "live", "love", "in", "Berlin", ".", "!", "?", ",", "Dr.", "e.g.", "maybe",
+         "User:", "\nAssistant:", "\n", "think", "and", "work", "as", "a", "nurse", "x" * 50, "…", "'"]
+    ),
+    min_size=1,
+    max_size=80,
+).map(" ".join).filter(lambda t: t.strip())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(_texts, _wordy))
+def test_any_text_distils_to_valid_output(text: str) -> None:
+    result = RULES.distill(text)
+    DistillationOutput(content=result.content, confidence=result.confidence, tier=result.tier)  # raises if invalid
+    assert result.confidence in (0.9, 0.65, 0.5)
+
+
+@settings(max_examples=100, deadline=None)
+@given(_texts, _texts)
+def test_any_exchange_distils_to_valid_output(user: str, assistant: str) -> None:
+    result = RULES.distill(f"User: {user}\nAssistant: {assistant}")
+    DistillationOutput(content=result.content, confidence=result.confidence, tier=result.tier)
+
+
+def test_consolidate_keeps_newer_adds_older_and_caps_at_four() -> None:
+    merged = RULES.consolidate("User likes jazz. User has a cat.", "User lives in Paris. User likes jazz.")
+    assert merged.content == "User lives in Paris. User likes jazz. User has a cat."
+    capped = RULES.consolidate("User has a cat. User has a dog. User plays chess.", "User likes jazz. User likes tea.")
+    assert capped.content == "User likes jazz. User likes tea. User has a cat. User has a dog."
+
+
+def test_consolidate_lets_the_newer_value_win() -> None:
+    merged = RULES.consolidate("User lives in Berlin. User likes jazz.", "User lives in Paris.")
+    assert merged.content == "User lives in Paris. User likes jazz."
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.one_of(_texts, _wordy), st.one_of(_texts, _wordy))
+def test_any_consolidation_is_valid(older: str, newer: str) -> None:
+    ConsolidationOutput(content=RULES.consolidate(older, newer).content)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "low", "high"),
+    [
+        ("User lives in Berlin.", "User lives in Paris.", 0.8, 1.0),
+        ("User works at SAP.", "User works at Google.", 0.8, 1.0),
+        ("User is 34 years old.", "User is 41.", 0.8, 1.0),
+        ("User likes cats.", "User doesn't like cats.", 0.8, 1.0),
+        ("User lives in Berlin.", "User does not live in Berlin.", 0.8, 1.0),
+        ("User is a nurse.", "User is a teacher.", 0.8, 1.0),
+        ("I live in Paris.", "User lives in Berlin.", 0.8, 1.0),
+        ("User lives in Berlin.", "User's sister lives in Rome.", 0.0, 0.3),
+        ("User lives in Berlin.", "User lives in Berlin, Germany.", 0.0, 0.3),
+        ("User loves hiking.", "User works at SAP.", 0.0, 0.3),
+        ("User is a nurse.", "User is a big fan of jazz.", 0.0, 0.3),
+        ("User lives in Berlin.", "User lives in Berlin.", 0.0, 0.0),
+    ],
+)
+def test_conflict_score(a: str, b: str, low: float, high: float) -> None:
+    forward, backward = RULES.conflict_score(a, b).score, RULES.conflict_score(b, a).score
+    assert forward == backward
+    assert low <= forward <= high
+
+
+def test_relevance_score() -> None:
+    memory = "User lives in Berlin."
+    assert RULES.relevance_score(memory, "User: What's the weather like in Berlin?\nAssistant: Sunny.").score >= 0.5
+    assert RULES.relevance_score(memory, "User: Tell me a joke about cats.\nAssistant: ...").score == 0.0
+    assert RULES.relevance_score("User's sister Anna lives in Rome.", "How is Anna doing in Rome?").score == 1.0
+    assert RULES.relevance_score("", "anything").score == 0.0
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.text(max_size=200), st.text(max_size=200))
+def test_scores_are_always_in_range(a: str, b: str) -> None:
+    assert 0.0 <= RULES.conflict_score(a, b).score <= 1.0
+    assert 0.0 <= RULES.relevance_score(a, b).score <= 1.0
