@@ -6,7 +6,7 @@ import json
 
 import typer
 
-from yak_pipeline.cli import db
+from yak_pipeline.cli import db, pipeline
 from yak_pipeline.cli.errors import USAGE_EXIT, fail
 from yak_pipeline.settings import Settings, SettingsError, get_settings, settings_table_markdown
 
@@ -17,6 +17,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(db.app, name="db")
+pipeline.register(app)
+# API client commands (issue 4) register below this line.
 
 
 @app.callback()

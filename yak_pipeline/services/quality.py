@@ -36,7 +36,7 @@ def distillation_frame(rows: list[dict]) -> pd.DataFrame:
         "confidence": [r["confidence"] for r in rows],
         "tier": [r["tier"] for r in rows],
         "sentences": [count_sentences(r["content"]) for r in rows],
-        "embedding_dim": [None if r["embedding"] is None else len(r["embedding"]) for r in rows],
+        "embedding_dim": [r["embedding_dim"] for r in rows],
         "active_below_gate": [r["status"] == "active" and r["confidence"] < REVIEW_CONFIDENCE for r in rows],
     })
 

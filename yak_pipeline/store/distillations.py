@@ -41,6 +41,9 @@ class NewDistillation:
 
 
 def _vector(values: Sequence[float]) -> np.ndarray:
+    # pgvector may hand back its own Vector type (binary results); accept it like any sequence.
+    if hasattr(values, "to_numpy"):
+        values = values.to_numpy()
     return np.asarray(values, dtype=np.float32)
 
 
@@ -229,7 +232,7 @@ def partition_distillations(conn: psycopg.Connection, *, user_id: str, day: date
     """A user's day of live distillations (by the exchange's date), with embeddings, for the quality gate."""
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(
-            """SELECT d.id, d.content, d.confidence, d.tier, d.status, d.embedding
+            """SELECT d.id, d.content, d.confidence, d.tier, d.status, vector_dims(d.embedding) AS embedding_dim
                FROM distillations d JOIN memories m ON m.id = d.memory_id
                WHERE d.user_id = %s AND d.deleted_at IS NULL AND (m.occurred_at AT TIME ZONE 'UTC')::date = %s""",
             (user_id, day),

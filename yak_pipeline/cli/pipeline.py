@@ -1,0 +1,243 @@
+"""``yak process`` (do now what the daemon's next ticks would do) and ``yak up`` (run everything)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from yak_pipeline.cli.errors import USAGE_EXIT, fail, friendly_errors
+from yak_pipeline.core.types import validate_user_id
+from yak_pipeline.settings import Settings, get_settings
+
+console = Console(stderr=True)
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES_DIR = PROJECT_ROOT / "examples" / "drop"
+
+
+def _dagster_home(settings: Settings) -> Path:
+    return (settings.home / "dagster").resolve()
+
+
+def dagster_instance(settings: Settings):  # noqa: ANN201 - DagsterInstance imported lazily
+    """The instance ``yak up`` runs on when it has been set up (runs show in the UI), else an ephemeral one."""
+    import dagster as dg
+
+    home = _dagster_home(settings)
+    if (home / "dagster.yaml").exists() and os.environ.get("YAK_DAGSTER_PG_URL"):
+        return dg.DagsterInstance.from_config(str(home))
+    return dg.DagsterInstance.ephemeral()
+
+
+def _sum_metadata(totals: dict[str, dict[str, int]], asset: str, metadata: dict) -> None:
+    bucket = totals.setdefault(asset, {})
+    for key in ("rows_in", "rows_out", "flagged", "failed", "skipped"):
+        value = metadata.get(key)
+        raw = getattr(value, "value", value)
+        if isinstance(raw, (int, float)):
+            bucket[key] = bucket.get(key, 0) + int(raw)
+
+
+def run_pending_work(settings: Settings, *, user_id: str | None, day: date | None,
+                     progress: bool = True) -> dict:
+    """Claim drop files, then materialize every partition with pending memories or turns, in-process."""
+    import dagster as dg
+
+    from yak_pipeline.definitions import ASSETS, CHECKS, defs
+    from yak_pipeline.defs.partitions import partition_key, users_partitions
+    from yak_pipeline.services.discovery import discover_work
+    from yak_pipeline.wiring import shared_database
+
+    db = shared_database(settings)
+    found = discover_work(db, drop_dir=settings.resolved_drop_dir, user_id=user_id, day=day, min_age_seconds=0)
+    instance = dagster_instance(settings)
+    known = set(instance.get_dynamic_partitions(users_partitions.name))
+    new_users = sorted(found.users - known)
+    if new_users:
+        instance.add_dynamic_partitions(users_partitions.name, new_users)
+    resources = defs.resources
+    memory_assets = [a for a in ASSETS if a.key.to_user_string() != "warmth"]
+    warmth_assets = [a for a in ASSETS if a.key.to_user_string() == "warmth"]
+    totals: dict[str, dict[str, int]] = {}
+    partitions_done: list[dict] = []
+    failed_runs = 0
+    work = [("memories", key, memory_assets + CHECKS) for key in sorted(found.memory_partitions, key=lambda k: (k[1], k[0]))]
+    work += [("turns", key, warmth_assets) for key in sorted(found.turn_partitions, key=lambda k: (k[1], k[0]))]
+    for index, (kind, (user, when), assets) in enumerate(work, start=1):
+        started = time.monotonic()
+        result = dg.materialize(assets, resources=resources, partition_key=partition_key(user, when),
+                                instance=instance, raise_on_error=False, tags={"yak/trigger": "yak-process"})
+        for event in result.get_asset_materialization_events():
+            materialization = event.event_specific_data.materialization
+            _sum_metadata(totals, materialization.asset_key.to_user_string(), materialization.metadata)
+        check_failed = [e.check_name for e in result.get_asset_check_evaluations() if not e.passed]
+        if not result.success:
+            failed_runs += 1
+        partitions_done.append({"kind": kind, "user": user, "date": when.isoformat(), "success": result.success,
+                                "failed_checks": check_failed, "seconds": round(time.monotonic() - started, 2)})
+        if progress:
+            state = "ok" if result.success and not check_failed else f"FAILED {' '.join(check_failed)}".strip()
+            console.print(f"[{index}/{len(work)}] {kind} {user} {when}: {state} ({time.monotonic() - started:.1f}s)")
+    return {
+        "files": [vars(f) for f in found.claimed.files],
+        "partitions": partitions_done,
+        "assets": totals,
+        "failed_runs": failed_runs,
+    }
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``process`` and ``up`` to the ``yak`` app."""
+
+    @app.command("process")
+    @friendly_errors
+    def process_command(
+        user: str | None = typer.Option(None, "--user", help="Only this user's partitions."),
+        day: str | None = typer.Option(None, "--date", help="Only this UTC day (YYYY-MM-DD)."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts instead of a table."),
+    ) -> None:
+        """Do now what the daemon's next ticks would do: claim drop files, distil pending memories,
+        score conflicts, merge near-duplicates and evaluate pending turns, in this process."""
+        if user is not None:
+            validate_user_id(user)
+        try:
+            when = date.fromisoformat(day) if day else None
+        except ValueError:
+            raise fail(f"--date {day!r} is not a date (use YYYY-MM-DD)", USAGE_EXIT) from None
+        report = run_pending_work(get_settings(), user_id=user, day=when, progress=not as_json)
+        if as_json:
+            print(json.dumps(report, default=str))
+        else:
+            for f in report["files"]:
+                where = f"→ {f['moved_to']}" if f["moved_to"] else ""
+                note = f" ({f['error']})" if f["error"] else ""
+                console.print(f"file {f['name']}: {f['stored']} stored, {f['duplicates']} duplicates, "
+                              f"{f['rejected']} rejected{note} {where}")
+            table = Table("asset", "rows in", "rows out", "flagged", "failed")
+            for asset, counts in report["assets"].items():
+                table.add_row(asset, *(str(counts.get(k, 0)) for k in ("rows_in", "rows_out", "flagged", "failed")))
+            Console().print(table)
+            if not report["partitions"]:
+                Console().print("nothing to do")
+        if report["failed_runs"]:
+            raise typer.Exit(1)
+
+    @app.command("up")
+    @friendly_errors
+    def up_command(
+        webserver_port: int = typer.Option(3000, "--dagster-port", help="Port of the Dagster UI."),
+        api_port: int = typer.Option(8000, "--api-port", help="Port of the HTTP API."),
+        host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
+    ) -> None:
+        """Start the embedded database, migrate, then run the Dagster UI and daemon (and the API)
+        in the foreground, printing their URLs; Ctrl-C stops everything."""
+        run_up(get_settings(), host=host, webserver_port=webserver_port, api_port=api_port)
+
+
+def _prepare_dagster_home(settings: Settings, url: str) -> dict[str, str]:
+    """DAGSTER_HOME under $YAK_HOME with Yak's dagster.yaml, and the `dagster` database."""
+    from yak_pipeline.store.database import connect, with_database
+
+    home = _dagster_home(settings)
+    home.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(PROJECT_ROOT / "dagster.yaml", home / "dagster.yaml")
+    with connect(url, autocommit=True, vector=False) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = 'dagster'").fetchone() is None:
+            conn.execute("CREATE DATABASE dagster")
+    env = dict(os.environ)
+    env["DAGSTER_HOME"] = str(home)
+    env["YAK_DAGSTER_PG_URL"] = with_database(url, "dagster")
+    env["YAK_HOME"] = str(settings.home.resolve())
+    if settings.database_url is None:
+        # Children must reach the same embedded server without starting a second one.
+        env["YAK_DATABASE_URL"] = url
+    return env
+
+
+def _seed_examples(settings: Settings) -> int:
+    """Copy the example conversations into the drop folder on the very first start."""
+    marker = settings.home / ".examples-seeded"
+    if marker.exists() or not EXAMPLES_DIR.is_dir():
+        return 0
+    drop = settings.resolved_drop_dir
+    drop.mkdir(parents=True, exist_ok=True)
+    copied = 0
+    for example in sorted(EXAMPLES_DIR.iterdir()):
+        if example.is_file():
+            shutil.copyfile(example, drop / example.name)
+            copied += 1
+    marker.write_text("examples copied to the drop folder on first start\n")
+    return copied
+
+
+def run_up(settings: Settings, *, host: str, webserver_port: int, api_port: int) -> None:
+    """Run the database, the Dagster webserver and daemon, and the API until Ctrl-C."""
+    from yak_pipeline.store.database import resolve_database_url
+    from yak_pipeline.wiring import migrate_database
+
+    settings.home.mkdir(parents=True, exist_ok=True)
+    url = resolve_database_url(settings)
+    applied = migrate_database(settings, url)
+    env = _prepare_dagster_home(settings, url)
+    seeded = _seed_examples(settings)
+    bin_dir = Path(sys.executable).parent
+    commands = {
+        "dagster-daemon": [str(bin_dir / "dagster-daemon"), "run", "-m", "yak_pipeline.definitions"],
+        "dagster-webserver": [str(bin_dir / "dagster-webserver"), "-m", "yak_pipeline.definitions",
+                              "-h", host, "-p", str(webserver_port)],
+    }
+    try:
+        import yak_pipeline.api.app  # noqa: F401 - the API ships with issue 4
+
+        commands["api"] = [str(bin_dir / "yak"), "serve", "--host", host, "--port", str(api_port)]
+    except ImportError:
+        pass
+    children: dict[str, subprocess.Popen] = {}
+    for name, command in commands.items():
+        children[name] = subprocess.Popen(command, env=env, start_new_session=True)
+    console.print(f"database: embedded in {settings.pgdata_dir}" if settings.database_url is None
+                  else "database: YAK_DATABASE_URL")
+    if applied:
+        console.print(f"migrations applied: {', '.join(applied)}")
+    console.print(f"Dagster UI: http://{host}:{webserver_port}")
+    if "api" in children:
+        console.print(f"API:        http://{host}:{api_port} (OpenAPI at /docs)")
+    console.print(f"drop folder: {settings.resolved_drop_dir}" + (f" ({seeded} example files queued)" if seeded else ""))
+    console.print("Ctrl-C stops everything.")
+    stopping = False
+
+    def _stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+    exit_code = 0
+    while not stopping:
+        for name, child in children.items():
+            if child.poll() is not None:
+                console.print(f"{name} exited with code {child.returncode}; stopping")
+                stopping, exit_code = True, 1
+                break
+        time.sleep(0.5)
+    for child in children.values():
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 20
+    for child in children.values():
+        try:
+            child.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+    console.print("stopped (the embedded database keeps running; `yak db stop` stops it)")
+    raise typer.Exit(exit_code)
