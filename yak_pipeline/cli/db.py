@@ -10,7 +10,7 @@ from rich.table import Table
 
 from yak_pipeline.cli.errors import friendly_errors
 from yak_pipeline.settings import get_settings
-from yak_pipeline.store.database import connect, redact_url, resolve_database_url
+from yak_pipeline.store.database import connect, dagster_storage_url, redact_url, resolve_database_url
 from yak_pipeline.store.embedded import embedded_server_running, stop_embedded_server
 from yak_pipeline.store.migrations import migration_states, read_meta, table_counts
 from yak_pipeline.wiring import migrate_database
@@ -25,9 +25,12 @@ JsonOption = typer.Option(False, "--json", help="Print JSON for scripts instead 
 @friendly_errors
 def url_command(
     show_password: bool = typer.Option(False, "--show-password", help="Print the password instead of ***."),
+    dagster: bool = typer.Option(False, "--dagster", help="Print the URL of Dagster's storage (YAK_DAGSTER_PG_URL)."),
 ) -> None:
     """Print the database URL in use (starting the embedded server if it is the one in use)."""
     url = resolve_database_url(get_settings())
+    if dagster:
+        url = dagster_storage_url(url)
     print(url if show_password else redact_url(url))
 
 

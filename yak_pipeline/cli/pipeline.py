@@ -146,7 +146,7 @@ def register(app: typer.Typer) -> None:
 
 def _prepare_dagster_home(settings: Settings, url: str) -> dict[str, str]:
     """DAGSTER_HOME under $YAK_HOME with Yak's dagster.yaml, and the `dagster` database."""
-    from yak_pipeline.store.database import connect, with_database
+    from yak_pipeline.store.database import connect, dagster_storage_url
 
     home = _dagster_home(settings)
     home.mkdir(parents=True, exist_ok=True)
@@ -156,7 +156,7 @@ def _prepare_dagster_home(settings: Settings, url: str) -> dict[str, str]:
             conn.execute("CREATE DATABASE dagster")
     env = dict(os.environ)
     env["DAGSTER_HOME"] = str(home)
-    env["YAK_DAGSTER_PG_URL"] = with_database(url, "dagster")
+    env["YAK_DAGSTER_PG_URL"] = dagster_storage_url(url)
     env["YAK_HOME"] = str(settings.home.resolve())
     if settings.database_url is None:
         # Children must reach the same embedded server without starting a second one.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from urllib.parse import urlsplit, urlunsplit
 from contextlib import contextmanager
 
 import psycopg
@@ -33,10 +34,27 @@ def resolve_database_url(settings: Settings, *, start_embedded: bool = True) -> 
 
 
 def with_database(url: str, dbname: str) -> str:
-    """The same server URL pointing at another database (used for the test and eval databases)."""
+    """The same server URL pointing at another database (the Dagster, test and eval databases).
+
+    A ``postgresql://`` URL stays a URL (SQLAlchemy, used by dagster-postgres, needs one);
+    a ``key=value`` connection string stays one.
+    """
+    parts = urlsplit(url)
+    if parts.scheme in ("postgres", "postgresql"):
+        return urlunsplit((parts.scheme, parts.netloc, "/" + dbname, parts.query, parts.fragment))
     info = psycopg.conninfo.conninfo_to_dict(url)
     info["dbname"] = dbname
     return psycopg.conninfo.make_conninfo(**info)
+
+
+def dagster_storage_url(url: str) -> str:
+    """The URL of Dagster's own storage: database ``dagster`` on Yak's server, for dagster-postgres.
+
+    dagster-postgres speaks psycopg2 through SQLAlchemy, and SQLAlchemy 2.1 picks psycopg 3 for
+    a bare ``postgresql://``, so the driver is named.
+    """
+    target = with_database(url, "dagster")
+    return re.sub(r"^postgres(ql)?://", "postgresql+psycopg2://", target)
 
 
 def connect(url: str, *, autocommit: bool = False, vector: bool = True) -> psycopg.Connection:

@@ -1,0 +1,101 @@
+"""`yak process` and `yak db` end to end, as a user runs them: real subprocesses, real database."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psycopg
+
+from yak_pipeline.store.database import connect
+
+USERS = {"alice": ["I live in Lisbon with my husband Marco.", "I work as a nurse at the Santa Maria hospital.",
+                   "I love hiking in Sintra on weekends.", "My sister Ana is visiting next week.",
+                   "I prefer tea over coffee in the morning.", "I'm allergic to peanuts.",
+                   "My daughter Sofia turned five yesterday.", "I usually run 5 km every morning.",
+                   "I think I might start learning the piano.", "The weather was strange today."],
+         "bob": ["I'm a software engineer in Berlin.", "I hate loud restaurants.", "My brother Tom lives in Munich.",
+                 "I enjoy cooking Thai food.", "I was born in Hamburg.", "I always cycle to work.",
+                 "My favourite band is Radiohead.", "I have two cats named Miso and Nori.",
+                 "Maybe I'll go to Japan next year.", "What's a good movie tonight?"]}
+
+
+def _yak(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "yak_pipeline.cli.main", *args], env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def _env(db_url: str, tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("YAK_")}
+    env.update(YAK_DATABASE_URL=db_url, YAK_EMBEDDER="hashing", YAK_HOME=str(tmp_path / "home"),
+               YAK_DROP_DIR=str(tmp_path / "drop"))
+    return env
+
+
+def test_process_distils_two_users_and_quarantines_a_malformed_file(db_url: str, tmp_path: Path) -> None:
+    drop = tmp_path / "drop"
+    drop.mkdir()
+    lines = [json.dumps({"user_id": user, "user": text, "assistant": "Noted.",
+                         "occurred_at": f"2026-11-{18 + i % 2}T10:{i:02d}:00Z"})
+             for user, texts in USERS.items() for i, text in enumerate(texts)]
+    (drop / "history.jsonl").write_text("\n".join(lines) + "\n")
+    (drop / "broken.json").write_text('{"user_id": "alice", "user": "unterminated')
+
+    result = _yak(["process", "--json"], _env(db_url, tmp_path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    assert report["assets"]["distillations"]["rows_out"] == 20
+    assert report["assets"]["raw_exchanges"]["rows_in"] == 20
+    assert {(p["user"], p["success"]) for p in report["partitions"]} == {("alice", True), ("bob", True)}
+
+    with connect(db_url) as conn:
+        per_user = dict(conn.execute("SELECT user_id, count(*) FROM distillations GROUP BY 1").fetchall())
+        mixed = conn.execute("""SELECT count(*) FROM distillations d JOIN memories m ON m.id = d.memory_id
+                                WHERE d.user_id <> m.user_id""").fetchone()[0]
+        pending = conn.execute("SELECT count(*) FROM memories WHERE status <> 'distilled'").fetchone()[0]
+        lisbon_owner = conn.execute("SELECT user_id FROM distillations WHERE content ILIKE '%lisbon%'").fetchall()
+    assert per_user == {"alice": 10, "bob": 10}
+    assert mixed == 0 and pending == 0
+    assert lisbon_owner == [("alice",)]
+    assert (drop / "processed" / "history.jsonl").exists()
+    assert (drop / "failed" / "broken.json").exists()
+    error = (drop / "failed" / "broken.json.error.txt").read_text()
+    assert "line 1" in error and "JSON" in error
+
+    again = _yak(["process", "--json"], _env(db_url, tmp_path))
+    assert again.returncode == 0 and json.loads(again.stdout)["partitions"] == []
+
+
+def test_process_rejects_a_bad_date_in_one_line(db_url: str, tmp_path: Path) -> None:
+    result = _yak(["process", "--date", "yesterday"], _env(db_url, tmp_path))
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("error:") and "Traceback" not in result.stderr
+
+
+def test_db_migrate_twice_and_status_lists_every_table(pg_server_url: str, tmp_path: Path) -> None:
+    from yak_pipeline_tests.conftest import create_database, drop_database
+
+    name = f"yak_cli_{os.getpid()}"
+    url = create_database(pg_server_url, name)
+    try:
+        env = _env(url, tmp_path)
+        first, second = _yak(["db", "migrate", "--json"], env), _yak(["db", "migrate", "--json"], env)
+        assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+        assert json.loads(first.stdout)["applied"][0] == "001_schema"
+        assert json.loads(second.stdout)["applied"] == []
+        status = _yak(["db", "status", "--json"], env)
+        tables = json.loads(status.stdout)["tables"]
+        assert set(tables) >= {"memories", "distillations", "distillation_versions", "conflicts", "turns",
+                               "warmth_events", "audit_log"}
+        assert all(count == 0 for count in tables.values())
+        assert all(m["applied_at"] for m in json.loads(status.stdout)["migrations"])
+        # Another embedder size against this database: one line, exit 2, nothing changed.
+        mismatch = _yak(["db", "migrate"], {**env, "YAK_EMBED_DIMENSIONS": "256"})
+        assert mismatch.returncode == 2 and "384" in mismatch.stderr and "Traceback" not in mismatch.stderr
+        with psycopg.connect(url) as conn:
+            assert conn.execute("SELECT value FROM yak_meta WHERE key = 'embedding_dim'").fetchone()[0] == "384"
+    finally:
+        drop_database(pg_server_url, name)
