@@ -23,7 +23,11 @@ from yak_pipeline.wiring import build_alerter, shared_database
 def _settings(**overrides: Any) -> Settings:
     """The process settings with the resource's explicitly set fields on top."""
     given = {k: v for k, v in overrides.items() if v is not None}
-    return get_settings().model_copy(update=given) if given else get_settings()
+    if not given:
+        return get_settings()
+    # Validated, not model_copy(update=...): that skips validation, so a secret given as a plain
+    # string (an EnvVar's value) stayed a str and `.get_secret_value()` crashed every run.
+    return Settings.model_validate({**get_settings().model_dump(), **given})
 
 
 class PostgresResource(dg.ConfigurableResource):

@@ -118,15 +118,19 @@ def _distill_one(job: DistillJob, memory_id: str) -> StageReport:
         else:
             # Re-distillation after a prompt change: a new version, the old text kept in history.
             distillation_id = existing[0]
-            add_version(conn, distillation_id, content=result.content, embedding=embedding,
-                        embedding_model=job.embedder.model_name, reason="redistilled",
-                        prompt_version=job.prompt_version, refreshed_at=occurred_at)
+            current = conn.execute("SELECT content FROM distillations WHERE id = %s", (distillation_id,)).fetchone()
+            # An unchanged text needs no new version; the row still records the new prompt version.
+            if current[0] != result.content:
+                add_version(conn, distillation_id, content=result.content, embedding=embedding,
+                            embedding_model=job.embedder.model_name, reason="redistilled",
+                            prompt_version=job.prompt_version, refreshed_at=occurred_at)
             conn.execute(
                 """UPDATE distillations SET confidence = %s, tier = %s, status = %s, needs_review = %s,
-                          schema_version = %s, conflict_checked_at = NULL, dedup_checked_at = NULL
+                          prompt_version = %s, schema_version = %s, conflict_checked_at = NULL,
+                          dedup_checked_at = NULL, updated_at = now()
                    WHERE id = %s""",
-                (result.confidence, result.tier, decision.status, decision.needs_review, OUTPUT_SCHEMA_VERSION,
-                 distillation_id),
+                (result.confidence, result.tier, decision.status, decision.needs_review, job.prompt_version,
+                 OUTPUT_SCHEMA_VERSION, distillation_id),
             )
         mark_memory_distilled(conn, memory_id)
     report.rows_out += 1

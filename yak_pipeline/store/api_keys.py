@@ -1,0 +1,110 @@
+"""API keys: stored as SHA-256 hashes, each an admin key or scoped to one user id.
+
+A key is shown once, when created. Keys carry 256 random bits, so an unsalted SHA-256 is as
+good as a slow hash here: nothing about a key can be guessed from its hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Final
+from uuid import UUID
+
+import psycopg
+
+from yak_pipeline.core.types import validate_user_id
+from yak_pipeline.store.audit import write_audit
+
+KEY_PREFIX: Final = "yak_"
+_DISPLAY_CHARS: Final = 10
+_COLUMNS: Final = "id, key_hash, prefix, user_id, label, created_at, revoked_at"
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    """A stored key (never the key itself)."""
+
+    id: UUID
+    key_hash: str
+    prefix: str
+    user_id: str | None
+    label: str | None
+    created_at: datetime
+    revoked_at: datetime | None
+
+    @property
+    def is_admin(self) -> bool:
+        """Admin keys act for every user."""
+        return self.user_id is None
+
+
+def hash_api_key(key: str) -> str:
+    """Hex SHA-256 of a key, the form keys are stored and looked up in."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def new_api_key_text() -> str:
+    """A fresh random key: ``yak_`` and 43 URL-safe characters (256 bits)."""
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def create_api_key(
+    conn: psycopg.Connection, *, user_id: str | None, label: str | None = None, actor: str = "system"
+) -> tuple[ApiKey, str]:
+    """Store a new key (admin when ``user_id`` is None); returns the record and the key, shown once."""
+    if user_id is not None:
+        validate_user_id(user_id)
+    text = new_api_key_text()
+    row = conn.execute(
+        f"INSERT INTO api_keys (key_hash, prefix, user_id, label) VALUES (%s, %s, %s, %s) RETURNING {_COLUMNS}",
+        (hash_api_key(text), text[:_DISPLAY_CHARS], user_id, label),
+    ).fetchone()
+    record = ApiKey(*row)
+    write_audit(conn, actor=actor, action="key_create", target_type="api_key", target_id=record.id,
+                user_id=user_id, detail={"admin": record.is_admin, "prefix": record.prefix})
+    return record, text
+
+
+def find_api_key(conn: psycopg.Connection, key: str) -> ApiKey | None:
+    """The live (unrevoked) key matching ``key``, or None."""
+    digest = hash_api_key(key)
+    row = conn.execute(
+        f"SELECT {_COLUMNS} FROM api_keys WHERE key_hash = %s AND revoked_at IS NULL", (digest,)
+    ).fetchone()
+    # The index lookup already matched; comparing again in constant time costs nothing and keeps
+    # the check independent of how the database compares text.
+    if row is None or not hmac.compare_digest(row[1], digest):
+        return None
+    return ApiKey(*row)
+
+
+def list_api_keys(conn: psycopg.Connection, *, include_revoked: bool = False) -> list[ApiKey]:
+    """Every key, newest first (revoked ones only when asked)."""
+    rows = conn.execute(
+        f"""SELECT {_COLUMNS} FROM api_keys WHERE (%s OR revoked_at IS NULL) ORDER BY created_at DESC, id""",
+        (include_revoked,),
+    ).fetchall()
+    return [ApiKey(*r) for r in rows]
+
+
+def revoke_api_key(conn: psycopg.Connection, key_id: UUID | str, *, actor: str = "system") -> bool:
+    """Revoke a key; False when no live key has that id."""
+    row = conn.execute(
+        "UPDATE api_keys SET revoked_at = now() WHERE id = %s AND revoked_at IS NULL RETURNING user_id",
+        (str(key_id),),
+    ).fetchone()
+    if row is None:
+        return False
+    write_audit(conn, actor=actor, action="key_revoke", target_type="api_key", target_id=key_id, user_id=row[0])
+    return True
+
+
+def has_admin_key(conn: psycopg.Connection) -> bool:
+    """Whether any live admin key is stored."""
+    return conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM api_keys WHERE user_id IS NULL AND revoked_at IS NULL)"
+    ).fetchone()[0]

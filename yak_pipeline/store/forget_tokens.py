@@ -1,0 +1,61 @@
+"""Confirmation tokens for a forget by phrase: single-use, short-lived, bound to a user and ids.
+
+The token is random and only its hash is stored, so it cannot be forged or read back; it names
+the exact memories that were shown as candidates, so confirming deletes those and nothing else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Final
+from uuid import UUID
+
+import psycopg
+
+DEFAULT_TTL: Final = timedelta(minutes=10)
+
+
+@dataclass(frozen=True)
+class ForgetToken:
+    """A freshly issued token (shown once) and when it stops working."""
+
+    token: str
+    expires_at: datetime
+
+
+def _hash(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def issue_forget_token(
+    conn: psycopg.Connection, *, user_id: str, memory_ids: Sequence[UUID | str], ttl: timedelta = DEFAULT_TTL
+) -> ForgetToken:
+    """Store a token that confirms forgetting exactly ``memory_ids`` of ``user_id``; expired ones are purged."""
+    if not memory_ids:
+        raise ValueError("a forget confirmation needs at least one memory id")
+    conn.execute("DELETE FROM forget_confirmations WHERE expires_at <= now()")
+    token = secrets.token_urlsafe(32)
+    expires_at = conn.execute(
+        """INSERT INTO forget_confirmations (token_hash, user_id, memory_ids, expires_at)
+           VALUES (%s, %s, %s::uuid[], now() + %s) RETURNING expires_at""",
+        (_hash(token), user_id, sorted({str(m) for m in memory_ids}), ttl),
+    ).fetchone()[0]
+    return ForgetToken(token, expires_at)
+
+
+def redeem_forget_token(conn: psycopg.Connection, token: str, *, user_id: str | None) -> tuple[str, list[str]] | None:
+    """Use up a live token; returns ``(user_id, memory ids)``, or None when it is unknown, expired,
+    already used or (with ``user_id``) another user's."""
+    row = conn.execute(
+        """DELETE FROM forget_confirmations
+           WHERE token_hash = %(hash)s AND expires_at > now() AND (%(user)s::text IS NULL OR user_id = %(user)s)
+           RETURNING user_id, memory_ids""",
+        {"hash": _hash(token), "user": user_id},
+    ).fetchone()
+    if row is None:
+        return None
+    return row[0], [str(m) for m in row[1]]

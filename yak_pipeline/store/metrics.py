@@ -1,0 +1,219 @@
+"""Yak's ten metrics (DESIGN §6), kept in PostgreSQL so every process's work counts.
+
+Writers append to ``metric_events``: triggers in ``sql/003_api.sql`` do it for distillations
+created and versioned, memories forgotten, conflicts, warmth updates and failed attempts; the
+API appends its request counts and recall latencies; pipeline runs append their distillation
+latencies with :func:`record_distillation_latency`. :func:`read_metrics`, called at scrape
+time, folds the appended rows into the totals and returns them.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+MetricKind = Literal["counter", "histogram", "gauge"]
+
+
+@dataclass(frozen=True)
+class MetricDefinition:
+    """One metric: its name as DESIGN §6 spells it, Prometheus type, help text and buckets."""
+
+    name: str
+    kind: MetricKind
+    help: str
+    buckets: tuple[float, ...] = ()
+
+
+# Latency buckets in milliseconds: recall is a database query (ms), distillation an LLM call (s).
+RECALL_BUCKETS_MS: Final = (1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0)
+DISTILLATION_BUCKETS_MS: Final = (50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0, 30000.0,
+                                  60000.0, 120000.0)
+
+METRICS: Final[tuple[MetricDefinition, ...]] = (
+    MetricDefinition("yak_requests_total", "counter", "HTTP API requests, by method, route and status code."),
+    MetricDefinition("yak_distillations_created", "counter", "Distillations created from exchanges."),
+    MetricDefinition("yak_distillations_versioned", "counter",
+                     "New versions of distillations (merged, re-distilled, manual), by reason."),
+    MetricDefinition("yak_memories_deleted", "counter", "Memories forgotten (hard or soft delete)."),
+    MetricDefinition("yak_recall_latency_ms", "histogram", "Time to recall memories for a query, in ms.",
+                     RECALL_BUCKETS_MS),
+    MetricDefinition("yak_distillation_latency_ms", "histogram",
+                     "Time to distil one exchange (LLM call and embedding), in ms.", DISTILLATION_BUCKETS_MS),
+    MetricDefinition("yak_queue_size", "gauge", "Items waiting for the pipeline, by queue (memories, turns)."),
+    MetricDefinition("yak_warmth_updates", "counter", "Warmth evaluations and resets, by reason."),
+    MetricDefinition("yak_conflicts_detected", "counter", "Contradictions detected between distillations."),
+    MetricDefinition("yak_errors_total", "counter", "Errors, by type."),
+)
+METRICS_BY_NAME: Final[dict[str, MetricDefinition]] = {m.name: m for m in METRICS}
+
+# Error types shown (at 0) before any happened, so dashboards and alerts have series to watch.
+KNOWN_ERROR_TYPES: Final = ("distillation_failed", "embedding_failed", "warmth_failed", "db_connection_lost",
+                            "llm_unavailable", "internal")
+
+# Serialises concurrent folds (two scrapes at once) so each event is added exactly once.
+_FOLD_LOCK_KEY: Final = 0x59414B_4D54  # "YAK" "MT"
+
+Labels = Mapping[str, str]
+
+
+def _labels_key(labels: Labels | None) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted((str(k), str(v)) for k, v in (labels or {}).items()))
+
+
+def _definition(name: str, kind: MetricKind) -> MetricDefinition:
+    definition = METRICS_BY_NAME.get(name)
+    if definition is None or definition.kind != kind:
+        raise ValueError(f"{name!r} is not one of Yak's {kind} metrics")
+    return definition
+
+
+def _finite_non_negative(value: float) -> float:
+    number = float(value)
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"a metric value must be a finite number >= 0, got {value!r}")
+    return number
+
+
+@dataclass(frozen=True)
+class MetricEvent:
+    """One counter increment or histogram sample, waiting to be folded into the totals."""
+
+    kind: Literal["counter", "observation"]
+    name: str
+    value: float
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+def counter_event(name: str, amount: float = 1.0, labels: Labels | None = None) -> MetricEvent:
+    """An increment of counter ``name`` (one of :data:`METRICS`)."""
+    _definition(name, "counter")
+    return MetricEvent("counter", name, _finite_non_negative(amount), _labels_key(labels))
+
+
+def observation_event(name: str, value: float, labels: Labels | None = None) -> MetricEvent:
+    """A sample of histogram ``name`` (one of :data:`METRICS`)."""
+    _definition(name, "histogram")
+    return MetricEvent("observation", name, _finite_non_negative(value), _labels_key(labels))
+
+
+def append_metric_events(conn: psycopg.Connection, events: Iterable[MetricEvent]) -> int:
+    """Append events in the caller's transaction (they count only if it commits); returns how many."""
+    rows = [(e.kind, e.name, Jsonb(dict(e.labels)), e.value) for e in events]
+    if rows:
+        with conn.cursor() as cur:
+            cur.executemany("INSERT INTO metric_events (kind, name, labels, value) VALUES (%s, %s, %s, %s)", rows)
+    return len(rows)
+
+
+def record_distillation_latency(conn: psycopg.Connection, milliseconds: float) -> None:
+    """Record how long distilling one exchange took; call it in the transaction that stores it."""
+    append_metric_events(conn, [observation_event("yak_distillation_latency_ms", milliseconds)])
+
+
+def record_error(conn: psycopg.Connection, error_type: str, count: int = 1) -> None:
+    """Count an error of ``error_type`` that no table records by itself.
+
+    Failed distillation and warmth attempts are already counted by triggers (they raise
+    ``attempts`` and set ``last_error``); use this for the others.
+    """
+    append_metric_events(conn, [counter_event("yak_errors_total", count, {"type": error_type})])
+
+
+def fold_metric_events(conn: psycopg.Connection) -> int:
+    """Move appended events into the totals, in the caller's transaction; returns how many.
+
+    Rows of transactions still in flight are invisible here and folded by a later scrape.
+    """
+    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_FOLD_LOCK_KEY,))
+    rows = conn.execute("DELETE FROM metric_events RETURNING kind, name, labels, value").fetchall()
+    counters: dict[tuple[str, tuple], float] = {}
+    buckets: dict[tuple[str, tuple, float], int] = {}
+    for kind, name, labels, value in rows:
+        key = _labels_key(labels)
+        if kind == "counter":
+            counters[(name, key)] = counters.get((name, key), 0.0) + value
+            continue
+        definition = METRICS_BY_NAME.get(name)
+        bounds = definition.buckets if definition is not None else ()
+        index = bisect.bisect_left(bounds, value)
+        le = bounds[index] if index < len(bounds) else math.inf
+        buckets[(name, key, le)] = buckets.get((name, key, le), 0) + 1
+        counters[(f"{name}_sum", key)] = counters.get((f"{name}_sum", key), 0.0) + value
+    # Sorted, so concurrent writers of the totals always lock rows in one order.
+    for (name, key), value in sorted(counters.items()):
+        conn.execute(
+            """INSERT INTO metric_counters (name, labels, value) VALUES (%s, %s, %s)
+               ON CONFLICT (name, labels) DO UPDATE SET value = metric_counters.value + EXCLUDED.value""",
+            (name, Jsonb(dict(key)), value),
+        )
+    for (name, key, le), count in sorted(buckets.items()):
+        conn.execute(
+            """INSERT INTO metric_histogram_buckets (name, labels, le, count) VALUES (%s, %s, %s, %s)
+               ON CONFLICT (name, labels, le) DO UPDATE SET count = metric_histogram_buckets.count + EXCLUDED.count""",
+            (name, Jsonb(dict(key)), le, count),
+        )
+    return len(rows)
+
+
+@dataclass(frozen=True)
+class HistogramTotals:
+    """One labelled histogram series: cumulative counts per bound (the last is +Inf), and the sum."""
+
+    buckets: tuple[tuple[float, int], ...]
+    sum: float
+
+    @property
+    def count(self) -> int:
+        """Number of samples."""
+        return self.buckets[-1][1] if self.buckets else 0
+
+
+@dataclass
+class MetricTotals:
+    """Every metric's value at one scrape."""
+
+    counters: dict[str, dict[tuple[tuple[str, str], ...], float]] = field(default_factory=dict)
+    histograms: dict[str, dict[tuple[tuple[str, str], ...], HistogramTotals]] = field(default_factory=dict)
+    queue_sizes: dict[str, int] = field(default_factory=dict)
+
+
+def _histograms(rows: list[tuple], sums: dict[tuple[str, tuple], float]) -> dict[str, dict[tuple, HistogramTotals]]:
+    per_series: dict[tuple[str, tuple], dict[float, int]] = {}
+    for name, labels, le, count in rows:
+        per_series.setdefault((name, _labels_key(labels)), {})[float(le)] = int(count)
+    result: dict[str, dict[tuple, HistogramTotals]] = {}
+    for (name, key), stored in per_series.items():
+        definition = METRICS_BY_NAME.get(name)
+        if definition is None:
+            continue
+        bounds = (*definition.buckets, math.inf)
+        cumulative, running = [], 0
+        # Stored bounds that are not current bounds (after a bucket change) count in the next one up.
+        for bound in bounds:
+            running = sum(count for le, count in stored.items() if le <= bound)
+            cumulative.append((bound, running))
+        result.setdefault(name, {})[key] = HistogramTotals(tuple(cumulative), sums.get((name, key), 0.0))
+    return result
+
+
+def read_metrics(conn: psycopg.Connection, *, queue_sizes: Mapping[str, int]) -> MetricTotals:
+    """Fold pending events, then every counter and histogram total, plus the given queue sizes."""
+    fold_metric_events(conn)
+    counter_rows = conn.execute("SELECT name, labels, value FROM metric_counters").fetchall()
+    bucket_rows = conn.execute("SELECT name, labels, le, count FROM metric_histogram_buckets").fetchall()
+    totals = MetricTotals(queue_sizes=dict(queue_sizes))
+    sums: dict[tuple[str, tuple], float] = {}
+    for name, labels, value in counter_rows:
+        if name.endswith("_sum") and name.removesuffix("_sum") in METRICS_BY_NAME:
+            sums[(name.removesuffix("_sum"), _labels_key(labels))] = float(value)
+        elif name in METRICS_BY_NAME:
+            totals.counters.setdefault(name, {})[_labels_key(labels)] = float(value)
+    totals.histograms = _histograms(bucket_rows, sums)
+    return totals

@@ -1,0 +1,58 @@
+"""What waits for the pipeline: pending memories and turns, and the items that failed for good."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+
+@dataclass(frozen=True)
+class QueueCounts:
+    """Pending and failed memories (awaiting distillation) and turns (awaiting warmth evaluation)."""
+
+    pending_memories: int
+    pending_turns: int
+    failed_memories: int
+    failed_turns: int
+
+    @property
+    def pending(self) -> int:
+        """Everything still waiting."""
+        return self.pending_memories + self.pending_turns
+
+
+def queue_counts(conn: psycopg.Connection, *, user_id: str | None = None) -> QueueCounts:
+    """Counts of live pending and failed memories and turns, optionally for one user."""
+    row = conn.execute(
+        """SELECT
+             (SELECT count(*) FROM memories WHERE status = 'pending' AND deleted_at IS NULL
+                AND (%(user)s::text IS NULL OR user_id = %(user)s)),
+             (SELECT count(*) FROM turns WHERE status = 'pending' AND deleted_at IS NULL
+                AND (%(user)s::text IS NULL OR user_id = %(user)s)),
+             (SELECT count(*) FROM memories WHERE status = 'failed' AND deleted_at IS NULL
+                AND (%(user)s::text IS NULL OR user_id = %(user)s)),
+             (SELECT count(*) FROM turns WHERE status = 'failed' AND deleted_at IS NULL
+                AND (%(user)s::text IS NULL OR user_id = %(user)s))""",
+        {"user": user_id},
+    ).fetchone()
+    return QueueCounts(*(int(v) for v in row))
+
+
+def failed_items(conn: psycopg.Connection, *, user_id: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
+    """The latest memories and turns that failed for good (or are retrying), with their last error."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            """SELECT * FROM (
+                 SELECT 'memory' AS kind, id, user_id, status, attempts, last_error, created_at FROM memories
+                 WHERE deleted_at IS NULL AND last_error IS NOT NULL AND status <> 'distilled'
+                   AND (%(user)s::text IS NULL OR user_id = %(user)s)
+                 UNION ALL
+                 SELECT 'turn', id, user_id, status, attempts, last_error, created_at FROM turns
+                 WHERE deleted_at IS NULL AND last_error IS NOT NULL AND status <> 'evaluated'
+                   AND (%(user)s::text IS NULL OR user_id = %(user)s)
+               ) failed ORDER BY created_at DESC, id LIMIT %(limit)s""",
+            {"user": user_id, "limit": limit},
+        ).fetchall()

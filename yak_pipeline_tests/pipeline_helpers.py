@@ -1,0 +1,140 @@
+"""Shared parts of the Dagster pipeline tests: real resources, seeded rows, one-partition runs.
+
+Everything here drives the real pipeline: the resources point at the test's own migrated
+PostgreSQL database, the LLM is either the offline rules provider or the loopback
+OpenAI-protocol server, and runs go through ``dg.materialize`` on an ephemeral instance.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator, Sequence
+from datetime import date, datetime, time, timezone
+from typing import Any
+
+import dagster as dg
+import pytest
+
+from yak_pipeline.defs.distillations.assets import distillations
+from yak_pipeline.defs.distillations.checks import distillation_quality
+from yak_pipeline.defs.exchanges.assets import raw_exchanges
+from yak_pipeline.defs.partitions import partition_key, users_partitions
+from yak_pipeline.defs.resources import AlertsResource, EmbedderResource, LLMResource, PostgresResource
+from yak_pipeline.defs.scores.assets import conflict_scores, distillation_versions, warmth
+from yak_pipeline.settings import Settings, get_settings
+from yak_pipeline.store.database import Database
+from yak_pipeline.store.memories import insert_memory
+
+# Partitioned asset checks are a preview feature of Dagster 1.13 (the definitions module says so too).
+warnings.filterwarnings("ignore", category=dg.PreviewWarning)
+
+MEMORY_ASSETS = [raw_exchanges, distillations, distillation_quality, conflict_scores, distillation_versions]
+"""What ``memory_job`` runs: the raw layer, distillations with their blocking check, conflicts, merges."""
+
+DAY = date(2026, 3, 14)
+NEXT_DAY = date(2026, 3, 15)
+
+
+def llm_resource(base_url: str | None, *, timeout_seconds: float = 2.0, max_retries: int = 0,
+                 concurrency: int = 1) -> LLMResource:
+    """The LLM resource: the loopback server at ``base_url``, or the rules provider when None.
+
+    No retries and a short timeout by default, so failure tests take milliseconds, not minutes.
+    """
+    return LLMResource(base_url=base_url, model="fake-model", api_key="test-key" if base_url else None,
+                       timeout_seconds=timeout_seconds, max_retries=max_retries, concurrency=concurrency)
+
+
+def pipeline_resources(settings: Settings, *, llm_base_url: str | None = None, error_webhook: str | None = None,
+                       **llm_options: Any) -> dict[str, dg.ConfigurableResource]:
+    """Every resource the assets need, configured explicitly for the test's database."""
+    postgres = PostgresResource(database_url=settings.database_url)
+    return {
+        "postgres": postgres,
+        "llm": llm_resource(llm_base_url, **llm_options),
+        "embedder": EmbedderResource(kind="hashing", dimensions=384),
+        "alerts": AlertsResource(postgres=postgres, error_webhook=error_webhook),
+    }
+
+
+def new_instance(*users: str) -> dg.DagsterInstance:
+    """An ephemeral Dagster instance that already knows ``users`` as partitions."""
+    instance = dg.DagsterInstance.ephemeral()
+    if users:
+        instance.add_dynamic_partitions(users_partitions.name, list(users))
+    return instance
+
+
+def run_partition(
+    instance: dg.DagsterInstance,
+    resources: dict[str, dg.ConfigurableResource],
+    user_id: str,
+    day: date,
+    assets: Sequence[Any] = tuple(MEMORY_ASSETS),
+    run_config: dict | None = None,
+) -> dg.ExecuteInProcessResult:
+    """Materialize ``assets`` for one user's day, never raising on a failed step."""
+    return dg.materialize(list(assets), resources=resources, partition_key=partition_key(user_id, day),
+                          instance=instance, raise_on_error=False, run_config=run_config)
+
+
+def materialization_metadata(result: dg.ExecuteInProcessResult, asset: str) -> dict[str, Any] | None:
+    """The plain metadata values of ``asset``'s materialization in this run (None: not materialized)."""
+    for event in result.get_asset_materialization_events():
+        materialization = event.event_specific_data.materialization
+        if materialization.asset_key.to_user_string() == asset:
+            return {k: getattr(v, "value", v) for k, v in materialization.metadata.items()}
+    return None
+
+
+def materialized_assets(result: dg.ExecuteInProcessResult) -> set[str]:
+    """Names of the assets materialized by this run."""
+    return {e.event_specific_data.materialization.asset_key.to_user_string()
+            for e in result.get_asset_materialization_events()}
+
+
+def at(day: date, hour: int = 12, minute: int = 0) -> datetime:
+    """A UTC time on ``day``."""
+    return datetime.combine(day, time(hour, minute), tzinfo=timezone.utc)
+
+
+def add_exchange(db: Database, user_id: str, user_text: str, day: date, *, assistant: str = "Noted.",
+                 minute: int = 0, source: str = "api") -> str:
+    """Store one exchange as a pending memory (as the API does); return its id."""
+    with db.connection() as conn:
+        stored = insert_memory(conn, user_id=user_id, content=f"User: {user_text}\nAssistant: {assistant}",
+                               source=source, occurred_at=at(day, 12, minute))
+    return str(stored.id)
+
+
+def fetch_all(db: Database, sql: str, params: Sequence[Any] | dict | None = None) -> list[tuple]:
+    """All rows of one query."""
+    with db.connection() as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def fetch_one(db: Database, sql: str, params: Sequence[Any] | dict | None = None) -> tuple | None:
+    """The first row of one query."""
+    with db.connection() as conn:
+        return conn.execute(sql, params).fetchone()
+
+
+@pytest.fixture
+def pipeline_env(monkeypatch: pytest.MonkeyPatch, settings: Settings) -> Iterator[Settings]:
+    """The process settings the resources fall back to: hashing embedder, the test's database.
+
+    ``PostgresResource`` opens its pool with the process settings' embedder (to check the
+    database's vector size), so the environment must name the embedder the tests use. The
+    process-wide pool the resources open is closed before the test's database is dropped.
+    """
+    monkeypatch.setenv("YAK_EMBEDDER", "hashing")
+    monkeypatch.setenv("YAK_DATABASE_URL", settings.database_url or "")
+    get_settings.cache_clear()
+    yield settings
+    from yak_pipeline.wiring import _SHARED, _SHARED_LOCK
+
+    with _SHARED_LOCK:
+        pool = _SHARED.pop(settings.database_url or "", None)
+    if pool is not None:
+        pool.close()
+    get_settings.cache_clear()
