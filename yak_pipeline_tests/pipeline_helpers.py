@@ -20,7 +20,7 @@ from yak_pipeline.defs.distillations.checks import distillation_quality
 from yak_pipeline.defs.exchanges.assets import raw_exchanges
 from yak_pipeline.defs.partitions import partition_key, users_partitions
 from yak_pipeline.defs.resources import AlertsResource, EmbedderResource, LLMResource, PostgresResource
-from yak_pipeline.defs.scores.assets import conflict_scores, distillation_versions, warmth
+from yak_pipeline.defs.scores.assets import conflict_scores, distillation_versions
 from yak_pipeline.settings import Settings, get_settings
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.memories import insert_memory
@@ -121,14 +121,15 @@ def fetch_one(db: Database, sql: str, params: Sequence[Any] | dict | None = None
 
 @pytest.fixture
 def pipeline_env(monkeypatch: pytest.MonkeyPatch, settings: Settings) -> Iterator[Settings]:
-    """The process settings the resources fall back to: hashing embedder, the test's database.
+    """The process settings the resources fall back to name the hashing embedder.
 
     ``PostgresResource`` opens its pool with the process settings' embedder (to check the
-    database's vector size), so the environment must name the embedder the tests use. The
-    process-wide pool the resources open is closed before the test's database is dropped.
+    database's vector size), and has no embedder field of its own, so the environment must name
+    the embedder the tests use. Everything else (database URL, LLM endpoint) the tests pass to
+    the resources explicitly. The process-wide pool the resources open is closed before the
+    test's database is dropped.
     """
     monkeypatch.setenv("YAK_EMBEDDER", "hashing")
-    monkeypatch.setenv("YAK_DATABASE_URL", settings.database_url or "")
     get_settings.cache_clear()
     yield settings
     from yak_pipeline.wiring import _SHARED, _SHARED_LOCK

@@ -1,6 +1,6 @@
 """The nightly schedule: warmth re-evaluation of the last 7 days at 02:00 local time."""
 
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 
 import dagster as dg
 
@@ -13,14 +13,16 @@ NIGHTLY_DAYS = 7
 
 def nightly_run_requests(users: list[str], scheduled_for: datetime, days: int = NIGHTLY_DAYS) -> list[dg.RunRequest]:
     """One nightly warmth run per user and day of the last ``days`` days (UTC dates)."""
-    today = scheduled_for.date()
+    # Partitions are UTC days: 02:00 in a zone east of UTC+2 (Tokyo, Sydney) is still the previous
+    # UTC day, whose next day has no partition yet, so the local date would request a missing one.
+    today = scheduled_for.astimezone(timezone.utc).date()
     requests = []
     for user_id in sorted(users):
         for back in range(days):
             day = today - timedelta(days=back)
             key = partition_key(user_id, day)
             requests.append(dg.RunRequest(
-                run_key=f"nightly:{scheduled_for.date().isoformat()}:{key}",
+                run_key=f"nightly:{today.isoformat()}:{key}",
                 partition_key=key,
                 run_config={"ops": {"warmth": {"config": {"nightly": True, "days": days}}}},
                 tags={"yak/trigger": "nightly"},

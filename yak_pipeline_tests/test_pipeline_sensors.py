@@ -1,0 +1,258 @@
+"""The sensors, evaluated with ``dg.build_sensor_context`` against a real database and drop folder.
+
+Each tick is checked for what it asks of Dagster — run requests with their partition keys and
+run keys, new user partitions, the new cursor — and for what it did on disk and in the database.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import dagster as dg
+import pytest
+
+from yak_pipeline.defs.automation.sensors import (
+    api_inbox_sensor,
+    drop_folder_sensor,
+    run_failure_alert_sensor,
+    turns_sensor,
+)
+from yak_pipeline.defs.exchanges.assets import raw_exchanges
+from yak_pipeline.defs.partitions import partition_key, users_partitions
+from yak_pipeline.defs.resources import AlertsResource, PostgresResource
+from yak_pipeline.settings import Settings, get_settings
+from yak_pipeline.store.database import Database
+from yak_pipeline.store.memories import record_memory_error
+from yak_pipeline.store.turns import insert_turn
+from yak_pipeline_tests.fake_openai import FakeOpenAIServer
+from yak_pipeline_tests.pipeline_helpers import (
+    DAY,
+    NEXT_DAY,
+    add_exchange,
+    fetch_all,
+    new_instance,
+    pipeline_env,  # noqa: F401 - fixture
+)
+from yak_pipeline_tests.store_helpers import seed_memory_with_distillation
+
+pytestmark = pytest.mark.usefixtures("pipeline_env")
+
+
+def _tick(sensor: dg.SensorDefinition, instance: dg.DagsterInstance, settings: Settings,
+          cursor: str | None = None, **resources: object) -> dg.SensorResult:
+    """One evaluation of ``sensor``, as the daemon would run it."""
+    context = dg.build_sensor_context(instance=instance, cursor=cursor,
+                                      resources={"postgres": PostgresResource(database_url=settings.database_url),
+                                                 **resources})
+    result = sensor(context)
+    assert isinstance(result, dg.SensorResult)
+    return result
+
+
+def _keys(result: dg.SensorResult) -> list[str]:
+    return [str(r.partition_key) for r in result.run_requests]
+
+
+def _added_users(result: dg.SensorResult) -> list[str]:
+    return [key for request in result.dynamic_partitions_requests for key in request.partition_keys]
+
+
+def _apply_partition_requests(instance: dg.DagsterInstance, result: dg.SensorResult) -> None:
+    """What the daemon does with a tick's dynamic partition requests."""
+    for request in result.dynamic_partitions_requests:
+        assert request.partitions_def_name == users_partitions.name
+        instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+
+
+def _line(user_id: str, text: str, day: str) -> str:
+    return json.dumps({"user_id": user_id, "user": text, "assistant": "Noted.", "occurred_at": f"{day}T10:00:00Z"})
+
+
+def _drop(folder: Path, name: str, text: str, *, age_seconds: float = 60) -> Path:
+    """A file in the drop folder, finished writing ``age_seconds`` ago."""
+    path = folder / name
+    path.write_text(text)
+    past = time.time() - age_seconds
+    os.utime(path, (past, past))
+    return path
+
+
+@pytest.fixture
+def drop_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``YAK_DROP_DIR``, which the drop-folder sensor reads from the process settings."""
+    folder = tmp_path / "drop"
+    folder.mkdir()
+    monkeypatch.setenv("YAK_DROP_DIR", str(folder))
+    get_settings.cache_clear()
+    return folder
+
+
+# --- drop folder ---------------------------------------------------------------------------------
+
+
+def test_drop_folder_tick_claims_files_quarantines_bad_ones_and_requests_runs(
+        settings: Settings, database: Database, drop_dir: Path) -> None:
+    _drop(drop_dir, "history.jsonl", "\n".join([_line("alice", "I live in Berlin.", "2026-03-14"),
+                                                _line("alice", "I like tea.", "2026-03-14"),
+                                                _line("bob", "I work as a nurse.", "2026-03-15")]) + "\n")
+    _drop(drop_dir, "broken.json", '{"user_id": "alice", "user": "unterminated')
+    _drop(drop_dir, "mixed.jsonl", _line("carol", "I have a cat.", "2026-03-14") + "\n"
+          + _line("eve|x", "I own a boat.", "2026-03-14") + "\n")
+    _drop(drop_dir, "notes.md", "---\nuser_id: dave\ndate: 2026-03-15\n---\n\nUser: I play chess.\nAssistant: Nice.\n")
+    _drop(drop_dir, "still-writing.jsonl", _line("alice", "I like jazz.", "2026-03-14"), age_seconds=0)
+    instance = new_instance("alice")  # alice is known already; bob, carol and dave are new
+
+    result = _tick(drop_folder_sensor, instance, settings)
+
+    expected = [partition_key("alice", DAY), partition_key("carol", DAY), partition_key("bob", NEXT_DAY),
+                partition_key("dave", NEXT_DAY)]
+    assert _keys(result) == [str(k) for k in expected]
+    assert all(r.run_key.startswith(f"drop:{r.partition_key}:") for r in result.run_requests)
+    assert len({r.run_key for r in result.run_requests}) == 4
+    assert _added_users(result) == ["bob", "carol", "dave"]
+    assert set(json.loads(result.cursor)) == {str(k) for k in expected}
+
+    # Files: claimed ones moved, the unreadable one quarantined with its reason, the young one left alone.
+    assert sorted(p.name for p in (drop_dir / "processed").iterdir()) == ["history.jsonl", "mixed.jsonl", "notes.md"]
+    assert (drop_dir / "failed" / "broken.json").exists()
+    error = (drop_dir / "failed" / "broken.json.error.txt").read_text()
+    assert error.startswith("broken.json: line 1") and "JSON" in error
+    assert json.loads((drop_dir / "failed" / "mixed.rejected.jsonl").read_text())["user_id"] == "eve|x"
+    rejected_reason = (drop_dir / "failed" / "mixed.rejected.jsonl.error.txt").read_text()
+    assert rejected_reason.startswith("line 2: invalid user id 'eve|x'")  # '|' would break partition keys
+    assert (drop_dir / "still-writing.jsonl").exists()
+
+    stored = fetch_all(database, "SELECT user_id, source, source_ref, status FROM memories ORDER BY user_id, content")
+    assert [(u, src, st) for u, src, _, st in stored] == [("alice", "drop_folder", "pending")] * 2 + [
+        ("bob", "drop_folder", "pending"), ("carol", "drop_folder", "pending"), ("dave", "drop_folder", "pending")]
+    assert {ref for *_, ref, _ in stored} == {"history.jsonl", "mixed.jsonl", "notes.md"}
+    assert not any("|" in u for u, *_ in stored)
+
+    # The next tick, with the cursor, requests nothing twice and adds no user twice.
+    _apply_partition_requests(instance, result)
+    quiet = _tick(drop_folder_sensor, instance, settings, cursor=result.cursor)
+    assert quiet.run_requests == [] and quiet.dynamic_partitions_requests == []
+    assert quiet.skip_reason is not None
+
+
+def test_a_new_drop_file_for_a_known_partition_requests_it_again_under_a_new_run_key(
+        settings: Settings, database: Database, drop_dir: Path) -> None:
+    _drop(drop_dir, "a.jsonl", _line("alice", "I live in Berlin.", "2026-03-14") + "\n")
+    instance = new_instance()
+    first = _tick(drop_folder_sensor, instance, settings)
+    _apply_partition_requests(instance, first)
+    assert _added_users(first) == ["alice"]
+
+    _drop(drop_dir, "b.jsonl", _line("alice", "I like tea.", "2026-03-14") + "\n")
+    # The same exchange dropped again is stored once and changes nothing.
+    _drop(drop_dir, "a-again.jsonl", _line("alice", "I live in Berlin.", "2026-03-14") + "\n")
+    second = _tick(drop_folder_sensor, instance, settings, cursor=first.cursor)
+
+    assert _keys(second) == [str(partition_key("alice", DAY))]
+    assert second.run_requests[0].run_key != first.run_requests[0].run_key
+    assert second.dynamic_partitions_requests == []
+    assert fetch_all(database, "SELECT count(*) FROM memories") == [(2,)]
+    assert sorted(p.name for p in (drop_dir / "processed").iterdir()) == ["a-again.jsonl", "a.jsonl", "b.jsonl"]
+
+
+# --- API inbox -------------------------------------------------------------------------------------
+
+
+def test_inbox_sensor_requests_pending_api_memories_once_per_state(settings: Settings, database: Database) -> None:
+    first_memory = add_exchange(database, "alice", "I live in Berlin.", DAY)
+    add_exchange(database, "bob", "I like tea.", NEXT_DAY)
+    add_exchange(database, "carol", "I have a cat.", DAY, source="drop_folder")  # the drop sensor's, not ours
+    instance = new_instance("alice")
+
+    first = _tick(api_inbox_sensor, instance, settings)
+
+    assert _keys(first) == [str(partition_key("alice", DAY)), str(partition_key("bob", NEXT_DAY))]
+    assert all(r.run_key.startswith("inbox:") for r in first.run_requests)
+    assert _added_users(first) == ["bob"]
+    _apply_partition_requests(instance, first)
+
+    same = _tick(api_inbox_sensor, instance, settings, cursor=first.cursor)
+    assert same.run_requests == []
+
+    # A failed attempt changes the partition's pending state: one retry request, under a new run key.
+    with database.connection() as conn:
+        record_memory_error(conn, first_memory, "HTTP 500 from the LLM")
+    retry = _tick(api_inbox_sensor, instance, settings, cursor=same.cursor)
+    assert _keys(retry) == [str(partition_key("alice", DAY))]
+    assert retry.run_requests[0].run_key not in {r.run_key for r in first.run_requests}
+
+    # Distilled memories leave the inbox, and the cursor forgets their partition.
+    with database.connection() as conn:
+        conn.execute("UPDATE memories SET status = 'distilled' WHERE user_id = 'alice'")
+    done = _tick(api_inbox_sensor, instance, settings, cursor=retry.cursor)
+    assert done.run_requests == []
+    assert set(json.loads(done.cursor)) == {str(partition_key("bob", NEXT_DAY))}
+
+
+# --- turns ---------------------------------------------------------------------------------------
+
+
+def test_turns_sensor_requests_warmth_runs_for_pending_turns(settings: Settings, database: Database) -> None:
+    today = datetime.now(timezone.utc).date()
+    with database.connection() as conn:
+        _, recalled = seed_memory_with_distillation(conn, user_id="alice", exchange="User: I live in Berlin.\nAssistant: ok",
+                                                    distillation="User lives in Berlin.")
+        insert_turn(conn, user_id="alice", user_message="Where do I live?", assistant_message="Berlin.",
+                    recalled_ids=[recalled])
+    instance = new_instance()
+
+    first = _tick(turns_sensor, instance, settings)
+
+    assert _keys(first) == [str(partition_key("alice", today))]
+    assert first.run_requests[0].run_key.startswith(f"turns:{partition_key('alice', today)}:")
+    assert _added_users(first) == ["alice"]
+    _apply_partition_requests(instance, first)
+    assert _tick(turns_sensor, instance, settings, cursor=first.cursor).run_requests == []
+
+    with database.connection() as conn:
+        insert_turn(conn, user_id="alice", user_message="And my job?", assistant_message="I don't know.",
+                    recalled_ids=[])
+    second = _tick(turns_sensor, instance, settings, cursor=first.cursor)
+    assert _keys(second) == [str(partition_key("alice", today))]
+    assert second.run_requests[0].run_key != first.run_requests[0].run_key
+
+
+def test_sensors_target_the_right_jobs() -> None:
+    assert drop_folder_sensor.job_name == "memory_job"
+    assert api_inbox_sensor.job_name == "memory_job"
+    assert turns_sensor.job_name == "warmth_job"
+
+
+# --- run failures --------------------------------------------------------------------------------
+
+
+def test_run_failure_sensor_sends_one_alert_naming_the_run(settings: Settings, database: Database,
+                                                           openai_server: FakeOpenAIServer) -> None:
+    instance = new_instance("alice")
+    # A run whose database is unreachable fails for real.
+    failed = dg.materialize([raw_exchanges], partition_key=partition_key("alice", DAY), instance=instance,
+                            resources={"postgres": PostgresResource(database_url="postgresql://yak@127.0.0.1:1/none")},
+                            raise_on_error=False)
+    assert not failed.success
+    webhook = f"http://127.0.0.1:{openai_server.port}/hooks/yak"
+    alerts = AlertsResource(postgres=PostgresResource(database_url=settings.database_url), error_webhook=webhook)
+    # A context manager: the alerts resource nests the postgres one, which Dagster opens as a generator.
+    with dg.build_run_status_sensor_context(
+        sensor_name=run_failure_alert_sensor.name, dagster_event=failed.get_run_failure_event(),
+        dagster_instance=instance, dagster_run=failed.dagster_run, resources={"alerts": alerts},
+    ) as status_context:
+        context = status_context.for_run_failure()
+        run_failure_alert_sensor(context)
+        run_failure_alert_sensor(context)  # the same alert type within the window is sent once
+
+    posts = [r.body for r in openai_server.requests if r.path == "/hooks/yak"]
+    assert len(posts) == 1
+    assert posts[0]["content"].startswith("[yak error] run_failed")
+    assert failed.run_id[:8] in posts[0]["content"]
+    fields = {f["name"]: f["value"] for f in posts[0]["embeds"][0]["fields"]}
+    assert failed.run_id in fields["ids"] and "2026-03-14|alice" in fields["ids"]
+    assert fetch_all(database, "SELECT alert_type, suppressed FROM alert_state") == [("run_failed", 1)]
