@@ -104,22 +104,20 @@ CREATE TRIGGER warmth_events_metrics AFTER INSERT ON warmth_events
     FOR EACH STATEMENT EXECUTE FUNCTION metric_count_warmth();
 
 -- A failed attempt on a memory (distillation or its embedding) or on a turn (warmth evaluation)
--- raises `attempts` and sets `last_error`: each such attempt is one error of that type.
-CREATE FUNCTION metric_count_failed_attempts() RETURNS trigger LANGUAGE plpgsql AS $$
+-- raises `attempts` and sets `last_error`: each such attempt is one error of that type. A row
+-- trigger limited to `attempts` never fires for the far more common updates (status, vectors).
+CREATE FUNCTION metric_count_failed_attempt() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     INSERT INTO metric_events (kind, name, labels, value)
-    SELECT 'counter', 'yak_errors_total', jsonb_build_object('type', TG_ARGV[0]), count(*)
-    FROM new_attempt_rows n JOIN old_attempt_rows o ON o.id = n.id
-    WHERE n.attempts > o.attempts AND n.last_error IS NOT NULL
-    HAVING count(*) > 0;
+    VALUES ('counter', 'yak_errors_total', jsonb_build_object('type', TG_ARGV[0]), 1);
     RETURN NULL;
 END $$;
-CREATE TRIGGER memories_error_metrics AFTER UPDATE ON memories
-    REFERENCING OLD TABLE AS old_attempt_rows NEW TABLE AS new_attempt_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION metric_count_failed_attempts('distillation_failed');
-CREATE TRIGGER turns_error_metrics AFTER UPDATE ON turns
-    REFERENCING OLD TABLE AS old_attempt_rows NEW TABLE AS new_attempt_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION metric_count_failed_attempts('warmth_failed');
+CREATE TRIGGER memories_error_metrics AFTER UPDATE OF attempts ON memories
+    FOR EACH ROW WHEN (NEW.attempts > OLD.attempts AND NEW.last_error IS NOT NULL)
+    EXECUTE FUNCTION metric_count_failed_attempt('distillation_failed');
+CREATE TRIGGER turns_error_metrics AFTER UPDATE OF attempts ON turns
+    FOR EACH ROW WHEN (NEW.attempts > OLD.attempts AND NEW.last_error IS NOT NULL)
+    EXECUTE FUNCTION metric_count_failed_attempt('warmth_failed');
 
 -- A database that already holds work starts its counters from what the audit log and the
 -- warmth events record.

@@ -19,6 +19,13 @@ app = typer.Typer(
 app.add_typer(db.app, name="db")
 pipeline.register(app)
 # API client commands (issue 4) register below this line.
+from yak_pipeline.cli import distill as distill_cli, memory as memory_cli, ops, serve, warmth as warmth_cli  # noqa: E402
+
+serve.register(app)
+app.add_typer(memory_cli.app, name="memory")
+app.add_typer(distill_cli.app, name="distill")
+app.add_typer(warmth_cli.app, name="warmth")
+ops.register(app)
 
 
 @app.callback()

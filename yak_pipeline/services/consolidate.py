@@ -28,6 +28,7 @@ from yak_pipeline.services.reports import StageReport
 from yak_pipeline.store.conflicts import conflicting_ids, record_conflict
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.distillations import add_version, nearest_active, set_distillation_status
+from yak_pipeline.store.metrics import record_error
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ def score_conflicts(job: ConsolidateJob, *, user_id: str, day: date | None) -> S
             except LLMError as exc:
                 # Leave it unchecked: the next run scores it again once the LLM answers.
                 conn.rollback()
+                record_error(conn, "conflict_score_failed")
                 report.failed += 1
                 report.errors.append(f"{distillation_id}: {exc.reason}")
                 continue
@@ -140,6 +142,7 @@ def merge_near_duplicates(job: ConsolidateJob, *, user_id: str, day: date | None
                     vector = job.embedder.embed_documents([merged.content])[0]
                 except (LLMError, EmbeddingError) as exc:
                     conn.rollback()
+                    record_error(conn, "consolidation_failed")
                     report.failed += 1
                     report.errors.append(f"{distillation_id}: {getattr(exc, 'reason', exc)}")
                     continue

@@ -10,6 +10,7 @@ and the memory's new status commit together or not at all (a killed worker leave
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from yak_pipeline.services.reports import StageReport
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.distillations import NewDistillation, add_version, insert_distillation
 from yak_pipeline.store.memories import mark_memory_distilled, record_memory_error
+from yak_pipeline.store.metrics import record_distillation_latency
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +70,7 @@ def partition_memory_ids(db: Database, *, user_id: str, day: date | None, includ
 
 def _distill_one(job: DistillJob, memory_id: str) -> StageReport:
     report = StageReport(rows_in=1)
+    started = time.monotonic()
     with job.db.connection() as conn:
         row = conn.execute(
             """SELECT id, user_id, content, occurred_at, attempts, status FROM memories
@@ -132,6 +135,7 @@ def _distill_one(job: DistillJob, memory_id: str) -> StageReport:
                 (result.confidence, result.tier, decision.status, decision.needs_review, job.prompt_version,
                  OUTPUT_SCHEMA_VERSION, distillation_id),
             )
+        record_distillation_latency(conn, (time.monotonic() - started) * 1000)
         mark_memory_distilled(conn, memory_id)
     report.rows_out += 1
     report.flagged += int(decision.needs_review)

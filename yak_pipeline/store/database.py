@@ -15,6 +15,7 @@ from yak_pipeline.settings import Settings
 from yak_pipeline.store.errors import DatabaseUnavailable, PgvectorMissing
 
 CONNECT_TIMEOUT_SECONDS = 5
+POOL_WAIT_SECONDS = 10
 
 
 def redact_url(url: str) -> str:
@@ -100,6 +101,9 @@ class Database:
             configure=_register_vector,
             # Connections killed by a server restart are noticed before they are handed out.
             check=ConnectionPool.check_connection,
+            # During an outage, callers (API requests) get DatabaseUnavailable within seconds
+            # instead of waiting psycopg_pool's default 30 s.
+            timeout=POOL_WAIT_SECONDS,
             open=False,
             name="yak",
         )

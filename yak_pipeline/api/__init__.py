@@ -1,0 +1,1 @@
+"""Yak's HTTP API (FastAPI): ``create_app`` in :mod:`yak_pipeline.api.app`."""

@@ -1,0 +1,73 @@
+"""The FastAPI app: ``create_app(settings)`` wires the routes, auth, error answers and metrics.
+
+OpenAPI is served at ``/openapi.json`` (browsable at ``/docs``). Bodies over 1 MiB are refused
+with 413 before they are read in full.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
+
+from yak_pipeline import __version__
+from yak_pipeline.alerts import Alerter
+from yak_pipeline.api.dependencies import ApiServices
+from yak_pipeline.api.errors import MAX_BODY_BYTES, install_error_handlers
+from yak_pipeline.api.request_metrics import RequestMetricsMiddleware
+from yak_pipeline.api.routes import ROUTERS
+from yak_pipeline.embeddings import Embedder
+from yak_pipeline.llm.provider import LLMProvider
+from yak_pipeline.settings import Settings, get_settings
+from yak_pipeline.store.database import Database
+
+logger = logging.getLogger("yak.api")
+
+DESCRIPTION = """Yak remembers conversations for your LLM: post exchanges, recall the right
+memories for the next prompt, and curate what it keeps.
+
+Every route but `/health` needs an `X-API-Key` header: an admin key, or a key scoped to one
+user id, which can never read or change another user's data."""
+
+
+@asynccontextmanager
+async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
+    yield
+    # Request counts and latencies still buffered are written before the process goes.
+    services: ApiServices = app.state.services
+    database = services.database_if_open
+    if database is not None:
+        try:
+            await run_in_threadpool(services.metrics.flush, database)
+        except Exception as exc:  # noqa: BLE001 - shutting down; nothing else to do with them
+            logger.warning("request metrics not written at shutdown: %s", type(exc).__name__)
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    database: Database | None = None,
+    embedder: Embedder | None = None,
+    llm: LLMProvider | None = None,
+    alerter: Alerter | None = None,
+    extra_admin_keys: tuple[str, ...] = (),
+) -> FastAPI:
+    """The API for ``settings`` (default: the environment's).
+
+    Parts not given are built from settings on first use. ``extra_admin_keys`` are accepted as
+    admin keys besides ``YAK_ADMIN_API_KEY`` and stored admin keys (the in-process CLI uses a
+    random one that never leaves its process).
+    """
+    settings = settings or get_settings()
+    app = FastAPI(title="Yak", version=__version__, description=DESCRIPTION, max_body_size=MAX_BODY_BYTES,
+                  lifespan=_lifespan)
+    app.state.services = ApiServices(settings, database=database, embedder=embedder, llm=llm, alerter=alerter,
+                                     extra_admin_keys=extra_admin_keys)
+    install_error_handlers(app)
+    app.add_middleware(RequestMetricsMiddleware)
+    for router in ROUTERS:
+        app.include_router(router)
+    return app

@@ -1,0 +1,106 @@
+"""What routes are handed: the app's parts (database, embedder, LLM, alerter) and the caller.
+
+Parts are built on first use, not at start-up, so the server starts (and ``/health`` answers)
+while the database is down; a request that needs it then gets a 503 instead of a crash.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Annotated
+
+from fastapi import Depends, Request, Security
+from fastapi.security import APIKeyHeader
+
+from yak_pipeline.alerts import Alerter
+from yak_pipeline.api.auth import Principal, authenticate
+from yak_pipeline.api.metrics import MetricsBuffer
+from yak_pipeline.embeddings import Embedder, get_embedder
+from yak_pipeline.llm import get_llm_provider
+from yak_pipeline.llm.provider import LLMProvider
+from yak_pipeline.settings import Settings
+from yak_pipeline.store.database import Database
+from yak_pipeline.wiring import build_alerter, shared_database
+
+
+class ApiServices:
+    """The parts one app uses; any given explicitly (tests, the in-process CLI) are used as is."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        database: Database | None = None,
+        embedder: Embedder | None = None,
+        llm: LLMProvider | None = None,
+        alerter: Alerter | None = None,
+        extra_admin_keys: tuple[str, ...] = (),
+    ) -> None:
+        self.settings = settings
+        self._database = database
+        self._embedder = embedder
+        self._llm = llm
+        self._alerter = alerter
+        self._alerter_has_database = alerter is not None
+        self._lock = threading.Lock()
+        admin = settings.admin_api_key.get_secret_value() if settings.admin_api_key is not None else None
+        self.admin_keys: tuple[str, ...] = tuple(k for k in (admin, *extra_admin_keys) if k)
+        self.metrics = MetricsBuffer()
+
+    @property
+    def database(self) -> Database:
+        """The migrated connection pool; raises ``DatabaseUnavailable`` while the server is down."""
+        if self._database is None:
+            with self._lock:
+                if self._database is None:
+                    self._database = shared_database(self.settings)
+        return self._database
+
+    @property
+    def database_if_open(self) -> Database | None:
+        """The pool if it was opened already (never tries to connect)."""
+        return self._database
+
+    @property
+    def embedder(self) -> Embedder:
+        """The configured embedder (the local model loads on first use)."""
+        if self._embedder is None:
+            self._embedder = get_embedder(self.settings)
+        return self._embedder
+
+    @property
+    def llm(self) -> LLMProvider:
+        """The configured LLM provider (the rules stand-in without an endpoint)."""
+        if self._llm is None:
+            self._llm = get_llm_provider(self.settings)
+        return self._llm
+
+    @property
+    def alerter(self) -> Alerter:
+        """The alerter; its de-duplication spans processes once the database has been reached."""
+        with self._lock:
+            if self._alerter is None or (not self._alerter_has_database and self._database is not None):
+                self._alerter = build_alerter(self.settings, self._database)
+                self._alerter_has_database = self._database is not None
+            return self._alerter
+
+
+def get_services(request: Request) -> ApiServices:
+    """The app's :class:`ApiServices`."""
+    return request.app.state.services
+
+
+Services = Annotated[ApiServices, Depends(get_services)]
+
+
+# Shown in the OpenAPI document as the API's security scheme; checked by get_principal.
+api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False,
+                              description="An admin key, or a key scoped to one user id (`yak keys create`).")
+
+
+def get_principal(services: Services, key: Annotated[str | None, Security(api_key_header)]) -> Principal:
+    """The caller, from the ``X-API-Key`` header (401 without a valid key)."""
+    return authenticate(services, key)
+
+
+Caller = Annotated[Principal, Depends(get_principal)]

@@ -1,0 +1,113 @@
+"""Every error the API answers is ``{"detail": "<one line>"}`` with the right status, never a traceback.
+
+- 422: the body or a parameter is invalid (``errors`` lists each field and reason);
+- 404: no such id *for this caller*; 413: body over 1 MiB;
+- 503 with ``Retry-After``: the database cannot be reached (and a ``db_connection_lost`` alert);
+- 500: a bug; the traceback goes to the server log only.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Final
+
+import psycopg
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from yak_pipeline.core.types import InvalidUserId
+from yak_pipeline.store.errors import DatabaseUnavailable, StoreError
+
+logger = logging.getLogger("yak.api")
+
+RETRY_AFTER_SECONDS: Final = 5
+MAX_BODY_BYTES: Final = 1024 * 1024
+_MAX_DETAIL_CHARS: Final = 300
+
+
+def one_line(text: object) -> str:
+    """``text`` on a single line, cut to a readable length."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= _MAX_DETAIL_CHARS else flat[: _MAX_DETAIL_CHARS - 1] + "…"
+
+
+def _field(loc: tuple | list) -> str:
+    parts = [str(p) for p in loc]
+    if len(parts) > 1 and parts[0] in ("body", "query", "path", "header"):
+        parts = parts[1:]
+    return ".".join(parts) or "body"
+
+
+def _validation_response(exc: RequestValidationError) -> JSONResponse:
+    errors = []
+    for error in exc.errors():
+        reason = str(error.get("msg", "invalid")).removeprefix("Value error, ")
+        if error.get("type") == "json_invalid":
+            field, reason = "body", f"invalid JSON ({(error.get('ctx') or {}).get('error', 'decode error')})"
+        else:
+            field = _field(error.get("loc", ()))
+        errors.append({"field": field, "reason": one_line(reason)})
+    first = errors[0] if errors else {"field": "body", "reason": "invalid"}
+    detail = f"{first['field']}: {first['reason']}"
+    if len(errors) > 1:
+        detail += f" (and {len(errors) - 1} more)"
+    return JSONResponse({"detail": detail, "errors": errors}, status_code=422)
+
+
+def database_unavailable_response(app: FastAPI, exc: Exception) -> JSONResponse:
+    """503 with Retry-After; counts the error and raises the (de-duplicated) critical alert."""
+    services = app.state.services
+    reason = one_line(exc)
+    services.metrics.count_error("db_connection_lost")
+    services.alerter.alert("db_connection_lost", "the API cannot reach the database", level="critical", error=reason)
+    return JSONResponse({"detail": "the database is unavailable; try again shortly"}, status_code=503,
+                        headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the handlers that turn errors into one-line JSON answers."""
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _validation_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        detail = exc.detail
+        if exc.status_code == 413:
+            detail = f"request body is larger than {MAX_BODY_BYTES // 1024 // 1024} MiB"
+        elif exc.status_code == 404 and detail == "Not Found":
+            detail = f"no route {request.method} {request.url.path}"
+        return JSONResponse({"detail": one_line(detail)}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(DatabaseUnavailable)
+    async def _database_unavailable(request: Request, exc: DatabaseUnavailable) -> JSONResponse:
+        # Alerting may wait on a webhook: not on the event loop.
+        return await run_in_threadpool(database_unavailable_response, app, exc)
+
+    @app.exception_handler(InvalidUserId)
+    async def _invalid_user(request: Request, exc: InvalidUserId) -> JSONResponse:
+        return JSONResponse({"detail": f"user_id: {one_line(exc)}",
+                             "errors": [{"field": "user_id", "reason": one_line(exc)}]}, status_code=422)
+
+    @app.exception_handler(psycopg.errors.DataError)
+    @app.exception_handler(psycopg.errors.IntegrityError)
+    async def _refused_by_database(request: Request, exc: psycopg.Error) -> JSONResponse:
+        # The schema's constraints are the last line of defence; the transaction was rolled back.
+        message = exc.diag.message_primary or type(exc).__name__
+        return JSONResponse({"detail": f"refused by the database: {one_line(message)}"}, status_code=422)
+
+    @app.exception_handler(StoreError)
+    async def _store_error(request: Request, exc: StoreError) -> JSONResponse:
+        # Schema or pgvector mismatches: the operator must fix the configuration.
+        logger.error("store error: %s", exc)
+        return JSONResponse({"detail": one_line(exc)}, status_code=500)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error in %s %s", request.method, request.url.path)
+        app.state.services.metrics.count_error("internal")
+        return JSONResponse({"detail": "internal error; the server log has the details"}, status_code=500)

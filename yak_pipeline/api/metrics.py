@@ -1,0 +1,173 @@
+"""``GET /metrics``: the ten metrics of DESIGN §6, read from PostgreSQL at scrape time.
+
+Counts come from every process (see :mod:`yak_pipeline.store.metrics`). The API's own
+contributions — request counts, recall latencies, errors it answered — are buffered in memory
+and appended to the database every couple of seconds, before every scrape and at shutdown, so
+counting never adds a database write to a request; a buffer that cannot be written (database
+down) is kept and written later.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Final
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from yak_pipeline.store.database import Database
+from yak_pipeline.store.metrics import (
+    KNOWN_ERROR_TYPES,
+    METRICS,
+    MetricEvent,
+    MetricTotals,
+    append_metric_events,
+    counter_event,
+    observation_event,
+)
+
+# Label names per metric; every other metric has none.
+METRIC_LABELS: Final[dict[str, tuple[str, ...]]] = {
+    "yak_requests_total": ("method", "route", "status"),
+    "yak_distillations_versioned": ("reason",),
+    "yak_warmth_updates": ("reason",),
+    "yak_errors_total": ("type",),
+    "yak_queue_size": ("queue",),
+}
+QUEUES: Final = ("memories", "turns")
+FLUSH_INTERVAL_SECONDS: Final = 2.0
+
+
+class MetricsBuffer:
+    """This process's not-yet-written metric events (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counters: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        self._observations: list[MetricEvent] = []
+        self._last_flush = time.monotonic()
+
+    def _add(self, event: MetricEvent) -> None:
+        with self._lock:
+            if event.kind == "counter":
+                key = (event.name, event.labels)
+                self._counters[key] = self._counters.get(key, 0.0) + event.value
+            else:
+                self._observations.append(event)
+
+    def count_request(self, method: str, route: str, status_code: int) -> None:
+        """Count one answered request."""
+        self._add(counter_event("yak_requests_total", 1, {"method": method, "route": route,
+                                                          "status": str(status_code)}))
+
+    def observe_recall(self, milliseconds: float) -> None:
+        """Record one recall's latency."""
+        self._add(observation_event("yak_recall_latency_ms", milliseconds))
+
+    def count_error(self, error_type: str) -> None:
+        """Count one error the API ran into."""
+        self._add(counter_event("yak_errors_total", 1, {"type": error_type}))
+
+    def flush_due(self) -> bool:
+        """Whether the buffer has waited long enough to be written."""
+        return time.monotonic() - self._last_flush >= FLUSH_INTERVAL_SECONDS
+
+    def _take(self) -> list[MetricEvent]:
+        with self._lock:
+            events = [MetricEvent("counter", name, value, labels) for (name, labels), value in self._counters.items()]
+            events += self._observations
+            self._counters, self._observations = {}, []
+            self._last_flush = time.monotonic()
+        return events
+
+    def flush(self, database: Database) -> int:
+        """Append the buffered events to the database; on failure they stay buffered and it re-raises."""
+        events = self._take()
+        if not events:
+            return 0
+        try:
+            with database.connection() as conn:
+                return append_metric_events(conn, events)
+        except Exception:
+            for event in events:
+                self._add(event)
+            raise
+
+
+def _label_values(names: tuple[str, ...], key: tuple[tuple[str, str], ...]) -> list[str]:
+    stored = dict(key)
+    return [stored.get(name, "") for name in names]
+
+
+def _counter(name: str, help_text: str, series: dict[tuple, float]) -> Metric:
+    names = METRIC_LABELS.get(name, ())
+    family = CounterMetricFamily(name, help_text, labels=names)
+    values = dict(series)
+    if not names and not values:
+        values[()] = 0.0
+    if name == "yak_errors_total":
+        for error_type in KNOWN_ERROR_TYPES:
+            values.setdefault((("type", error_type),), 0.0)
+    for key, value in sorted(values.items()):
+        family.add_metric(_label_values(names, key), value)
+    return family
+
+
+def _histogram(name: str, help_text: str, totals: MetricTotals, bounds: tuple[float, ...]) -> Metric:
+    family = HistogramMetricFamily(name, help_text, labels=[])
+    series = totals.histograms.get(name) or {}
+    if not series:
+        family.add_metric([], buckets=[(_le(b), 0) for b in (*bounds, math.inf)], sum_value=0.0)
+    for key, histogram in sorted(series.items()):
+        family.add_metric(_label_values((), key), buckets=[(_le(b), c) for b, c in histogram.buckets],
+                          sum_value=histogram.sum)
+    return family
+
+
+def _le(bound: float) -> str:
+    return "+Inf" if math.isinf(bound) else repr(float(bound))
+
+
+def metric_families(totals: MetricTotals) -> list[Metric]:
+    """The ten metric families for one scrape's totals."""
+    families: list[Metric] = []
+    for definition in METRICS:
+        if definition.kind == "counter":
+            families.append(_counter(definition.name, definition.help, totals.counters.get(definition.name, {})))
+        elif definition.kind == "histogram":
+            families.append(_histogram(definition.name, definition.help, totals, definition.buckets))
+        else:
+            gauge = GaugeMetricFamily(definition.name, definition.help, labels=["queue"])
+            for queue in QUEUES:
+                gauge.add_metric([queue], float(totals.queue_sizes.get(queue, 0)))
+            families.append(gauge)
+    return families
+
+
+class YakCollector(Collector):
+    """A prometheus_client collector that reads Yak's totals from PostgreSQL on every collect."""
+
+    def __init__(self, read_totals: Callable[[], MetricTotals]) -> None:
+        self._read_totals = read_totals
+
+    def collect(self) -> Iterator[Metric]:
+        """Yield the ten families, freshly read."""
+        yield from metric_families(self._read_totals())
+
+    def describe(self) -> list[Metric]:
+        """Nothing up front: registering must not query the database."""
+        return []
+
+
+def render_metrics(read_totals: Callable[[], MetricTotals], accept: str | None = None) -> tuple[bytes, str]:
+    """The ten metrics in the format the scraper's ``Accept`` header asks for, and its content type
+    (Prometheus text 0.0.4 by default; OpenMetrics or text 1.0 when asked)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(YakCollector(read_totals))
+    encode, content_type = choose_encoder(accept or "")
+    return encode(registry), content_type

@@ -1,0 +1,31 @@
+"""One router per resource; :data:`ROUTERS` is what the app includes, in this order."""
+
+from yak_pipeline.api.routes import (
+    conflicts,
+    context,
+    distillations,
+    forget,
+    health,
+    keys,
+    memories,
+    metrics,
+    queue,
+    review,
+    turns,
+    warmth,
+)
+
+ROUTERS = (
+    memories.router,
+    distillations.router,
+    context.router,
+    turns.router,
+    warmth.router,
+    review.router,
+    conflicts.router,
+    forget.router,
+    queue.router,
+    keys.router,
+    health.router,
+    metrics.router,
+)

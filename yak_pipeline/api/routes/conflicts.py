@@ -1,0 +1,51 @@
+"""``/api/conflicts``: contradictions between a user's distillations, and settling them."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+from uuid import UUID
+
+from fastapi import APIRouter, HTTPException, Query, status
+
+from yak_pipeline.api.dependencies import Caller, Services
+from yak_pipeline.api.schemas import ConflictClose, ConflictClosed, ConflictOut, UserId, rows_to
+from yak_pipeline.store.conflicts import close_conflict, list_conflicts
+
+router = APIRouter(prefix="/api/conflicts", tags=["conflicts"])
+
+
+@router.get("", response_model=list[ConflictOut])
+def conflicts(
+    caller: Caller,
+    services: Services,
+    user_id: Annotated[UserId | None, Query(description="Only this user's (a user key: its own).")] = None,
+    conflict_status: Annotated[Literal["open", "resolved", "dismissed", "all"], Query(alias="status")] = "open",
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> list[ConflictOut]:
+    """Conflicts with both sides' text, newest first (open ones unless asked otherwise)."""
+    with services.database.connection() as conn:
+        rows = list_conflicts(conn, user_id=caller.user_filter(user_id),
+                              status=None if conflict_status == "all" else conflict_status, limit=limit)
+    return rows_to(ConflictOut, rows)
+
+
+def _close(conflict_id: UUID, body: ConflictClose | None, new_status: Literal["resolved", "dismissed"],
+           caller: Caller, services: Services) -> ConflictClosed:
+    with services.database.connection() as conn:
+        closed = close_conflict(conn, conflict_id, status=new_status, resolution=body.resolution if body else None,
+                                user_id=caller.scope, actor=caller.actor)
+    if not closed:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no open conflict {conflict_id}")
+    return ConflictClosed(id=conflict_id, status=new_status)
+
+
+@router.post("/{conflict_id}/resolve", response_model=ConflictClosed)
+def resolve(conflict_id: UUID, caller: Caller, services: Services, body: ConflictClose | None = None) -> ConflictClosed:
+    """Mark an open conflict resolved (e.g. after rejecting or editing one side), with an optional note."""
+    return _close(conflict_id, body, "resolved", caller, services)
+
+
+@router.post("/{conflict_id}/dismiss", response_model=ConflictClosed)
+def dismiss(conflict_id: UUID, caller: Caller, services: Services, body: ConflictClose | None = None) -> ConflictClosed:
+    """Mark an open conflict as no contradiction after all."""
+    return _close(conflict_id, body, "dismissed", caller, services)

@@ -1,0 +1,31 @@
+"""``/api/context``: the memory block to put in the next prompt."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter
+
+from yak_pipeline.api.dependencies import Caller, Services
+from yak_pipeline.api.schemas import ContextOut, ContextRequest
+from yak_pipeline.services.recall import build_context, recall_params
+
+router = APIRouter(prefix="/api/context", tags=["recall"])
+
+
+@router.post("", response_model=ContextOut)
+def context(body: ContextRequest, caller: Caller, services: Services) -> ContextOut:
+    """Recall for a query and render the memories as one isolated ``<memories>`` block, with the
+    prompt messages around it (system prompt, block, query). If recall fails, the prompt is
+    still built, without memories, and ``recall_error`` says why."""
+    user_id = caller.acting_for(body.user_id)
+    started = time.perf_counter()
+    block, built = build_context(services.database, services.embedder, user_id=user_id, query=body.query,
+                                 params=recall_params(services.settings, threshold=body.threshold, limit=body.limit),
+                                 system_prompt=body.system_prompt)
+    services.metrics.observe_recall((time.perf_counter() - started) * 1000)
+    return ContextOut(block=block, recalled_ids=built.recalled_ids, messages=built.messages,
+                      recall_error=built.recall_error)
+
+
+router.add_api_route("/", context, methods=["POST"], response_model=ContextOut, include_in_schema=False)

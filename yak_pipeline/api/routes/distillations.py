@@ -1,0 +1,111 @@
+"""``/api/distillations``: recall search, list, show with versions, manual version, merge, re-embed."""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Literal
+from uuid import UUID
+
+from fastapi import APIRouter, HTTPException, Query, status
+
+from yak_pipeline.api.curation import merge_distillations, reembed_distillation, write_manual_version
+from yak_pipeline.api.dependencies import Caller, Services
+from yak_pipeline.api.schemas import (
+    DistillationDetail,
+    DistillationOut,
+    DistillationPage,
+    ManualVersion,
+    MergeRequest,
+    SearchHit,
+    SearchRequest,
+    UserId,
+    VersionOut,
+    rows_to,
+)
+from yak_pipeline.services.recall import recall_params, search_memories
+from yak_pipeline.store.distillations import get_distillation, list_distillations, list_versions
+from yak_pipeline.store.database import Database
+
+router = APIRouter(prefix="/api/distillations", tags=["distillations"])
+
+_MERGE_REFUSALS = {"not_found": status.HTTP_404_NOT_FOUND, "different_users": status.HTTP_422_UNPROCESSABLE_CONTENT,
+                   "same_id": status.HTTP_422_UNPROCESSABLE_CONTENT, "not_mergeable": status.HTTP_409_CONFLICT}
+
+
+def _detail(db: Database, distillation_id: UUID, user_id: str | None) -> DistillationDetail:
+    with db.connection() as conn:
+        row = get_distillation(conn, distillation_id, user_id=user_id)
+        if row is None:
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"distillation {distillation_id} not found")
+        versions = list_versions(conn, distillation_id)
+    return DistillationDetail.model_validate({**row, "versions": rows_to(VersionOut, versions)})
+
+
+@router.post("/search", response_model=list[SearchHit])
+def search(body: SearchRequest, caller: Caller, services: Services) -> list[SearchHit]:
+    """The user's best distillations for a query, ranked by DESIGN §4: similarity gated per tier,
+    times recency decay, (1 + warmth) and tier gravity."""
+    user_id = caller.acting_for(body.user_id)
+    started = time.perf_counter()
+    hits = search_memories(services.database, services.embedder, user_id=user_id, query=body.query,
+                           params=recall_params(services.settings, threshold=body.threshold, limit=body.limit))
+    services.metrics.observe_recall((time.perf_counter() - started) * 1000)
+    return [SearchHit(id=h.id, memory_id=h.memory_id, content=h.content, confidence=h.confidence, tier=h.tier,
+                      warmth=h.warmth, similarity=h.similarity, score=h.score, is_core=h.is_core) for h in hits]
+
+
+@router.get("", response_model=DistillationPage)
+def list_distillations_route(
+    caller: Caller,
+    services: Services,
+    user_id: Annotated[UserId | None, Query(description="Only this user's (a user key: its own).")] = None,
+    distillation_status: Annotated[Literal["active", "review", "rejected", "merged"] | None,
+                                   Query(alias="status")] = None,
+    needs_review: bool | None = None,
+    memory_id: UUID | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> DistillationPage:
+    """List live distillations, newest first."""
+    with services.database.connection() as conn:
+        rows = list_distillations(conn, user_id=caller.user_filter(user_id), status=distillation_status,
+                                  memory_id=memory_id, needs_review=needs_review, limit=limit + 1, offset=offset)
+    return DistillationPage(items=rows_to(DistillationOut, rows[:limit]), limit=limit, offset=offset,
+                            next_offset=offset + limit if len(rows) > limit else None)
+
+
+@router.post("/merge", response_model=DistillationDetail)
+def merge(body: MergeRequest, caller: Caller, services: Services) -> DistillationDetail:
+    """Merge two of a user's distillations: the kept one gets a new version (``merged_from`` the
+    other), the other becomes ``merged``. Without ``content`` the LLM writes the merged text."""
+    outcome = merge_distillations(services.database, services.llm, services.embedder, keep_id=body.keep_id,
+                                  merge_id=body.merge_id, content=body.content, user_id=caller.scope,
+                                  actor=caller.actor)
+    if outcome.result != "merged":
+        raise HTTPException(_MERGE_REFUSALS[outcome.result], outcome.detail)
+    return _detail(services.database, body.keep_id, caller.scope)
+
+
+@router.get("/{distillation_id}", response_model=DistillationDetail)
+def show(distillation_id: UUID, caller: Caller, services: Services) -> DistillationDetail:
+    """One distillation with every version of its text, oldest first."""
+    return _detail(services.database, distillation_id, caller.scope)
+
+
+@router.post("/{distillation_id}/versions", response_model=DistillationDetail, status_code=status.HTTP_201_CREATED)
+def add_manual_version(distillation_id: UUID, body: ManualVersion, caller: Caller,
+                       services: Services) -> DistillationDetail:
+    """Replace a distillation's text with a person's; the previous text stays as a version."""
+    if not write_manual_version(services.database, services.embedder, distillation_id, content=body.content,
+                                user_id=caller.scope, actor=caller.actor):
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"distillation {distillation_id} not found")
+    return _detail(services.database, distillation_id, caller.scope)
+
+
+@router.post("/{distillation_id}/re-embed", response_model=DistillationDetail)
+def reembed(distillation_id: UUID, caller: Caller, services: Services) -> DistillationDetail:
+    """Embed a distillation's text again with the active embedding model."""
+    if not reembed_distillation(services.database, services.embedder, distillation_id, user_id=caller.scope,
+                                actor=caller.actor):
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"distillation {distillation_id} not found")
+    return _detail(services.database, distillation_id, caller.scope)

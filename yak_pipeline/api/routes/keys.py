@@ -1,0 +1,47 @@
+"""``/api/keys``: create, list and revoke API keys (admin key)."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+from fastapi import APIRouter, HTTPException, status
+
+from yak_pipeline.api.dependencies import Caller, Services
+from yak_pipeline.api.schemas import KeyCreate, KeyCreated, KeyOut
+from yak_pipeline.store.api_keys import ApiKey, create_api_key, list_api_keys, revoke_api_key
+
+router = APIRouter(prefix="/api/keys", tags=["keys"])
+
+
+def _out(key: ApiKey) -> dict:
+    return {"id": key.id, "prefix": key.prefix, "user_id": key.user_id, "admin": key.is_admin, "label": key.label,
+            "created_at": key.created_at, "revoked_at": key.revoked_at}
+
+
+@router.post("", response_model=KeyCreated, status_code=status.HTTP_201_CREATED)
+def create_key(body: KeyCreate, caller: Caller, services: Services) -> KeyCreated:
+    """Create a key, admin or scoped to one user; the key is in this answer and never again."""
+    caller.require_admin()
+    with services.database.connection() as conn:
+        record, key = create_api_key(conn, user_id=body.user_id, label=body.label, actor=caller.actor)
+    return KeyCreated(**_out(record), key=key)
+
+
+@router.get("", response_model=list[KeyOut])
+def list_keys(caller: Caller, services: Services, include_revoked: bool = False) -> list[KeyOut]:
+    """Stored keys, newest first (prefixes only, never the keys)."""
+    caller.require_admin()
+    with services.database.connection() as conn:
+        keys = list_api_keys(conn, include_revoked=include_revoked)
+    return [KeyOut(**_out(k)) for k in keys]
+
+
+@router.delete("/{key_id}", response_model=KeyOut)
+def revoke_key(key_id: UUID, caller: Caller, services: Services) -> KeyOut:
+    """Revoke a key; requests with it are refused from now on."""
+    caller.require_admin()
+    with services.database.connection() as conn:
+        if not revoke_api_key(conn, key_id, actor=caller.actor):
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no live API key {key_id}")
+        revoked = next(k for k in list_api_keys(conn, include_revoked=True) if str(k.id) == str(key_id))
+    return KeyOut(**_out(revoked))

@@ -1,0 +1,28 @@
+"""``/api/turns``: a finished turn, queued for per-turn warmth evaluation."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, status
+
+from yak_pipeline.api.dependencies import Caller, Services
+from yak_pipeline.api.schemas import TurnAccepted, TurnCreate
+from yak_pipeline.store.exchange_turns import store_exchange_turn
+
+router = APIRouter(prefix="/api/turns", tags=["turns"])
+
+
+@router.post("", response_model=TurnAccepted, status_code=status.HTTP_202_ACCEPTED)
+def post_turn(body: TurnCreate, caller: Caller, services: Services) -> TurnAccepted:
+    """Store the turn's exchange as a memory (distilled later) and queue the turn so the pipeline
+    evaluates how useful each recalled memory was. Recalled ids that are not the user's are
+    dropped. Posting the same exchange again queues nothing new."""
+    user_id = caller.acting_for(body.user_id)
+    with services.database.connection() as conn:
+        stored = store_exchange_turn(conn, user_id=user_id, user_message=body.user_message,
+                                     assistant_message=body.assistant_message, recalled_ids=body.recalled_ids,
+                                     occurred_at=body.occurred_at, actor=caller.actor)
+    return TurnAccepted(turn_id=stored.turn_id, memory_id=stored.memory_id, queued=stored.created)
+
+
+router.add_api_route("/", post_turn, methods=["POST"], response_model=TurnAccepted,
+                     status_code=status.HTTP_202_ACCEPTED, include_in_schema=False)

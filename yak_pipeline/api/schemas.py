@@ -1,0 +1,452 @@
+"""Request and response bodies of the HTTP API (they are the OpenAPI schema).
+
+Requests forbid unknown fields, so a misspelt field is a 422 naming it rather than silently
+ignored; text fields refuse NUL characters, which PostgreSQL cannot store.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Annotated, Any, Literal
+from uuid import UUID
+
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+from yak_pipeline.core.types import USER_ID_PATTERN
+from yak_pipeline.services.ingest import EARLIEST_EXCHANGE_DATE, FUTURE_TOLERANCE
+
+
+def _storable(text: str) -> str:
+    if "\x00" in text:
+        raise ValueError("must not contain NUL characters")
+    return text
+
+
+def _storable_or_none(text: str | None) -> str | None:
+    return None if text is None else _storable(text)
+
+
+def _not_blank(text: str) -> str:
+    if not text.strip():
+        raise ValueError("must not be blank")
+    return text
+
+
+def _plausible_exchange_time(when: datetime) -> datetime:
+    """The date limits file ingestion applies: not before 2000, not more than a day ahead."""
+    if when.date() < EARLIEST_EXCHANGE_DATE:
+        raise ValueError(f"is before {EARLIEST_EXCHANGE_DATE}")
+    if when > datetime.now(timezone.utc) + FUTURE_TOLERANCE:
+        raise ValueError("is in the future")
+    return when
+
+
+UserId = Annotated[str, StringConstraints(pattern=USER_ID_PATTERN),
+                   Field(description="1-64 letters, digits, '.', '_', '@' or '-', starting with a letter or digit.")]
+Text = Annotated[str, Field(min_length=1), AfterValidator(_storable), AfterValidator(_not_blank)]
+ExchangeTime = Annotated[AwareDatetime, AfterValidator(_plausible_exchange_time),
+                        Field(description="When the exchange happened, with a time zone; default now.")]
+
+
+class RequestBody(BaseModel):
+    """Base of request bodies: unknown fields are an error."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- memories -------------------------------------------------------------------------------
+
+class MemoryCreate(RequestBody):
+    """One exchange to remember, "User: …\\nAssistant: …" or any text."""
+
+    content: Annotated[Text, Field(max_length=200_000)]
+    user_id: UserId
+    occurred_at: ExchangeTime | None = None
+
+
+class MemoryOut(BaseModel):
+    """A stored raw memory."""
+
+    id: UUID
+    content: str
+    user_id: str
+    created_at: datetime
+    occurred_at: datetime
+    status: str
+    source: str
+
+
+class DistillationSummary(BaseModel):
+    """A distillation as listed under its memory."""
+
+    id: UUID
+    content: str
+    confidence: float
+    tier: str
+    warmth: float
+    status: str
+    needs_review: bool
+
+
+class MemoryDetail(MemoryOut):
+    """A memory with its processing state and its distillations."""
+
+    attempts: int
+    last_error: str | None
+    distillations: list[DistillationSummary]
+
+
+class MemoryPage(BaseModel):
+    """One page of memories; ``next_offset`` is null on the last page."""
+
+    items: list[MemoryOut]
+    limit: int
+    offset: int
+    next_offset: int | None
+
+
+# --- recall ---------------------------------------------------------------------------------
+
+class SearchRequest(RequestBody):
+    """A recall query for one user."""
+
+    query: Annotated[Text, Field(max_length=10_000)]
+    user_id: UserId
+    limit: int = Field(default=5, ge=1, le=100)
+    threshold: float = Field(default=0.7, ge=0.0, le=1.0, description="Similarity threshold t of DESIGN §4.")
+
+
+class SearchHit(BaseModel):
+    """One recalled distillation, ranked by ``score``."""
+
+    id: UUID
+    memory_id: UUID
+    content: str
+    confidence: float
+    tier: str
+    warmth: float
+    similarity: float
+    score: float
+    is_core: bool
+
+
+class ContextRequest(SearchRequest):
+    """A recall query whose memories are rendered as the prompt's memory block."""
+
+    system_prompt: Annotated[str, Field(default="", max_length=100_000), AfterValidator(_storable)]
+
+
+class ContextOut(BaseModel):
+    """The memory block (empty when nothing was recalled), the ids in it, and the prompt messages."""
+
+    block: str
+    recalled_ids: list[UUID]
+    messages: list[dict[str, str]]
+    recall_error: str | None
+
+
+# --- turns and warmth -----------------------------------------------------------------------
+
+class TurnCreate(RequestBody):
+    """One finished turn: stored as a memory and queued for per-turn warmth evaluation."""
+
+    user_id: UserId
+    user_message: Annotated[Text, Field(max_length=200_000)]
+    assistant_message: Annotated[Text, Field(max_length=200_000)]
+    recalled_ids: list[UUID] = Field(default_factory=list, max_length=200)
+    occurred_at: ExchangeTime | None = None
+
+
+class TurnAccepted(BaseModel):
+    """The queued turn and the memory its exchange was stored as; ``queued`` false for a repeat."""
+
+    turn_id: UUID
+    memory_id: UUID
+    queued: bool
+
+
+class WarmthEvaluate(RequestBody):
+    """Evaluate now how useful a recalled memory (a distillation id) was for ``context``."""
+
+    memory_id: UUID
+    context: Annotated[Text, Field(max_length=200_000)]
+    evaluator: Annotated[str | None, Field(default=None, max_length=100)] = None
+
+
+class WarmthEvaluation(BaseModel):
+    """The evaluator's relevance score and the warmth change it caused."""
+
+    memory_id: UUID
+    relevance_score: float
+    warmth_change: float
+    new_warmth: float
+
+
+class WarmthEvent(BaseModel):
+    """One recorded warmth change."""
+
+    relevance_score: float | None
+    delta: float
+    warmth_before: float
+    warmth_after: float
+    reason: str
+    evaluator: str | None
+    turn_id: UUID | None
+    created_at: datetime
+
+
+class WarmthOut(BaseModel):
+    """A distillation's warmth and its latest changes, newest first."""
+
+    memory_id: UUID
+    warmth: float
+    history: list[WarmthEvent]
+
+
+class BulkWarmthReset(RequestBody):
+    """Reset warmth to 0.5 for a user's distillations (all, or those listed)."""
+
+    user_id: UserId
+    memory_ids: list[UUID] | None = Field(default=None, max_length=10_000)
+
+
+class WarmthResetOut(BaseModel):
+    """How many distillations changed."""
+
+    reset: int
+
+
+# --- distillations --------------------------------------------------------------------------
+
+class DistillationOut(BaseModel):
+    """A distillation's live state."""
+
+    id: UUID
+    memory_id: UUID
+    user_id: str
+    content: str
+    confidence: float
+    tier: str
+    warmth: float
+    user_weight: float
+    status: str
+    needs_review: bool
+    embedding_model: str | None
+    prompt_version: str
+    created_at: datetime
+    updated_at: datetime
+
+
+class VersionOut(BaseModel):
+    """One version of a distillation's text."""
+
+    version: int
+    content: str
+    reason: str
+    merged_from: list[UUID]
+    embedding_model: str | None
+    prompt_version: str | None
+    created_at: datetime
+
+
+class DistillationDetail(DistillationOut):
+    """A distillation with every version, oldest first."""
+
+    versions: list[VersionOut]
+
+
+class DistillationPage(BaseModel):
+    """One page of distillations."""
+
+    items: list[DistillationOut]
+    limit: int
+    offset: int
+    next_offset: int | None
+
+
+class ManualVersion(RequestBody):
+    """New text for a distillation, written by a person; the old text stays as a version."""
+
+    content: Annotated[Text, Field(max_length=4_000)]
+
+
+class MergeRequest(RequestBody):
+    """Merge ``merge_id`` into ``keep_id``: ``keep_id`` gets a version, ``merge_id`` becomes ``merged``."""
+
+    keep_id: UUID
+    merge_id: UUID
+    content: Annotated[Text | None, Field(default=None, max_length=4_000,
+                                          description="The merged text; default: the LLM consolidates both.")] = None
+
+
+# --- review and conflicts -------------------------------------------------------------------
+
+class ReviewItem(BaseModel):
+    """A distillation waiting for a person's decision."""
+
+    id: UUID
+    memory_id: UUID
+    user_id: str
+    content: str
+    confidence: float
+    tier: str
+    warmth: float
+    status: str
+    needs_review: bool
+    in_conflict: bool
+    created_at: datetime
+
+
+class ReviewDecision(BaseModel):
+    """The outcome of approving or rejecting."""
+
+    id: UUID
+    decision: Literal["approved", "rejected"]
+
+
+class ConflictOut(BaseModel):
+    """Two of a user's distillations that contradict each other."""
+
+    id: UUID
+    user_id: str
+    distillation_a: UUID
+    content_a: str
+    distillation_b: UUID
+    content_b: str
+    score: float
+    status: str
+    resolution: str | None
+    created_at: datetime
+    resolved_at: datetime | None
+
+
+class ConflictClose(RequestBody):
+    """An optional note on how the conflict was settled."""
+
+    resolution: Annotated[str | None, Field(default=None, max_length=1_000), AfterValidator(_storable_or_none)] = None
+
+
+class ConflictClosed(BaseModel):
+    """The conflict's new status."""
+
+    id: UUID
+    status: Literal["resolved", "dismissed"]
+
+
+# --- forget ---------------------------------------------------------------------------------
+
+class ForgetRequest(RequestBody):
+    """An explicit forget command (DESIGN §4): ``/forget <id>``, ``/forget <phrase>``,
+    ``forget this memory`` (with ``context_memory_id``) or ``delete memory: <id>``."""
+
+    command: Annotated[Text, Field(max_length=2_000)]
+    user_id: UserId
+    context_memory_id: Annotated[str | None, Field(default=None, max_length=64)] = None
+    soft: bool = Field(default=False, description="Keep the rows but hide them from every read path.")
+
+
+class ForgetConfirm(RequestBody):
+    """Confirm a forget by phrase with the token it returned."""
+
+    token: Annotated[str, Field(min_length=16, max_length=200)]
+    user_id: UserId
+    soft: bool = False
+
+
+class ForgetCandidate(BaseModel):
+    """A memory that contains the phrase."""
+
+    memory_id: UUID
+    occurred_at: datetime
+    content: str
+    distillations: list[str]
+
+
+class ForgetResult(BaseModel):
+    """``deleted``: these rows are gone. ``confirm``: candidates to confirm with the token.
+    ``nothing``: the phrase matched no memory."""
+
+    action: Literal["deleted", "confirm", "nothing"]
+    deleted_memory_ids: list[UUID] = Field(default_factory=list)
+    deleted_distillation_ids: list[UUID] = Field(default_factory=list)
+    not_found: list[str] = Field(default_factory=list)
+    candidates: list[ForgetCandidate] = Field(default_factory=list)
+    confirmation_token: str | None = None
+    expires_at: datetime | None = None
+
+
+# --- operations -----------------------------------------------------------------------------
+
+class ComponentHealth(BaseModel):
+    """Whether one dependency answered, and a short note."""
+
+    ok: bool
+    detail: str
+
+
+class HealthOut(BaseModel):
+    """``ok`` when every dependency answered, else ``degraded``."""
+
+    status: Literal["ok", "degraded"]
+    database: ComponentHealth
+    embedder: ComponentHealth
+    llm: ComponentHealth
+
+
+class FailedItem(BaseModel):
+    """A memory or turn whose processing failed (retrying, or given up)."""
+
+    kind: Literal["memory", "turn"]
+    id: UUID
+    user_id: str
+    status: str
+    attempts: int
+    last_error: str | None
+    created_at: datetime
+
+
+class QueueOut(BaseModel):
+    """What waits for the pipeline, and what failed."""
+
+    pending_memories: int
+    pending_turns: int
+    failed_memories: int
+    failed_turns: int
+    failed: list[FailedItem]
+
+
+class KeyCreate(RequestBody):
+    """A new key: scoped to ``user_id``, or ``admin``."""
+
+    user_id: UserId | None = None
+    admin: bool = False
+    label: Annotated[str | None, Field(default=None, max_length=200)] = None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> KeyCreate:
+        if self.admin == (self.user_id is not None):
+            raise ValueError("give either user_id or admin=true")
+        return self
+
+
+class KeyOut(BaseModel):
+    """A stored key (the key itself is never shown again)."""
+
+    id: UUID
+    prefix: str
+    user_id: str | None
+    admin: bool
+    label: str | None
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+class KeyCreated(KeyOut):
+    """A new key, shown this once."""
+
+    key: str
+
+
+def rows_to(model: type[BaseModel], rows: list[dict[str, Any]]) -> list[Any]:
+    """Validate store rows into response models."""
+    return [model.model_validate(row) for row in rows]

@@ -1,0 +1,169 @@
+"""The CLI's way to the API: a real server (``--remote URL``) or the app in this process.
+
+In-process, requests go through ``httpx.ASGITransport`` to ``create_app`` on the configured
+database, so the commands behave exactly as against a server. Someone who can run Yak
+in-process already holds the database credentials, so without ``--api-key`` the in-process
+app accepts a random admin key that never leaves this process. Against a server the key is
+``--api-key``, else ``YAK_API_KEY``, else the admin key ``yak serve`` stored on first start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, Final
+
+import httpx
+import typer
+
+from yak_pipeline.cli.errors import FAILURE_EXIT, USAGE_EXIT, fail
+from yak_pipeline.settings import Settings, get_settings
+
+REQUEST_TIMEOUT_SECONDS: Final = 120.0
+ADMIN_KEY_FILE_NAME: Final = "admin-api-key"
+
+RemoteOption = Annotated[str | None, typer.Option(
+    "--remote", metavar="URL", help="URL of a running `yak serve` (default: run the API in this process).")]
+ApiKeyOption = Annotated[str | None, typer.Option(
+    "--api-key", envvar="YAK_API_KEY", show_envvar=True, metavar="KEY",
+    help="API key (default in-process: local admin; remote: the key file `yak serve` wrote).")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
+
+
+class ApiError(Exception):
+    """The server said no (``status`` ≥ 400) or could not be reached (``status`` 0)."""
+
+    def __init__(self, status: int, detail: str, body: Any = None) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+        self.body = body
+
+
+def admin_key_file(settings: Settings) -> Path:
+    """Where ``yak serve`` stores the admin key it creates on first start."""
+    return settings.home / ADMIN_KEY_FILE_NAME
+
+
+def _detail(response: httpx.Response) -> tuple[str, Any]:
+    try:
+        body = response.json()
+    except ValueError:
+        return " ".join(response.text.split())[:300] or f"HTTP {response.status_code}", None
+    detail = body.get("detail") if isinstance(body, dict) else None
+    return (str(detail) if detail else f"HTTP {response.status_code}"), body
+
+
+def _result(response: httpx.Response) -> Any:
+    if response.status_code >= 400:
+        detail, body = _detail(response)
+        raise ApiError(response.status_code, detail, body)
+    if response.headers.get("content-type", "").startswith("application/json"):
+        return response.json()
+    return response.text
+
+
+class ApiClient:
+    """Sends requests to a remote server or to the in-process app (see the module docstring)."""
+
+    def __init__(self, *, remote: str | None, api_key: str | None) -> None:
+        self._remote = remote.rstrip("/") if remote else None
+        self._http: httpx.Client | None = None
+        self._app = None
+        self._database = None
+        if self._remote:
+            key = api_key or self._stored_admin_key()
+            self._http = httpx.Client(base_url=self._remote, timeout=REQUEST_TIMEOUT_SECONDS,
+                                      headers={"X-API-Key": key} if key else {})
+        else:
+            local_admin = self._open_in_process()
+            self._key = api_key or local_admin
+
+    @staticmethod
+    def _stored_admin_key() -> str | None:
+        path = admin_key_file(get_settings())
+        return path.read_text().strip() if path.is_file() else None
+
+    def _open_in_process(self) -> str:
+        from yak_pipeline.api.app import create_app
+        from yak_pipeline.wiring import open_database
+
+        settings = get_settings()
+        local_admin = secrets.token_urlsafe(32)
+        self._database = open_database(settings, max_size=4)
+        self._app = create_app(settings, database=self._database, extra_admin_keys=(local_admin,))
+        return local_admin
+
+    async def _asgi_request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        transport = httpx.ASGITransport(app=self._app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://yak.in-process",
+                                     headers={"X-API-Key": self._key}, timeout=REQUEST_TIMEOUT_SECONDS) as client:
+            return await client.request(method, path, **kwargs)
+
+    def request(self, method: str, path: str, *, json_body: Any = None, params: dict | None = None) -> Any:
+        """Send one request; the parsed JSON (or text) answer, or :class:`ApiError`."""
+        params = {k: v for k, v in (params or {}).items() if v is not None}
+        kwargs: dict[str, Any] = {"params": params}
+        if json_body is not None:
+            kwargs["json"] = json_body
+        if self._http is not None:
+            try:
+                response = self._http.request(method, path, **kwargs)
+            except httpx.HTTPError as exc:
+                raise ApiError(0, f"cannot reach {self._remote}: {type(exc).__name__}: {exc}") from None
+        else:
+            response = asyncio.run(self._asgi_request(method, path, **kwargs))
+        return _result(response)
+
+    def close(self) -> None:
+        """Close connections; in-process, write this process's request metrics first."""
+        if self._http is not None:
+            self._http.close()
+        if self._database is not None:
+            try:
+                self._app.state.services.metrics.flush(self._database)
+            except Exception:  # noqa: BLE001, S110 - counting this command's requests is best effort
+                pass
+            finally:
+                self._database.close()
+
+
+@contextmanager
+def api_client(remote: str | None, api_key: str | None) -> Iterator[ApiClient]:
+    """An :class:`ApiClient` for one command; a refusal becomes ``error: …`` and exit code 1."""
+    client = ApiClient(remote=remote, api_key=api_key)
+    try:
+        yield client
+    except ApiError as exc:
+        raise fail(exc.detail, FAILURE_EXIT) from None
+    finally:
+        client.close()
+
+
+def call_api(remote: str | None, api_key: str | None, method: str, path: str, *, json_body: Any = None,
+             params: dict | None = None) -> Any:
+    """One request in one call, for commands that make one."""
+    with api_client(remote, api_key) as client:
+        return client.request(method, path, json_body=json_body, params=params)
+
+
+def parse_id(value: str, what: str = "id") -> str:
+    """``value`` as a canonical UUID string, or a usage error (exit 2)."""
+    try:
+        return str(uuid.UUID(value.strip()))
+    except ValueError:
+        raise fail(f"{what} {value!r} is not a UUID", USAGE_EXIT) from None
+
+
+def emit(data: Any, as_json: bool, render: Callable[[Any], None]) -> None:
+    """JSON for scripts, or ``render`` for people."""
+    if as_json:
+        sys.stdout.write(json.dumps(data) + "\n")
+    else:
+        render(data)

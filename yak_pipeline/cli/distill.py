@@ -1,0 +1,105 @@
+"""``yak distill``: list and show distillations, write a version, merge two, re-embed one."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from yak_pipeline.cli.api_client import ApiKeyOption, JsonOption, RemoteOption, call_api, emit, parse_id
+from yak_pipeline.cli.errors import friendly_errors
+from yak_pipeline.cli.render import short, table
+
+app = typer.Typer(help="Distillations: list, show, version, merge, re-embed.", no_args_is_help=True)
+console = Console()
+
+
+def render_distillation(d: dict) -> None:
+    """A distillation and its versions, for people."""
+    console.print(f"[bold]{d['id']}[/bold] user {d['user_id']}, {d['status']}"
+                  f"{' (needs review)' if d['needs_review'] else ''}, tier {d['tier']}, "
+                  f"confidence {d['confidence']:.2f}, warmth {d['warmth']:.2f}")
+    console.print(d["content"], markup=False, highlight=False)
+    grid = table("version", "reason", "created", "content")
+    for v in d["versions"]:
+        grid.add_row(str(v["version"]), v["reason"], v["created_at"][:19], short(v["content"], 70))
+    console.print(grid)
+
+
+@app.command("list")
+@friendly_errors
+def list_command(
+    user: Annotated[str | None, typer.Option("--user", help="Only this user's.")] = None,
+    status: Annotated[str | None, typer.Option("--status", help="active, review, rejected or merged.")] = None,
+    memory: Annotated[str | None, typer.Option("--memory", help="Only those of this memory id.")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=500)] = 50,
+    offset: Annotated[int, typer.Option("--offset", min=0)] = 0,
+    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
+) -> None:
+    """List distillations, newest first."""
+    params = {"user_id": user, "status": status, "limit": limit, "offset": offset,
+              "memory_id": parse_id(memory, "memory id") if memory else None}
+    data = call_api(remote, api_key, "GET", "/api/distillations", params=params)
+
+    def render(page: dict) -> None:
+        grid = table("id", "user", "tier", "conf", "warmth", "status", "content")
+        for d in page["items"]:
+            grid.add_row(d["id"], d["user_id"], d["tier"], f"{d['confidence']:.2f}", f"{d['warmth']:.2f}",
+                          d["status"] + ("*" if d["needs_review"] else ""), short(d["content"], 60))
+        console.print(grid)
+        if page["next_offset"] is not None:
+            console.print(f"more: --offset {page['next_offset']}")
+
+    emit(data, as_json, render)
+
+
+@app.command("show")
+@friendly_errors
+def show_command(
+    distillation_id: Annotated[str, typer.Argument(help="Distillation id.")],
+    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
+) -> None:
+    """Show a distillation with every version of its text."""
+    data = call_api(remote, api_key, "GET", f"/api/distillations/{parse_id(distillation_id, 'distillation id')}")
+    emit(data, as_json, render_distillation)
+
+
+@app.command("version")
+@friendly_errors
+def version_command(
+    distillation_id: Annotated[str, typer.Argument(help="Distillation id.")],
+    content: Annotated[str, typer.Option("--content", help="The new text (1-4 sentences).")],
+    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
+) -> None:
+    """Write a new version of a distillation's text by hand; the old text stays as a version."""
+    data = call_api(remote, api_key, "POST",
+                    f"/api/distillations/{parse_id(distillation_id, 'distillation id')}/versions",
+                    json_body={"content": content})
+    emit(data, as_json, render_distillation)
+
+
+@app.command("merge")
+@friendly_errors
+def merge_command(
+    keep_id: Annotated[str, typer.Argument(help="The distillation that stays (gets a new version).")],
+    merge_id: Annotated[str, typer.Argument(help="The distillation merged into it (becomes 'merged').")],
+    content: Annotated[str | None, typer.Option("--content", help="The merged text; default: the LLM writes it.")] = None,
+    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
+) -> None:
+    """Merge two of a user's distillations into one."""
+    body = {"keep_id": parse_id(keep_id, "keep id"), "merge_id": parse_id(merge_id, "merge id"), "content": content}
+    data = call_api(remote, api_key, "POST", "/api/distillations/merge", json_body=body)
+    emit(data, as_json, render_distillation)
+
+
+@app.command("re-embed")
+@friendly_errors
+def reembed_command(
+    distillation_id: Annotated[str, typer.Argument(help="Distillation id.")],
+    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
+) -> None:
+    """Embed a distillation's text again with the active embedding model."""
+    data = call_api(remote, api_key, "POST",
+                    f"/api/distillations/{parse_id(distillation_id, 'distillation id')}/re-embed")
+    emit(data, as_json, lambda d: console.print(f"re-embedded {d['id']} with {d['embedding_model']}"))

@@ -1,0 +1,121 @@
+"""``yak memory``: store, list, show, delete and search memories through the API."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from yak_pipeline.cli.api_client import ApiKeyOption, JsonOption, RemoteOption, call_api, emit, parse_id
+from yak_pipeline.cli.errors import friendly_errors
+from yak_pipeline.cli.render import short, table
+
+app = typer.Typer(help="Raw memories: add, list, show, delete, search.", no_args_is_help=True)
+console = Console()
+
+UserOption = Annotated[str | None, typer.Option("--user", help="Only this user's (required with an admin key).")]
+
+
+@app.command("add")
+@friendly_errors
+def add_command(
+    content: Annotated[str, typer.Argument(help='The exchange ("User: …" and "Assistant: …" lines), or - for stdin.')],
+    user: Annotated[str, typer.Option("--user", help="Whose memory it is.")],
+    occurred_at: Annotated[str | None, typer.Option("--occurred-at", help="ISO time with zone; default now.")] = None,
+    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
+) -> None:
+    """Store one exchange as a pending memory (distilled by the pipeline)."""
+    body = {"content": sys.stdin.read() if content == "-" else content, "user_id": user}
+    if occurred_at:
+        body["occurred_at"] = occurred_at
+    data = call_api(remote, api_key, "POST", "/api/memories/", json_body=body)
+    emit(data, as_json, lambda d: console.print(f"stored memory {d['id']} ({d['status']})"))
+
+
+@app.command("list")
+@friendly_errors
+def list_command(
+    user: UserOption = None,
+    status: Annotated[str | None, typer.Option("--status", help="pending, distilled or failed.")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=500)] = 50,
+    offset: Annotated[int, typer.Option("--offset", min=0)] = 0,
+    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
+) -> None:
+    """List memories, newest exchange first."""
+    data = call_api(remote, api_key, "GET", "/api/memories",
+                    params={"user_id": user, "status": status, "limit": limit, "offset": offset})
+
+    def render(page: dict) -> None:
+        grid = table("id", "user", "occurred", "status", "content")
+        for m in page["items"]:
+            grid.add_row(m["id"], m["user_id"], m["occurred_at"][:19], m["status"], short(m["content"], 60))
+        console.print(grid)
+        if page["next_offset"] is not None:
+            console.print(f"more: --offset {page['next_offset']}")
+
+    emit(data, as_json, render)
+
+
+@app.command("show")
+@friendly_errors
+def show_command(
+    memory_id: Annotated[str, typer.Argument(help="Memory id.")],
+    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
+) -> None:
+    """Show one memory's full text, state and distillations."""
+    data = call_api(remote, api_key, "GET", f"/api/memories/{parse_id(memory_id, 'memory id')}")
+
+    def render(m: dict) -> None:
+        console.print(f"[bold]{m['id']}[/bold] user {m['user_id']}, {m['status']}, occurred {m['occurred_at']}")
+        console.print(m["content"], markup=False, highlight=False)
+        if m["last_error"]:
+            console.print(f"last error ({m['attempts']} attempts): {m['last_error']}", markup=False)
+        grid = table("distillation", "tier", "confidence", "warmth", "status", "content")
+        for d in m["distillations"]:
+            grid.add_row(d["id"], d["tier"], f"{d['confidence']:.2f}", f"{d['warmth']:.2f}", d["status"],
+                          short(d["content"], 60))
+        console.print(grid)
+
+    emit(data, as_json, render)
+
+
+@app.command("delete")
+@friendly_errors
+def delete_command(
+    memory_id: Annotated[str, typer.Argument(help="Memory id.")],
+    soft: Annotated[bool, typer.Option("--soft", help="Keep the rows, hidden from every read path.")] = False,
+    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
+) -> None:
+    """Forget one memory and everything derived from it (cascade; an audit row keeps the ids)."""
+    data = call_api(remote, api_key, "DELETE", f"/api/memories/{parse_id(memory_id, 'memory id')}",
+                    params={"soft": str(soft).lower()})
+    emit(data, as_json, lambda d: console.print(
+        f"forgot memory {', '.join(d['deleted_memory_ids'])} and {len(d['deleted_distillation_ids'])} distillations"))
+
+
+@app.command("search")
+@friendly_errors
+def search_command(
+    query: Annotated[str, typer.Argument(help="What to recall.")],
+    user: Annotated[str, typer.Option("--user", help="Whose memories to search.")],
+    limit: Annotated[int, typer.Option("--limit", min=1, max=100)] = 5,
+    threshold: Annotated[float, typer.Option("--threshold", min=0.0, max=1.0)] = 0.7,
+    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
+) -> None:
+    """Recall a user's best distillations for a query, with their scores."""
+    data = call_api(remote, api_key, "POST", "/api/distillations/search",
+                    json_body={"query": query, "user_id": user, "limit": limit, "threshold": threshold})
+
+    def render(hits: list) -> None:
+        if not hits:
+            console.print("no memory passes the threshold")
+            return
+        grid = table("score", "similarity", "tier", "warmth", "id", "content")
+        for h in hits:
+            grid.add_row(f"{h['score']:.3f}", f"{h['similarity']:.3f}", h["tier"], f"{h['warmth']:.2f}", h["id"],
+                          short(h["content"], 70))
+        console.print(grid)
+
+    emit(data, as_json, render)

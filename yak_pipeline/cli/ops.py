@@ -1,0 +1,303 @@
+"""Operating Yak through the API: metrics, queue, health, forget, review, conflicts, keys."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from yak_pipeline.core.forget import ForgetCommandError, parse_forget_command
+from yak_pipeline.cli.api_client import (
+    ApiError,
+    ApiKeyOption,
+    JsonOption,
+    RemoteOption,
+    api_client,
+    call_api,
+    emit,
+    parse_id,
+)
+from yak_pipeline.cli.errors import FAILURE_EXIT, USAGE_EXIT, fail, friendly_errors
+from yak_pipeline.cli.render import short, table
+
+console = Console()
+queue_app = typer.Typer(help="The pipeline's queue.", no_args_is_help=True)
+review_app = typer.Typer(help="Distillations flagged for a person's decision.", no_args_is_help=True)
+conflicts_app = typer.Typer(help="Contradictions between a user's distillations.", no_args_is_help=True)
+keys_app = typer.Typer(help="API keys (admin key needed).", no_args_is_help=True)
+
+UserFilter = Annotated[str | None, typer.Option("--user", help="Only this user's (a user key: its own).")]
+
+
+def metrics_as_json(text: str) -> dict:
+    """Prometheus text as ``{family: {type, help, samples: [{name, labels, value}]}}``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {family.name: {"type": family.type, "help": family.documentation,
+                          "samples": [{"name": s.name, "labels": s.labels, "value": s.value} for s in family.samples]}
+            for family in text_string_to_metric_families(text)}
+
+
+def metrics_command(remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False) -> None:
+    """Print the Prometheus metrics (raw text; --json parses them)."""
+    text = call_api(remote, api_key, "GET", "/metrics")
+    if as_json:
+        emit(metrics_as_json(text), True, print)
+    else:
+        print(text, end="")
+
+
+def health_command(remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False) -> None:
+    """Check that the API reaches its database, embedder and LLM; exit 1 when it does not."""
+    with api_client(remote, api_key) as client:
+        try:
+            report = client.request("GET", "/health")
+        except ApiError as exc:
+            if not isinstance(exc.body, dict) or "database" not in exc.body:
+                raise
+            report = exc.body
+
+    def render(r: dict) -> None:
+        grid = table("component", "ok", "detail")
+        for name in ("database", "embedder", "llm"):
+            grid.add_row(name, "yes" if r[name]["ok"] else "NO", r[name]["detail"])
+        console.print(f"status: {r['status']}")
+        console.print(grid)
+
+    emit(report, as_json, render)
+    if report["status"] != "ok":
+        raise typer.Exit(FAILURE_EXIT)
+
+
+@queue_app.command("status")
+@friendly_errors
+def queue_status_command(
+    user: UserFilter = None, remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
+) -> None:
+    """Show pending memories and turns, and the latest failed items."""
+    data = call_api(remote, api_key, "GET", "/api/queue", params={"user_id": user})
+
+    def render(q: dict) -> None:
+        console.print(f"pending: {q['pending_memories']} memories, {q['pending_turns']} turns; "
+                      f"failed: {q['failed_memories']} memories, {q['failed_turns']} turns")
+        if q["failed"]:
+            grid = table("kind", "id", "user", "status", "attempts", "last error")
+            for f in q["failed"]:
+                grid.add_row(f["kind"], f["id"], f["user_id"], f["status"], str(f["attempts"]),
+                              short(f["last_error"] or "", 60))
+            console.print(grid)
+
+    emit(data, as_json, render)
+
+
+def _is_plain_argument(command: str, context_id: str | None) -> bool:
+    """True when ``command`` is a bare id or phrase rather than one of the explicit forms."""
+    try:
+        return parse_forget_command(command, context_id) is None
+    except ForgetCommandError:
+        return False  # an explicit form with a mistake: the server explains it
+
+
+def forget_command(
+    command: Annotated[str | None, typer.Argument(help="'/forget <id or phrase>', 'delete memory: <id>' or "
+                                                       "'forget this memory' (with --context-id).")] = None,
+    user: Annotated[str | None, typer.Option("--user", help="Whose memories.")] = None,
+    context_id: Annotated[str | None, typer.Option("--context-id", help="The memory in context.")] = None,
+    confirm: Annotated[str | None, typer.Option("--confirm", metavar="TOKEN",
+                                                help="Delete the candidates of an earlier phrase search.")] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Delete phrase candidates without asking.")] = False,
+    soft: Annotated[bool, typer.Option("--soft", help="Keep rows, hidden from every read path.")] = False,
+    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
+) -> None:
+    """Forget memories: an id deletes at once; a phrase lists the memories containing it and
+    deletes them once confirmed (asked here, or --yes, or later with --confirm TOKEN)."""
+    if user is None:
+        raise fail("--user is required", USAGE_EXIT)
+    if (command is None) == (confirm is None):
+        raise fail("give a forget command, or --confirm TOKEN", USAGE_EXIT)
+    if command is not None and _is_plain_argument(command, context_id):
+        # `yak forget <id>` / `yak forget "some phrase"`: the command is implied by the verb.
+        command = f"/forget {command}"
+    with api_client(remote, api_key) as client:
+        if confirm is not None:
+            result = client.request("POST", "/api/forget/confirm",
+                                    json_body={"token": confirm, "user_id": user, "soft": soft})
+        else:
+            result = client.request("POST", "/api/forget", json_body={
+                "command": command, "user_id": user, "context_memory_id": context_id, "soft": soft})
+            if result["action"] == "confirm":
+                if not as_json:
+                    grid = table("memory", "occurred", "content")
+                    for c in result["candidates"]:
+                        grid.add_row(c["memory_id"], c["occurred_at"][:19], short(c["content"], 70))
+                    console.print(grid)
+                ask = not yes and not as_json
+                if yes or (ask and typer.confirm(f"Forget these {len(result['candidates'])} memories?")):
+                    result = client.request("POST", "/api/forget/confirm", json_body={
+                        "token": result["confirmation_token"], "user_id": user, "soft": soft})
+
+    def render(r: dict) -> None:
+        if r["action"] == "deleted":
+            console.print(f"forgot {len(r['deleted_memory_ids'])} memories and "
+                          f"{len(r['deleted_distillation_ids'])} distillations"
+                          + (f"; not found: {', '.join(r['not_found'])}" if r["not_found"] else ""))
+        elif r["action"] == "nothing":
+            console.print("no memory contains that phrase")
+        else:
+            console.print(f"nothing deleted; confirm later with --confirm {r['confirmation_token']}")
+
+    emit(result, as_json, render)
+
+
+def _render_review(items: list) -> None:
+    grid = table("id", "user", "status", "conf", "tier", "conflict", "content")
+    for d in items:
+        grid.add_row(d["id"], d["user_id"], d["status"], f"{d['confidence']:.2f}", d["tier"],
+                      "yes" if d["in_conflict"] else "", short(d["content"], 60))
+    console.print(grid if items else "nothing waits for review")
+
+
+@review_app.command("list")
+@friendly_errors
+def review_list_command(
+    user: UserFilter = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=500)] = 50,
+    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
+) -> None:
+    """List distillations waiting for a decision, oldest first."""
+    data = call_api(remote, api_key, "GET", "/api/review", params={"user_id": user, "limit": limit})
+    emit(data, as_json, _render_review)
+
+
+@review_app.command("approve")
+@friendly_errors
+def review_approve_command(
+    distillation_id: Annotated[str, typer.Argument(help="Distillation id.")],
+    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
+) -> None:
+    """Approve a flagged distillation: it becomes active and recallable."""
+    data = call_api(remote, api_key, "POST", f"/api/review/{parse_id(distillation_id, 'distillation id')}/approve")
+    emit(data, as_json, lambda d: console.print(f"{d['decision']} {d['id']}"))
+
+
+@review_app.command("reject")
+@friendly_errors
+def review_reject_command(
+    distillation_id: Annotated[str, typer.Argument(help="Distillation id.")],
+    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
+) -> None:
+    """Reject a flagged distillation: kept, never recalled."""
+    data = call_api(remote, api_key, "POST", f"/api/review/{parse_id(distillation_id, 'distillation id')}/reject")
+    emit(data, as_json, lambda d: console.print(f"{d['decision']} {d['id']}"))
+
+
+@conflicts_app.command("list")
+@friendly_errors
+def conflicts_list_command(
+    user: UserFilter = None,
+    status: Annotated[str, typer.Option("--status", help="open, resolved, dismissed or all.")] = "open",
+    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
+) -> None:
+    """List conflicts with both sides' text."""
+    data = call_api(remote, api_key, "GET", "/api/conflicts", params={"user_id": user, "status": status})
+
+    def render(items: list) -> None:
+        grid = table("id", "user", "score", "status", "a", "b")
+        for c in items:
+            grid.add_row(c["id"], c["user_id"], f"{c['score']:.2f}", c["status"], short(c["content_a"], 40),
+                          short(c["content_b"], 40))
+        console.print(grid if items else "no conflicts")
+
+    emit(data, as_json, render)
+
+
+def _close_conflict(action: str, conflict_id: str, note: str | None, remote: str | None, api_key: str | None,
+                    as_json: bool) -> None:
+    data = call_api(remote, api_key, "POST", f"/api/conflicts/{parse_id(conflict_id, 'conflict id')}/{action}",
+                    json_body={"resolution": note})
+    emit(data, as_json, lambda d: console.print(f"conflict {d['id']} {d['status']}"))
+
+
+@conflicts_app.command("resolve")
+@friendly_errors
+def conflicts_resolve_command(
+    conflict_id: Annotated[str, typer.Argument(help="Conflict id.")],
+    note: Annotated[str | None, typer.Option("--note", help="How it was settled.")] = None,
+    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
+) -> None:
+    """Mark a conflict resolved (after rejecting or editing one side)."""
+    _close_conflict("resolve", conflict_id, note, remote, api_key, as_json)
+
+
+@conflicts_app.command("dismiss")
+@friendly_errors
+def conflicts_dismiss_command(
+    conflict_id: Annotated[str, typer.Argument(help="Conflict id.")],
+    note: Annotated[str | None, typer.Option("--note", help="Why it is no contradiction.")] = None,
+    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
+) -> None:
+    """Mark a conflict as no contradiction after all."""
+    _close_conflict("dismiss", conflict_id, note, remote, api_key, as_json)
+
+
+@keys_app.command("create")
+@friendly_errors
+def keys_create_command(
+    user: Annotated[str | None, typer.Option("--user", help="Scope the key to this user id.")] = None,
+    admin: Annotated[bool, typer.Option("--admin", help="An admin key (every user).")] = False,
+    label: Annotated[str | None, typer.Option("--label", help="A note on what the key is for.")] = None,
+    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
+) -> None:
+    """Create an API key and print it; it is shown this once."""
+    if admin == (user is not None):
+        raise fail("give either --user USER or --admin", USAGE_EXIT)
+    data = call_api(remote, api_key, "POST", "/api/keys", json_body={"user_id": user, "admin": admin, "label": label})
+    if as_json:
+        emit(data, True, print)
+        return
+    print(data["key"])
+    Console(stderr=True).print(f"{'admin key' if data['admin'] else 'key for user ' + data['user_id']} "
+                               f"{data['prefix']}… created; it is not shown again")
+
+
+@keys_app.command("list")
+@friendly_errors
+def keys_list_command(
+    include_revoked: Annotated[bool, typer.Option("--all", help="Include revoked keys.")] = False,
+    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
+) -> None:
+    """List API keys (their prefixes, never the keys)."""
+    data = call_api(remote, api_key, "GET", "/api/keys", params={"include_revoked": str(include_revoked).lower()})
+
+    def render(keys: list) -> None:
+        grid = table("id", "prefix", "scope", "label", "created", "revoked")
+        for k in keys:
+            grid.add_row(k["id"], k["prefix"] + "…", "admin" if k["admin"] else k["user_id"], k["label"] or "",
+                          k["created_at"][:19], (k["revoked_at"] or "")[:19])
+        console.print(grid)
+
+    emit(data, as_json, render)
+
+
+@keys_app.command("revoke")
+@friendly_errors
+def keys_revoke_command(
+    key_id: Annotated[str, typer.Argument(help="Key id (from `yak keys list`).")],
+    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
+) -> None:
+    """Revoke an API key."""
+    data = call_api(remote, api_key, "DELETE", f"/api/keys/{parse_id(key_id, 'key id')}")
+    emit(data, as_json, lambda d: console.print(f"revoked key {d['prefix']}…"))
+
+
+def register(app: typer.Typer) -> None:
+    """Add metrics, health, forget, queue, review, conflicts and keys to the ``yak`` app."""
+    app.command("metrics")(friendly_errors(metrics_command))
+    app.command("health")(friendly_errors(health_command))
+    app.command("forget")(friendly_errors(forget_command))
+    app.add_typer(queue_app, name="queue")
+    app.add_typer(review_app, name="review")
+    app.add_typer(conflicts_app, name="conflicts")
+    app.add_typer(keys_app, name="keys")
+

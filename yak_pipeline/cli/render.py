@@ -1,0 +1,24 @@
+"""Tables and text for people: ids never wrap (they are copied into the next command)."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+ID_COLUMNS = frozenset({"id", "memory", "distillation", "turn"})
+
+
+def short(text: str, width: int = 80) -> str:
+    """``text`` on one line, cut to ``width`` characters."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= width else flat[: width - 1] + "…"
+
+
+def table(*headers: str) -> Table:
+    """A table whose id columns stay whole and whose other columns fold or shrink instead."""
+    result = Table()
+    for header in headers:
+        if header in ID_COLUMNS:
+            result.add_column(header, no_wrap=True, min_width=36)
+        else:
+            result.add_column(header, overflow="fold")
+    return result

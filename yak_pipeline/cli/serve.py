@@ -1,0 +1,80 @@
+"""``yak serve``: the HTTP API under uvicorn, with an admin key created on first start."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import typer
+
+from yak_pipeline.cli.api_client import JsonOption, admin_key_file
+from yak_pipeline.cli.errors import friendly_errors
+from yak_pipeline.settings import Settings, get_settings
+from yak_pipeline.store.api_keys import create_api_key, find_api_key, has_admin_key
+from yak_pipeline.store.database import Database
+from yak_pipeline.store.errors import StoreError
+
+
+def ensure_admin_key(settings: Settings, database: Database) -> Path | None:
+    """On first start, create an admin key and store it (mode 0600) in ``$YAK_HOME/admin-api-key``.
+
+    Nothing is created when ``YAK_ADMIN_API_KEY`` is set or admin keys exist already (someone
+    set keys up); the file is replaced when its key no longer works (a new database).
+    Returns the file holding a working admin key, if there is one.
+    """
+    if settings.admin_api_key is not None:
+        return None
+    path = admin_key_file(settings)
+    with database.connection() as conn:
+        if path.is_file():
+            stored = find_api_key(conn, path.read_text().strip())
+            if stored is not None and stored.is_admin:
+                return path
+        elif has_admin_key(conn):
+            return None
+        _, key = create_api_key(conn, user_id=None, label="created by yak serve on first start", actor="yak serve")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        handle.write(key + "\n")
+    return path
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``serve`` to the ``yak`` app."""
+
+    @app.command("serve")
+    @friendly_errors
+    def serve_command(
+        host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
+        port: int = typer.Option(8000, "--port", min=1, max=65535, help="Port to listen on."),
+        as_json: JsonOption = False,
+    ) -> None:
+        """Run the HTTP API (OpenAPI at /openapi.json) until Ctrl-C; on first start, create an
+        admin key and say where it is stored."""
+        import uvicorn
+
+        from yak_pipeline.api.app import create_app
+        from yak_pipeline.wiring import shared_database
+
+        settings = get_settings()
+        database, key_file, warning = None, None, None
+        try:
+            database = shared_database(settings)
+            key_file = ensure_admin_key(settings, database)
+        except StoreError as exc:
+            # The API still starts: /health reports the database, other routes answer 503.
+            warning = f"database not ready: {exc}"
+        info = {"url": f"http://{host}:{port}", "openapi": f"http://{host}:{port}/openapi.json",
+                "admin_key_file": str(key_file) if key_file else None, "warning": warning}
+        if as_json:
+            print(json.dumps(info), flush=True)
+        else:
+            print(f"Yak API on {info['url']} (OpenAPI at {info['openapi']})", flush=True)
+            if key_file:
+                print(f"admin API key stored in {key_file}", flush=True)
+            if warning:
+                print(f"warning: {warning}", file=sys.stderr, flush=True)
+        uvicorn.run(create_app(settings, database=database), host=host, port=port, log_level="info")

@@ -1,0 +1,61 @@
+"""``yak warmth``: show a memory's warmth and history, reset one, reset a user's."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from yak_pipeline.cli.api_client import ApiKeyOption, JsonOption, RemoteOption, call_api, emit, parse_id
+from yak_pipeline.cli.errors import friendly_errors
+from yak_pipeline.cli.render import table
+
+app = typer.Typer(help="Warmth: how useful recalled memories turned out to be.", no_args_is_help=True)
+console = Console()
+
+
+def render_warmth(w: dict) -> None:
+    """Warmth and its latest changes, for people."""
+    console.print(f"{w['memory_id']}: warmth {w['warmth']:.2f}")
+    grid = table("when", "reason", "relevance", "change", "after", "evaluator")
+    for e in w["history"]:
+        relevance = "-" if e["relevance_score"] is None else f"{e['relevance_score']:.2f}"
+        grid.add_row(e["created_at"][:19], e["reason"], relevance, f"{e['delta']:+.2f}", f"{e['warmth_after']:.2f}",
+                      e["evaluator"] or "-")
+    console.print(grid)
+
+
+@app.command("show")
+@friendly_errors
+def show_command(
+    memory_id: Annotated[str, typer.Argument(help="Distillation id.")],
+    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
+) -> None:
+    """Show a distillation's warmth and its latest changes."""
+    data = call_api(remote, api_key, "GET", f"/api/warmth/{parse_id(memory_id, 'memory id')}")
+    emit(data, as_json, render_warmth)
+
+
+@app.command("reset")
+@friendly_errors
+def reset_command(
+    memory_id: Annotated[str, typer.Argument(help="Distillation id.")],
+    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
+) -> None:
+    """Set a distillation's warmth back to 0.5."""
+    data = call_api(remote, api_key, "POST", f"/api/warmth/{parse_id(memory_id, 'memory id')}/reset")
+    emit(data, as_json, render_warmth)
+
+
+@app.command("bulk-reset")
+@friendly_errors
+def bulk_reset_command(
+    user: Annotated[str, typer.Option("--user", help="Whose distillations.")],
+    memory_ids: Annotated[list[str] | None, typer.Argument(help="Only these distillation ids (default: all).")] = None,
+    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
+) -> None:
+    """Set warmth back to 0.5 for all of a user's distillations, or the ones given."""
+    body = {"user_id": user, "memory_ids": [parse_id(i, "memory id") for i in memory_ids] if memory_ids else None}
+    data = call_api(remote, api_key, "POST", "/api/warmth/bulk-reset", json_body=body)
+    emit(data, as_json, lambda d: console.print(f"reset warmth of {d['reset']} distillations"))
