@@ -8,7 +8,7 @@ STAMP := $(VENV)/.yak-installed
 
 .PHONY: setup run test test-slow clean-state
 
-setup: $(STAMP)
+setup: $(STAMP) .env
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	@touch $(STAMP)
+
+# Plain `dagster` commands in this folder (definitions validate, job backfill) read the instance
+# config in ./dagster.yaml, whose storage URL comes from YAK_DAGSTER_PG_URL; Dagster loads .env
+# from the working directory, so this points them at the embedded database in ./.yak.
+.env:
+	@printf '%s\n' '# Written by make setup for plain `dagster` commands in this folder (see README).' \
+		'YAK_DAGSTER_PG_URL=postgresql+psycopg2://postgres:@/dagster?host=$(CURDIR)/.yak/pgdata' > .env
 
 run: setup
 	$(BIN)/yak up

@@ -6,14 +6,19 @@ gets the same checks (embedder size against the database, migrations applied).
 
 from __future__ import annotations
 
+import logging
 import threading
+
+import psycopg
 
 from yak_pipeline.alerts import Alerter
 from yak_pipeline.embeddings import Embedder, get_embedder
 from yak_pipeline.settings import Settings
-from yak_pipeline.store.database import Database, connect, resolve_database_url
+from yak_pipeline.store.database import Database, connect, ensure_dagster_database, resolve_database_url
 from yak_pipeline.store.errors import SchemaMismatch
 from yak_pipeline.store.migrations import check_embedding_compatibility, migrate, migration_states, read_meta
+
+logger = logging.getLogger(__name__)
 
 
 def migrate_database(settings: Settings, url: str | None = None) -> list[str]:
@@ -21,6 +26,11 @@ def migrate_database(settings: Settings, url: str | None = None) -> list[str]:
     url = url or resolve_database_url(settings)
     embedder = get_embedder(settings)
     applied = migrate(url, dimensions=embedder.dimensions, model_name=embedder.model_name)
+    try:
+        ensure_dagster_database(url)
+    except psycopg.Error as exc:
+        # Yak's own tables do not need it; only `yak up` and the dagster CLI do.
+        logger.warning("could not create the dagster database: %s", " ".join(str(exc).split())[:200])
     return [m.name for m in applied]
 
 

@@ -146,14 +146,12 @@ def register(app: typer.Typer) -> None:
 
 def _prepare_dagster_home(settings: Settings, url: str) -> dict[str, str]:
     """DAGSTER_HOME under $YAK_HOME with Yak's dagster.yaml, and the `dagster` database."""
-    from yak_pipeline.store.database import connect, dagster_storage_url
+    from yak_pipeline.store.database import dagster_storage_url, ensure_dagster_database
 
     home = _dagster_home(settings)
     home.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(PROJECT_ROOT / "dagster.yaml", home / "dagster.yaml")
-    with connect(url, autocommit=True, vector=False) as conn:
-        if conn.execute("SELECT 1 FROM pg_database WHERE datname = 'dagster'").fetchone() is None:
-            conn.execute("CREATE DATABASE dagster")
+    ensure_dagster_database(url)
     env = dict(os.environ)
     env["DAGSTER_HOME"] = str(home)
     env["YAK_DAGSTER_PG_URL"] = dagster_storage_url(url)
@@ -204,7 +202,9 @@ def run_up(settings: Settings, *, host: str, webserver_port: int, api_port: int)
         pass
     children: dict[str, subprocess.Popen] = {}
     for name, command in commands.items():
-        children[name] = subprocess.Popen(command, env=env, start_new_session=True)
+        # cwd = DAGSTER_HOME: Dagster loads a .env from the working directory over the
+        # environment, and the project's .env (for plain `dagster` commands) must not win here.
+        children[name] = subprocess.Popen(command, env=env, cwd=env["DAGSTER_HOME"], start_new_session=True)
     console.print(f"database: embedded in {settings.pgdata_dir}" if settings.database_url is None
                   else "database: YAK_DATABASE_URL")
     if applied:

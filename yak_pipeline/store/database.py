@@ -58,6 +58,15 @@ def dagster_storage_url(url: str) -> str:
     return re.sub(r"^postgres(ql)?://", "postgresql+psycopg2://", target)
 
 
+def ensure_dagster_database(url: str) -> bool:
+    """Create the ``dagster`` database (Dagster's runs, events, schedules) if missing; True if created."""
+    with connect(url, autocommit=True, vector=False) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = 'dagster'").fetchone() is not None:
+            return False
+        conn.execute("CREATE DATABASE dagster")
+        return True
+
+
 def connect(url: str, *, autocommit: bool = False, vector: bool = True) -> psycopg.Connection:
     """One connection, with a one-line :class:`DatabaseUnavailable` instead of a traceback."""
     try:
