@@ -93,6 +93,22 @@ class Settings(BaseSettings):
     prompt_version: str = Field(
         default="v1", description="Distillation prompt version stored on each distillation; bump to backfill."
     )
+    hybrid_recall: bool = Field(
+        default=True,
+        description="Recall by hybrid search: full text and vectors over distillations and their exchanges, fused by RRF (true/false).",
+    )
+    hybrid_rrf_k: float = Field(
+        default=1.0, gt=0, le=10_000, description="Reciprocal-rank-fusion constant k of hybrid recall: larger flattens rank differences against decay and gravity."
+    )
+    hybrid_text_weight: float = Field(
+        default=1.0, ge=0, le=100, description="Weight of the full-text (BM25) candidate lists in hybrid recall."
+    )
+    hybrid_vector_weight: float = Field(
+        default=1.0, ge=0, le=100, description="Weight of the vector (cosine) candidate lists in hybrid recall."
+    )
+    hybrid_exchange_weight: float = Field(
+        default=1.0, ge=0, le=100, description="Weight of the raw-exchange candidate lists relative to the distillation ones in hybrid recall."
+    )
 
     @field_validator("timezone")
     @classmethod

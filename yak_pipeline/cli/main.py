@@ -26,6 +26,8 @@ app.add_typer(memory_cli.app, name="memory")
 app.add_typer(distill_cli.app, name="distill")
 app.add_typer(warmth_cli.app, name="warmth")
 ops.register(app)
+from yak_pipeline.cli import eval as eval_cli  # noqa: E402
+app.add_typer(eval_cli.app, name="eval")
 
 
 @app.callback()

@@ -1,7 +1,16 @@
-"""Recall for a query: embed it, run the store's recall, attach the memories' text."""
+"""Recall for a query: embed it, run the store's recall, attach the memories' text.
+
+With ``YAK_HYBRID_RECALL`` on (the default) recall is hybrid (``store.hybrid``): full text and
+vectors over distillations and their raw exchanges, fused by reciprocal rank, then the DESIGN §4
+score; off, it is the vector-only recall of ``store.recall``. Either way what comes back is the
+user's active distillations, best first. Exchange vectors are filled by
+:func:`embed_pending_exchanges` (recall itself never writes); until an exchange has one, it is a
+full-text candidate only.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -9,6 +18,12 @@ from yak_pipeline.core.memory_block import BlockMemory, PromptBuild, build_promp
 from yak_pipeline.embeddings import Embedder
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
+from yak_pipeline.store.hybrid import (
+    HybridParams,
+    exchanges_without_embedding,
+    hybrid_recall,
+    set_exchange_embeddings,
+)
 from yak_pipeline.store.recall import RecallParams, recall
 
 
@@ -31,10 +46,19 @@ class RecallHit:
         return self.tier == "core"
 
 
+def hybrid_params(settings: Settings) -> HybridParams | None:
+    """The configured hybrid-recall knobs, or None when ``YAK_HYBRID_RECALL`` is off."""
+    if not settings.hybrid_recall:
+        return None
+    return HybridParams(rrf_k=settings.hybrid_rrf_k, text_weight=settings.hybrid_text_weight,
+                        vector_weight=settings.hybrid_vector_weight, exchange_weight=settings.hybrid_exchange_weight)
+
+
 def recall_params(settings: Settings, *, threshold: float = 0.7, limit: int = 5) -> RecallParams:
-    """Recall parameters: the request's threshold and limit, the configured scoring."""
+    """Recall parameters: the request's threshold and limit, the configured scoring and search."""
     return RecallParams(threshold=threshold, limit=limit, half_life_days=settings.half_life_days,
-                        decay_enabled=settings.decay_enabled, core_multiplier=settings.core_threshold_multiplier)
+                        decay_enabled=settings.decay_enabled, core_multiplier=settings.core_threshold_multiplier,
+                        hybrid=hybrid_params(settings))
 
 
 def search_memories(
@@ -49,8 +73,13 @@ def search_memories(
     """The user's best distillations for ``query``, best first (DESIGN §4)."""
     vector = embedder.embed_query(query)
     with db.connection() as conn:
-        ranked = recall(conn, user_id=user_id, query_embedding=vector, embedding_model=embedder.model_name,
-                        params=params, now=now)
+        if params.hybrid is not None:
+            ranked = [hit.as_scored_memory() for hit in hybrid_recall(
+                conn, user_id=user_id, query=query, query_embedding=vector, embedding_model=embedder.model_name,
+                params=params, hybrid=params.hybrid, now=now)]
+        else:
+            ranked = recall(conn, user_id=user_id, query_embedding=vector, embedding_model=embedder.model_name,
+                            params=params, now=now)
         if not ranked:
             return []
         rows = conn.execute(
@@ -89,4 +118,30 @@ def build_context(
     return block, built
 
 
+def embed_pending_exchanges(
+    db: Database,
+    embedder: Embedder,
+    *,
+    user_id: str | None = None,
+    batch_size: int = 128,
+    on_progress: Callable[[int], None] | None = None,
+) -> int:
+    """Give every live exchange (of ``user_id``, or everyone) a vector of the active model.
+
+    Batches commit one by one, so an interrupted run keeps what it did and the next run goes
+    on from there. ``on_progress`` gets the running count after each batch. Returns how many
+    exchanges were embedded.
+    """
+    done = 0
+    while True:
+        with db.connection() as conn:
+            batch = exchanges_without_embedding(conn, embedding_model=embedder.model_name, user_id=user_id,
+                                                limit=batch_size)
+            if not batch:
+                return done
+            vectors = embedder.embed_documents([content for _, content in batch])
+            done += set_exchange_embeddings(conn, embedding_model=embedder.model_name,
+                                            vectors={memory_id: v for (memory_id, _), v in zip(batch, vectors)})
+        if on_progress is not None:
+            on_progress(done)
 

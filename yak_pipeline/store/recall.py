@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from typing import TYPE_CHECKING
 
 import numpy as np
 import psycopg
@@ -25,6 +26,9 @@ from yak_pipeline.core.scoring import (
     max_gate_distance,
     rank_candidates,
 )
+
+if TYPE_CHECKING:
+    from yak_pipeline.store.hybrid import HybridParams
 
 _MIN_FETCH = 40
 _MAX_EF_SEARCH = 1000
@@ -44,6 +48,9 @@ class RecallParams:
     half_life_days: float = 30.0
     decay_enabled: bool = True
     core_multiplier: float = 2.0
+    # Set: callers route through hybrid recall (store.hybrid) with these fusion knobs;
+    # recall() below is the vector-only path and ignores it.
+    hybrid: HybridParams | None = None
 
 
 def _candidates(rows: Sequence[tuple]) -> list[RecallCandidate]:

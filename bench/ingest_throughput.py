@@ -1,0 +1,205 @@
+"""Ingest throughput: ``python bench/ingest_throughput.py --n 1000 [--llm-n 100] [--json]``.
+
+1. **Offline, ``yak process``** — N exchanges in a ``.jsonl`` file in the drop folder of a scratch
+   home, then ``yak process --json`` in a subprocess (rules provider, local embedder, a scratch
+   database): exchanges/s over the command's wall time, start-up included.
+2. **Per stage** — the same pipeline functions ``yak process`` runs, called in-process on another
+   N exchanges, each timed: ingest, distil (LLM + embed + gate), conflict scores, near-duplicate
+   merges, exchange vectors.
+3. **LLM-bound** — distillation through the loopback OpenAI-protocol server (the test suite's
+   ``FakeOpenAIServer``, real HTTP, real ``openai`` client) answering every call after 200 ms,
+   at concurrency 1 and 10 (``YAK_LLM_CONCURRENCY``): exchanges/s and the speed-up.
+
+Targets (issue 5): ≥ 250 exchanges/s offline; ≥ 8× speed-up at concurrency 10.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import ROOT, print_table, progress, scratch_database, verdict, write_result  # noqa: E402
+
+from yak_pipeline.settings import Settings, get_settings  # noqa: E402
+
+TARGETS = {"offline_exchanges_per_s": 250.0, "concurrency_speedup": 8.0}
+LLM_DELAY_SECONDS = 0.2
+_OPENERS = ["I", "My sister", "We", "I really", "Last week I", "My partner and I"]
+_ACTS = ["moved to Lisbon", "adopted a kitten called Miso", "started learning the violin", "work as a nurse",
+         "ran a half marathon", "bake sourdough on Sundays", "visited the science museum", "prefer green tea",
+         "am allergic to peanuts", "planted tomatoes in the garden", "booked a trip to Tokyo", "joined a chess club"]
+
+
+def exchanges(n: int, seed: int, user_prefix: str = "bench") -> list[dict]:
+    """n varied exchanges over 5 users and 10 days, in the drop-folder JSON form."""
+    rng = np.random.default_rng(seed)
+    start = datetime.now(timezone.utc) - timedelta(days=10)
+    out = []
+    for i in range(n):
+        said = f"{rng.choice(_OPENERS)} {rng.choice(_ACTS)}, and {rng.choice(_OPENERS).lower()} {rng.choice(_ACTS)} ({i})."
+        out.append({"user_id": f"{user_prefix}-{i % 5}", "user": said, "assistant": "Good to know!",
+                    "occurred_at": (start + timedelta(hours=int(rng.integers(0, 240)))).isoformat()})
+    return out
+
+
+def bench_yak_process(settings: Settings, url: str, n: int, seed: int) -> dict:
+    """``yak process --json`` over one dropped file of n exchanges, as a subprocess."""
+    with tempfile.TemporaryDirectory(prefix="yak-bench-") as home:
+        drop = Path(home) / "drop"
+        drop.mkdir()
+        (drop / "bench.jsonl").write_text("\n".join(json.dumps(e) for e in exchanges(n, seed)) + "\n")
+        env = {**os.environ, "YAK_HOME": home, "YAK_DATABASE_URL": url, "YAK_DROP_DIR": str(drop)}
+        env.pop("YAK_LLM_BASE_URL", None)
+        began = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "yak_pipeline.cli.main", "process", "--json"], env=env,
+                              capture_output=True, text=True, cwd=ROOT)
+        seconds = time.monotonic() - began
+    if done.returncode != 0:
+        raise RuntimeError(f"yak process failed ({done.returncode}): {done.stderr.strip()[-400:]}")
+    report = json.loads(done.stdout)
+    return {"exchanges": n, "seconds": round(seconds, 2), "exchanges_per_s": round(n / seconds, 1),
+            "partitions": len(report["partitions"]), "assets": report["assets"]}
+
+
+def bench_stages(settings: Settings, url: str, n: int, seed: int) -> dict:
+    """The pipeline's functions in-process, each stage timed, over n exchanges."""
+    from yak_pipeline.core.exchange_files import ExchangeRecord
+    from yak_pipeline.embeddings import get_embedder
+    from yak_pipeline.llm import get_llm_provider
+    from yak_pipeline.services.consolidate import ConsolidateJob, merge_near_duplicates, score_conflicts
+    from yak_pipeline.services.distill import DistillJob, distill_memories, partition_memory_ids
+    from yak_pipeline.services.ingest import ingest_records
+    from yak_pipeline.services.recall import embed_pending_exchanges
+    from yak_pipeline.wiring import open_database
+
+    embedder = get_embedder(settings)
+    embedder.embed_query("warm up")  # model loading is start-up, not throughput
+    llm = get_llm_provider(settings)
+    seconds: dict[str, float] = {}
+    records = [ExchangeRecord(user_id=e["user_id"], content=f"User: {e['user']}\nAssistant: {e['assistant']}",
+                              occurred_at=datetime.fromisoformat(e["occurred_at"]), line=i)
+               for i, e in enumerate(exchanges(n, seed + 1, user_prefix="stage"))]
+    with open_database(settings, url=url, max_size=settings.llm_concurrency + 2) as db:
+        began = time.monotonic()
+        ingest_records(db, records, source="import")
+        seconds["ingest"] = time.monotonic() - began
+        users = sorted({r.user_id for r in records})
+        job = DistillJob(db=db, llm=llm, embedder=embedder, prompt_version=settings.prompt_version)
+        consolidate = ConsolidateJob(db=db, llm=llm, embedder=embedder)
+        for stage in ("distill", "conflicts", "merge", "exchange_vectors"):
+            began = time.monotonic()
+            for user in users:
+                if stage == "distill":
+                    ids = partition_memory_ids(db, user_id=user, day=None, include_outdated=False,
+                                               prompt_version=settings.prompt_version)
+                    distill_memories(job, ids, concurrency=settings.llm_concurrency)
+                elif stage == "conflicts":
+                    score_conflicts(consolidate, user_id=user, day=None)
+                elif stage == "merge":
+                    merge_near_duplicates(consolidate, user_id=user, day=None)
+                else:
+                    embed_pending_exchanges(db, embedder, user_id=user)
+            seconds[stage] = time.monotonic() - began
+            progress(f"  stage {stage}: {seconds[stage]:.1f}s")
+    total = sum(seconds.values())
+    return {"exchanges": n, "llm_provider": llm.name, "embedder": embedder.model_name,
+            "seconds": {k: round(v, 2) for k, v in seconds.items()}, "total_seconds": round(total, 2),
+            "exchanges_per_s": round(n / total, 1),
+            "share": {k: round(v / total, 3) for k, v in seconds.items()}}
+
+
+def bench_llm_concurrency(settings: Settings, url: str, n: int, seed: int) -> dict:
+    """Distillation through a loopback OpenAI-protocol server that answers after 200 ms."""
+    from yak_pipeline.core.exchange_files import ExchangeRecord
+    from yak_pipeline.embeddings import get_embedder
+    from yak_pipeline.llm import OpenAIChatProvider
+    from yak_pipeline.services.distill import DistillJob, distill_memories, partition_memory_ids
+    from yak_pipeline.services.ingest import ingest_records
+    from yak_pipeline.wiring import open_database
+    from yak_pipeline_tests.fake_openai import FakeOpenAIServer, Reply
+
+    embedder = get_embedder(settings)
+    embedder.embed_query("warm up")
+    results = {}
+    with FakeOpenAIServer() as server:
+        llm_settings = settings.model_copy(update={"llm_base_url": server.base_url, "llm_model": "fake-model"})
+        llm = OpenAIChatProvider.from_settings(llm_settings)
+        with open_database(settings, url=url, max_size=12) as db:
+            for concurrency in (1, 10):
+                user = f"llm-c{concurrency}"
+                records = [ExchangeRecord(user_id=user, content=f"User: {e['user']}\nAssistant: {e['assistant']}",
+                                          occurred_at=datetime.fromisoformat(e["occurred_at"]), line=i)
+                           for i, e in enumerate(exchanges(n, seed + concurrency, user_prefix="x"))]
+                ingest_records(db, records, source="import")
+                ids = partition_memory_ids(db, user_id=user, day=None, include_outdated=False,
+                                           prompt_version=settings.prompt_version)
+                job = DistillJob(db=db, llm=llm, embedder=embedder, prompt_version=settings.prompt_version)
+                # One delayed answer per distillation call; each then answers like a good model.
+                server.script(*[Reply.delay(LLM_DELAY_SECONDS)] * len(ids))
+                began = time.monotonic()
+                report = distill_memories(job, ids, concurrency=concurrency)
+                seconds = time.monotonic() - began
+                results[str(concurrency)] = {"exchanges": len(ids), "distilled": report.rows_out,
+                                             "seconds": round(seconds, 2),
+                                             "exchanges_per_s": round(len(ids) / seconds, 2)}
+                progress(f"  concurrency {concurrency}: {len(ids)} exchanges in {seconds:.1f}s")
+    speedup = results["10"]["exchanges_per_s"] / results["1"]["exchanges_per_s"]
+    return {"delay_seconds": LLM_DELAY_SECONDS, "by_concurrency": results, "speedup": round(speedup, 2)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the three measurements and print (or emit as JSON) the figures next to the targets."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=1000, help="exchanges for the offline runs (default 1000)")
+    parser.add_argument("--llm-n", type=int, default=100, help="exchanges per LLM-bound run (default 100)")
+    parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = parser.parse_args(argv)
+    if args.n < 1 or args.llm_n < 1:
+        print("error: --n and --llm-n must be positive", file=sys.stderr)
+        return 2
+    settings = get_settings()
+    with scratch_database(settings) as url:
+        progress(f"yak process over {args.n} dropped exchanges")
+        process = bench_yak_process(settings, url, args.n, args.seed)
+        progress(f"  {process['exchanges_per_s']} exchanges/s")
+        progress(f"pipeline stages in-process over {args.n} exchanges")
+        stages = bench_stages(settings, url, args.n, args.seed)
+        progress(f"LLM-bound distillation, {args.llm_n} exchanges, 200 ms per call")
+        llm = bench_llm_concurrency(settings, url, args.llm_n, args.seed)
+    result = {"yak_process": process, "stages": stages, "llm": llm, "targets": TARGETS}
+    path = write_result(f"ingest_throughput_n{args.n}", result)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    rows = [
+        ("yak process, offline (exchanges/s, start-up included)", f"{process['exchanges_per_s']}",
+         f"≥ {TARGETS['offline_exchanges_per_s']:g}",
+         verdict(process["exchanges_per_s"], TARGETS["offline_exchanges_per_s"], higher_is_better=True)),
+        ("pipeline functions in-process (exchanges/s)", f"{stages['exchanges_per_s']}",
+         f"≥ {TARGETS['offline_exchanges_per_s']:g}",
+         verdict(stages["exchanges_per_s"], TARGETS["offline_exchanges_per_s"], higher_is_better=True)),
+    ]
+    rows += [(f"  stage {k} (s, share)", f"{v} ({stages['share'][k]:.0%})", "", "")
+             for k, v in stages["seconds"].items()]
+    for c, figures in llm["by_concurrency"].items():
+        rows.append((f"LLM at 200 ms/call, concurrency {c} (exchanges/s)", f"{figures['exchanges_per_s']}", "", ""))
+    rows.append(("speed-up at concurrency 10", f"{llm['speedup']}×", f"≥ {TARGETS['concurrency_speedup']:g}×",
+                 verdict(llm["speedup"], TARGETS["concurrency_speedup"], higher_is_better=True)))
+    print_table("Ingest throughput", rows)
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

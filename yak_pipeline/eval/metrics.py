@@ -1,0 +1,84 @@
+"""Ranking metrics against evidence turns: Recall@k, Hit@k, MRR and nDCG@k, and their averages.
+
+A method returns a ranked list of *items* (raw exchanges, or distillations); each item stands for
+the set of turns it holds (one turn for an exchange; for a distillation, the turns of the memory
+it came from and of any memory merged into it). ``k`` counts items, not turns.
+
+- **Recall@k** — share of the question's evidence turns held by the top ``k`` items.
+- **Hit@k** — 1 when the top ``k`` items hold any evidence turn.
+- **MRR** — 1 / rank of the first item holding an evidence turn, within the retrieved list
+  (as long as the largest ``k``), else 0.
+- **nDCG@k** — gain of an item = evidence turns it holds that no better-ranked item held;
+  ``DCG = Σ gain_i / log2(i + 1)``, divided by the ideal (one new evidence turn per rank for
+  ``min(|evidence|, k)`` ranks) and capped at 1 (one merged item can hold two evidence turns).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+
+def metric_names(ks: Sequence[int]) -> list[str]:
+    """The metric keys for ``ks``, in display order."""
+    names = [f"recall@{k}" for k in ks] + [f"hit@{k}" for k in ks] + ["mrr"] + [f"ndcg@{k}" for k in ks]
+    return names
+
+
+def score_ranking(items: Sequence[Iterable[str]], evidence: Iterable[str], ks: Sequence[int]) -> dict[str, float]:
+    """Every metric for one ranked list of items (each the turn ids it holds) against ``evidence``."""
+    wanted = frozenset(evidence)
+    if not wanted:
+        raise ValueError("a question needs at least one evidence turn")
+    if not ks or any(k < 1 for k in ks):
+        raise ValueError(f"ks must be positive, got {list(ks)}")
+    depth = max(ks)
+    ranked = [frozenset(item) for item in items][:depth]
+    gains: list[int] = []
+    covered: set[str] = set()
+    first_hit = 0
+    for rank, item in enumerate(ranked, start=1):
+        new = (item & wanted) - covered
+        gains.append(len(new))
+        covered |= new
+        if first_hit == 0 and item & wanted:
+            first_hit = rank
+    scores: dict[str, float] = {}
+    for k in ks:
+        found = set().union(*ranked[:k]) & wanted if ranked[:k] else set()
+        scores[f"recall@{k}"] = len(found) / len(wanted)
+        scores[f"hit@{k}"] = 1.0 if found else 0.0
+        dcg = sum(g / math.log2(i + 2) for i, g in enumerate(gains[:k]))
+        ideal = sum(1.0 / math.log2(i + 2) for i in range(min(len(wanted), k)))
+        scores[f"ndcg@{k}"] = min(1.0, dcg / ideal)
+    scores["mrr"] = 1.0 / first_hit if first_hit else 0.0
+    return {name: scores[name] for name in metric_names(ks)}
+
+
+@dataclass(frozen=True)
+class ScoredQuestion:
+    """One question's metrics for one method, with its category."""
+
+    category: int
+    scores: Mapping[str, float]
+
+
+def aggregate(results: Iterable[ScoredQuestion], ks: Sequence[int]) -> dict[str, dict[str, float]]:
+    """Mean of each metric overall and per category, each with its question count ``n``.
+
+    Keys: ``"overall"`` and the category numbers as strings (``"1"`` …), in ascending order.
+    """
+    names = metric_names(ks)
+    groups: dict[str, list[Mapping[str, float]]] = {"overall": []}
+    for result in results:
+        groups["overall"].append(result.scores)
+        groups.setdefault(str(result.category), []).append(result.scores)
+    out: dict[str, dict[str, float]] = {}
+    for key in ["overall"] + sorted((k for k in groups if k != "overall"), key=int):
+        rows = groups[key]
+        summary: dict[str, float] = {"n": float(len(rows))}
+        for name in names:
+            summary[name] = sum(r[name] for r in rows) / len(rows) if rows else 0.0
+        out[key] = summary
+    return out

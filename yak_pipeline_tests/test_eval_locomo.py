@@ -1,0 +1,205 @@
+"""The LoCoMo evaluation: the loader, the metrics, and a whole run on small synthetic data."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from yak_pipeline.eval.locomo import LocomoFormatError, load_locomo, parse_evidence, parse_locomo, parse_session_datetime
+from yak_pipeline.eval.metrics import ScoredQuestion, aggregate, score_ranking
+from yak_pipeline.eval.runner import EvalOptions, run_locomo_eval, user_id_for
+from yak_pipeline.settings import Settings
+from yak_pipeline.store.database import connect
+
+
+def _turn(speaker: str, dia_id: str, text: str, **extra: str) -> dict:
+    return {"speaker": speaker, "dia_id": dia_id, "text": text, **extra}
+
+
+def synthetic_locomo() -> list[dict]:
+    """Two small conversations in LoCoMo format, with questions of every category."""
+    first = {
+        "sample_id": "conv-a",
+        "conversation": {
+            "speaker_a": "Ana", "speaker_b": "Ben",
+            "session_1_date_time": "1:56 pm on 8 May, 2023",
+            "session_1": [
+                _turn("Ana", "D1:1", "Hi Ben! I adopted a grey kitten called Miso yesterday."),
+                _turn("Ben", "D1:2", "Lovely! I started pottery classes at the community centre."),
+                _turn("Ana", "D1:3", "I work as a nurse at the children's hospital now."),
+                _turn("Ben", "D1:4", "Here is my first bowl.", blip_caption="a photo of a blue ceramic bowl"),
+            ],
+            "session_2_date_time": "10:37 am on 27 June, 2023",
+            "session_2": [
+                _turn("Ana", "D2:1", "Miso knocked my coffee over this morning, cheeky cat."),
+                _turn("Ben", "D2:2", "I ran my first half marathon in Leeds last Sunday."),
+                _turn("Ana", "D2:3", "Congratulations! I am training for a triathlon in September."),
+            ],
+        },
+        "qa": [
+            {"question": "What is the name of Ana's kitten?", "answer": "Miso", "evidence": ["D1:1"], "category": 4},
+            {"question": "Where did Ben run a half marathon?", "answer": "Leeds", "evidence": ["D2:2"], "category": 2},
+            {"question": "What sports is Ana training for?", "answer": "triathlon", "evidence": ["D2:3; D1:3"],
+             "category": 1},
+            {"question": "What did Ben make in pottery class?", "answer": "a bowl", "evidence": ["D1:4", "D:1:2"],
+             "category": 3},
+            {"question": "What is Ben's kitten called?", "adversarial_answer": "Miso", "evidence": ["D1:1"],
+             "category": 5},
+            {"question": "Nothing to find here", "answer": "x", "evidence": ["D9:9"], "category": 4},
+        ],
+    }
+    second = {
+        "conversation": {
+            "speaker_a": "Cy", "speaker_b": "Di",
+            "session_1_date_time": "7:31 pm on 21 January, 2022",
+            "session_1": [
+                _turn("Cy", "D1:1", "I moved to Lisbon for a new job in design."),
+                _turn("Di", "D1:2", "I bake sourdough bread every weekend."),
+            ],
+        },
+        "qa": [{"question": "Which city did Cy move to?", "answer": "Lisbon", "evidence": ["D1:1"], "category": 4}],
+    }
+    return [first, second]
+
+
+def test_loader_maps_turns_to_dated_exchanges_and_reads_evidence_leniently() -> None:
+    conversations = parse_locomo(synthetic_locomo())
+    first = conversations[0]
+    assert first.sample_id == "conv-a" and conversations[1].sample_id == "conversation-1"
+    assert len(first.turns) == 7
+    assert first.turns[0].exchange() == "User: Hi Ben! I adopted a grey kitten called Miso yesterday.\nAssistant: (Ana said this.)"
+    assert first.turns[3].exchange().startswith("User: Here is my first bowl. [shares a photo: a photo of a blue ceramic bowl]")
+    assert first.turns[4].occurred_at == datetime(2023, 6, 27, 10, 37, tzinfo=timezone.utc)
+    assert first.last_session_at == datetime(2023, 6, 27, 10, 37, tzinfo=timezone.utc)
+    by_text = {q.question: q for q in first.questions}
+    assert by_text["What sports is Ana training for?"].evidence == {"D2:3", "D1:3"}
+    assert by_text["What did Ben make in pottery class?"].evidence == {"D1:4", "D1:2"}
+    assert len(first.questions) == 4
+    assert first.skipped == {"adversarial": 1, "other_category": 0, "no_evidence": 1, "unknown_evidence_ids": 1}
+    assert parse_evidence(["D8:6; D9:17", "D"]) == ["D8:6", "D9:17"]
+    assert parse_session_datetime("12:06 am on 11 November, 2022") == datetime(2022, 11, 11, 0, 6, tzinfo=timezone.utc)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("{}", "top level must be a list"),
+        ("[]", "holds no conversations"),
+        ("[1]", "conversation 0: must be an object"),
+        ('[{"qa": []}]', "missing 'conversation'"),
+        ('[{"conversation": {"session_1": [{"speaker": "A", "dia_id": "D1:1", "text": "hi"}]}, "qa": []}]',
+         "session_1 has no session_1_date_time"),
+        ('[{"conversation": {"session_1_date_time": "yesterday", "session_1": [{"speaker": "A", "dia_id": "D1:1", '
+         '"text": "hi"}]}, "qa": []}]', "unreadable session date/time"),
+        ('[{"conversation": {"session_1_date_time": "1:56 pm on 8 May, 2023", "session_1": [{"speaker": "A", '
+         '"text": "hi"}]}, "qa": []}]', "missing 'dia_id'"),
+        ("not json", "invalid JSON at line 1"),
+    ],
+)
+def test_bad_files_are_one_line_errors_saying_where(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    with pytest.raises(LocomoFormatError) as err:
+        load_locomo(path)
+    assert message in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(LocomoFormatError, match="no such file"):
+        load_locomo(tmp_path / "missing.json")
+
+
+def test_metrics_count_items_and_credit_merged_items_once() -> None:
+    evidence = {"D1:1", "D1:2"}
+    ranking = [{"D9:9"}, {"D1:1", "D1:2"}, {"D1:1"}]
+    scores = score_ranking(ranking, evidence, (1, 2, 3))
+    assert scores["recall@1"] == 0 and scores["hit@1"] == 0
+    assert scores["recall@2"] == 1 and scores["hit@2"] == 1
+    assert scores["mrr"] == pytest.approx(0.5)
+    assert scores["ndcg@2"] == pytest.approx(min(1.0, (2 / 1.5849625007211563) / (1 + 1 / 1.5849625007211563)))
+    one = score_ranking([{"D2:1"}, {"D1:1"}], {"D1:1"}, (10,))
+    assert one["recall@10"] == 1 and one["mrr"] == 0.5 and one["ndcg@10"] == pytest.approx(1 / 1.5849625007211563)
+    assert score_ranking([], {"D1:1"}, (5,))["recall@5"] == 0
+    summary = aggregate([ScoredQuestion(1, {"recall@5": 1.0, "hit@5": 1.0, "mrr": 1.0, "ndcg@5": 1.0}),
+                         ScoredQuestion(4, {"recall@5": 0.0, "hit@5": 0.0, "mrr": 0.0, "ndcg@5": 0.0})], (5,))
+    assert summary["overall"]["recall@5"] == 0.5 and summary["overall"]["n"] == 2
+    assert summary["1"]["n"] == 1 and list(summary) == ["overall", "1", "4"]
+
+
+def _server_databases(url: str) -> set[str]:
+    with connect(url, autocommit=True, vector=False) as conn:
+        return {r[0] for r in conn.execute("SELECT datname FROM pg_database")}
+
+
+def test_a_whole_run_ingests_through_the_pipeline_and_scores_four_methods(settings: Settings, db_url: str,
+                                                                          tmp_path: Path) -> None:
+    before = _server_databases(db_url)
+    lines: list[str] = []
+    report = run_locomo_eval(settings, parse_locomo(synthetic_locomo()), EvalOptions(ks=(1, 5), ablations=True),
+                             progress=lines.append, data_label="synthetic")
+    assert _server_databases(db_url) == before  # its own database, dropped afterwards
+    with psycopg.connect(db_url) as conn:  # and the user's database untouched
+        assert conn.execute("SELECT count(*) FROM memories").fetchone()[0] == 0
+    assert any("distilled" in line for line in lines) and any("asked" in line for line in lines)
+    assert list(report["methods"]) == ["BM25", "dense", "Yak", "Yak hybrid"]
+    assert report["questions"]["scored"] == 5 and report["turns"] == 9
+    assert report["pipeline"]["counts"]["memories"] == 9 and report["pipeline"]["llm_provider"] == "rules"
+    bm25 = report["methods"]["BM25"]
+    assert bm25["overall"]["n"] == 5 and set(bm25["by_category"]) == {"1", "2", "3", "4"}
+    assert bm25["overall"]["hit@5"] == 1.0  # every question shares a rare word with its evidence
+    for method in report["methods"].values():
+        assert 0.0 <= method["overall"]["recall@5"] <= 1.0 and "mrr" in method["overall"]
+    assert "Yak hybrid, decay off" in report["ablations"]
+    assert report["target"]["metric"] == "recall@5" and report["default_method"] == "Yak hybrid"
+    assert 0.0 < report["recallable_evidence"] <= 1.0
+
+    from yak_pipeline.eval.report import write_chart, write_json
+
+    assert json.loads(write_json(report, tmp_path).read_text())["methods"]["BM25"]["kind"] == "bm25"
+    assert write_chart(report, tmp_path).read_bytes()[:4] == b"\x89PNG"
+    assert user_id_for(3, "conv 7/β") == "locomo3-conv-7"
+
+
+def _yak(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "yak_pipeline.cli.main", *args], capture_output=True, text=True,
+                          env=env, timeout=600)
+
+
+def test_cli_usage_errors_are_one_line_with_exit_2(tmp_path: Path, settings: Settings) -> None:
+    import os
+
+    env = {**os.environ, "YAK_HOME": str(settings.home), "YAK_DATABASE_URL": str(settings.database_url),
+           "YAK_EMBEDDER": "hashing"}
+    data = tmp_path / "locomo.json"
+    data.write_text(json.dumps(synthetic_locomo()))
+    for args, needle in [
+        (["--data", str(tmp_path / "nope.json")], "no such file"),
+        (["--data", str(data), "--k", "1,x"], "--k"),
+        (["--data", str(data), "--k", "0"], "between 1 and 100"),
+        (["--data", str(data), "--limit-conversations", "0"], "--limit-conversations"),
+    ]:
+        result = _yak("eval", "locomo", *args, env=env)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.strip().count("\n") == 0 and needle in result.stderr
+        assert "Traceback" not in result.stderr
+
+
+def test_cli_prints_json_and_writes_the_files(tmp_path: Path, settings: Settings) -> None:
+    import os
+
+    env = {**os.environ, "YAK_HOME": str(settings.home), "YAK_DATABASE_URL": str(settings.database_url),
+           "YAK_EMBEDDER": "hashing"}
+    data = tmp_path / "locomo.json"
+    data.write_text(json.dumps(synthetic_locomo()))
+    out = tmp_path / "results"
+    result = _yak("eval", "locomo", "--data", str(data), "--k", "1,5", "--limit-conversations", "1", "--json",
+                  "--out", str(out), env=env)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["conversations"] == 1 and set(report["methods"]) == {"BM25", "dense", "Yak", "Yak hybrid"}
+    assert "recall@5" in report["methods"]["Yak hybrid"]["by_category"]["4"]
+    assert (out / "locomo_eval.json").exists() and (out / "locomo_eval.png").exists()
+    assert "distilled" in result.stderr  # progress goes to stderr, JSON alone to stdout
