@@ -56,9 +56,13 @@ def test_process_distils_two_users_and_quarantines_a_malformed_file(db_url: str,
         mixed = conn.execute("""SELECT count(*) FROM distillations d JOIN memories m ON m.id = d.memory_id
                                 WHERE d.user_id <> m.user_id""").fetchone()[0]
         pending = conn.execute("SELECT count(*) FROM memories WHERE status <> 'distilled'").fetchone()[0]
+        # Hybrid recall searches the raw exchanges by meaning too: each got its vector with its distillation.
+        unembedded = conn.execute(
+            "SELECT count(*) FROM memories WHERE embedding IS NULL OR embedding_model <> 'feature-hashing-384'"
+        ).fetchone()[0]
         lisbon_owner = conn.execute("SELECT user_id FROM distillations WHERE content ILIKE '%lisbon%'").fetchall()
     assert per_user == {"alice": 10, "bob": 10}
-    assert mixed == 0 and pending == 0
+    assert mixed == 0 and pending == 0 and unembedded == 0
     assert lisbon_owner == [("alice",)]
     assert (drop / "processed" / "history.jsonl").exists()
     assert (drop / "failed" / "broken.json").exists()

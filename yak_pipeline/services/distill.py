@@ -25,6 +25,7 @@ from yak_pipeline.llm.provider import LLMProvider
 from yak_pipeline.services.reports import StageReport
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.distillations import NewDistillation, add_version, insert_distillation
+from yak_pipeline.store.hybrid import set_exchange_embeddings
 from yak_pipeline.store.memories import mark_memory_distilled, record_memory_error
 from yak_pipeline.store.metrics import record_distillation_latency
 
@@ -103,7 +104,8 @@ def _distill_one(job: DistillJob, memory_id: str) -> StageReport:
             return report
         report.record_call(result.stats)
         try:
-            embedding = job.embedder.embed_documents([result.content])[0]
+            # The raw exchange is embedded with its distillation: hybrid recall searches both.
+            embedding, exchange_embedding = job.embedder.embed_documents([result.content, content])
         except EmbeddingError as exc:
             record_memory_error(conn, memory_id, str(exc), give_up=False)
             report.failed += 1
@@ -135,6 +137,8 @@ def _distill_one(job: DistillJob, memory_id: str) -> StageReport:
                 (result.confidence, result.tier, decision.status, decision.needs_review, job.prompt_version,
                  OUTPUT_SCHEMA_VERSION, distillation_id),
             )
+        set_exchange_embeddings(conn, embedding_model=job.embedder.model_name,
+                                vectors={memory_id: exchange_embedding})
         record_distillation_latency(conn, (time.monotonic() - started) * 1000)
         mark_memory_distilled(conn, memory_id)
     report.rows_out += 1
