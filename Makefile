@@ -29,8 +29,13 @@ $(STAMP): pyproject.toml
 run: setup
 	$(BIN)/yak up
 
+# `make test` leaves out the tests marked slow (minutes of load, crash and fuzzing runs);
+# `make test-slow` runs just those. Together they are the whole suite.
 test: setup
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "not slow"
+
+test-slow: setup
+	$(BIN)/python -m pytest -m slow
 
 clean-state:
 	-$(BIN)/yak db stop

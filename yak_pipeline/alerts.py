@@ -3,18 +3,22 @@
 Levels: ``warn`` logs; ``error`` logs and posts to ``YAK_ERROR_WEBHOOK``; ``critical`` also posts
 to ``YAK_CRITICAL_WEBHOOK``. Messages are Discord webhook JSON. The same alert type within
 ``YAK_ALERT_DEDUP_SECONDS`` is sent once, however many processes raise it: the window is claimed
-with one atomic statement on the ``alert_state`` table. A failing webhook or database never
-breaks the caller: alerting is best effort and says so in the log.
+with one atomic statement on the ``alert_state`` table. While the database cannot be reached
+(the very moment ``db_connection_lost`` is raised) the window is claimed on a locked file under
+``$YAK_HOME/alert-state`` instead, which every process sharing that home sees too. A failing
+webhook or database never breaks the caller: alerting is best effort and says so in the log.
 """
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Literal
 
 import httpx
@@ -56,6 +60,39 @@ class Alert:
         }
 
 
+class _HideWebhookUrls(logging.Filter):
+    """Rewrites log records that quote a webhook URL (httpx logs every request's URL at INFO).
+
+    Webhook URLs embed their token (Discord's do), so they are as secret as a key.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        # Replaced, never mutated: a logging thread always iterates a complete set.
+        self.urls: frozenset[str] = frozenset()
+        self._adding = threading.Lock()
+
+    def hide(self, *urls: str | None) -> None:
+        """Add webhook URLs to hide."""
+        with self._adding:
+            self.urls = self.urls | {u for u in urls if u}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        urls = self.urls
+        if urls:
+            message = record.getMessage()
+            hidden = message
+            for url in urls:
+                hidden = hidden.replace(url, "<webhook URL>")
+            if hidden != message:
+                record.msg, record.args = hidden, ()
+        return True
+
+
+_WEBHOOK_URL_FILTER = _HideWebhookUrls()
+logging.getLogger("httpx").addFilter(_WEBHOOK_URL_FILTER)
+
+
 # Claims the dedup window for a type; returns a row only if this caller may send.
 _CLAIM_SQL = """
 INSERT INTO alert_state (alert_type, last_sent_at) VALUES (%(type)s, now())
@@ -77,12 +114,15 @@ class Alerter:
         dedup_seconds: int = 300,
         connect: Callable[[], object] | None = None,
         timeout_seconds: float = 5.0,
+        state_dir: Path | None = None,
     ) -> None:
         self._error_webhook = error_webhook
         self._critical_webhook = critical_webhook
+        _WEBHOOK_URL_FILTER.hide(error_webhook, critical_webhook)
         self._dedup_seconds = dedup_seconds
         self._connect = connect
         self._timeout = timeout_seconds
+        self._state_dir = state_dir
         self._local_sent: dict[str, float] = {}
         self._lock = threading.Lock()
 
@@ -97,6 +137,13 @@ class Alerter:
                     conn.commit()
                     return row is not None
             except Exception as exc:  # noqa: BLE001 - alerting must never break the caller
+                logger.warning("alert de-duplication fell back to %s: %s",
+                               "the state folder" if self._state_dir is not None else "this process only",
+                               type(exc).__name__)
+        if self._state_dir is not None:
+            try:
+                return self._claim_file(alert_type)
+            except OSError as exc:
                 logger.warning("alert de-duplication fell back to this process only: %s", type(exc).__name__)
         with self._lock:
             now = time.monotonic()
@@ -104,6 +151,26 @@ class Alerter:
             if last is not None and now - last < self._dedup_seconds:
                 return False
             self._local_sent[alert_type] = now
+            return True
+
+    def _claim_file(self, alert_type: str) -> bool:
+        """The window claim on ``<state_dir>/<type>.last-sent``, under an exclusive lock (any process)."""
+        self._state_dir.mkdir(parents=True, exist_ok=True)  # type: ignore[union-attr]
+        path = self._state_dir / f"{alert_type}.last-sent"  # type: ignore[operator]
+        with open(path, "a+", encoding="utf-8") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
+            handle.seek(0)
+            try:
+                last = float(handle.read().strip())
+            except ValueError:
+                last = None
+            now = time.time()
+            if last is not None and 0 <= now - last < self._dedup_seconds:
+                return False
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"{now}\n")
+            handle.flush()
             return True
 
     def _post(self, url: str, payload: Mapping) -> None:

@@ -67,11 +67,13 @@ def shared_database(settings: Settings, *, max_size: int = 16) -> Database:
 
 
 def build_alerter(settings: Settings, database: Database | None = None) -> Alerter:
-    """The alerter for these settings; with a database, de-duplication spans processes."""
+    """The alerter for these settings; de-duplication spans processes through the database, and
+    through ``$YAK_HOME/alert-state`` while the database cannot be reached."""
     secret = lambda value: value.get_secret_value() if value is not None else None  # noqa: E731
     return Alerter(
         error_webhook=secret(settings.error_webhook),
         critical_webhook=secret(settings.critical_webhook),
         dedup_seconds=settings.alert_dedup_seconds,
         connect=(lambda: connect(database.url, vector=False)) if database is not None else None,
+        state_dir=settings.home / "alert-state",
     )

@@ -92,7 +92,11 @@ def test_forget_commands(run, seeded: Seeded, database: Database) -> None:  # no
     assert by_id["deleted_memory_ids"] == [seeded.bob.memory_id]
     with database.connection() as conn:
         assert conn.execute("SELECT count(*) FROM memories WHERE id = %s", (seeded.bob.memory_id,)).fetchone()[0] == 0
-    assert run("forget", "hello there", "--user", "bob").exit_code == 1
+    # A bare id or phrase implies `/forget`: a phrase matching nothing deletes nothing.
+    bare = ok_json(run("forget", "no such phrase anywhere", "--user", "bob", "--json"))
+    assert bare["action"] == "nothing" and bare.get("deleted_memory_ids", []) == []
+    # An explicit form with a mistake is still refused with one line.
+    assert run("forget", "delete memory: not-an-id", "--user", "bob").exit_code == 1
 
 
 def test_curation_commands(run, seeded: Seeded) -> None:  # noqa: ANN001

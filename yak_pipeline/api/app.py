@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from yak_pipeline import __version__
 from yak_pipeline.alerts import Alerter
 from yak_pipeline.api.dependencies import ApiServices
-from yak_pipeline.api.errors import MAX_BODY_BYTES, install_error_handlers
+from yak_pipeline.api.errors import MAX_BODY_BYTES, document_error_bodies, install_error_handlers
 from yak_pipeline.api.request_metrics import RequestMetricsMiddleware
 from yak_pipeline.api.routes import ROUTERS
 from yak_pipeline.embeddings import Embedder
@@ -67,6 +67,7 @@ def create_app(
     app.state.services = ApiServices(settings, database=database, embedder=embedder, llm=llm, alerter=alerter,
                                      extra_admin_keys=extra_admin_keys)
     install_error_handlers(app)
+    document_error_bodies(app)
     app.add_middleware(RequestMetricsMiddleware)
     for router in ROUTERS:
         app.include_router(router)

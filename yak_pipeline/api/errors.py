@@ -67,6 +67,41 @@ def database_unavailable_response(app: FastAPI, exc: Exception) -> JSONResponse:
                         headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
 
 
+# What the OpenAPI document says a 422 looks like: the body the handlers above really send, not
+# FastAPI's default (``detail`` as a list), which every generated client would have parsed wrongly.
+_VALIDATION_ERROR_SCHEMA: Final = {
+    "title": "HTTPValidationError",
+    "type": "object",
+    "description": "One line saying what is wrong; for invalid fields, each field and its reason.",
+    "required": ["detail"],
+    "properties": {
+        "detail": {"type": "string", "title": "Detail"},
+        "errors": {"type": "array", "title": "Errors", "items": {"$ref": "#/components/schemas/ValidationError"}},
+    },
+}
+_FIELD_ERROR_SCHEMA: Final = {
+    "title": "ValidationError",
+    "type": "object",
+    "required": ["field", "reason"],
+    "properties": {"field": {"type": "string", "title": "Field"}, "reason": {"type": "string", "title": "Reason"}},
+}
+
+
+def document_error_bodies(app: FastAPI) -> None:
+    """Make the OpenAPI document describe 422 answers as they are sent (``detail`` is one string)."""
+    generate = app.openapi
+
+    def openapi() -> dict:
+        schema = generate()
+        schemas = schema.setdefault("components", {}).setdefault("schemas", {})
+        if "HTTPValidationError" in schemas:
+            schemas["HTTPValidationError"] = dict(_VALIDATION_ERROR_SCHEMA)
+            schemas["ValidationError"] = dict(_FIELD_ERROR_SCHEMA)
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Register the handlers that turn errors into one-line JSON answers."""
 

@@ -7,6 +7,8 @@ Unset fields fall back to the ``YAK_*`` settings; secrets reach them only throug
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import dagster as dg
@@ -17,6 +19,7 @@ from yak_pipeline.llm import get_llm_provider
 from yak_pipeline.llm.provider import LLMProvider
 from yak_pipeline.settings import Settings, get_settings
 from yak_pipeline.store.database import Database
+from yak_pipeline.store.errors import DatabaseUnavailable
 from yak_pipeline.wiring import build_alerter, shared_database
 
 
@@ -95,7 +98,21 @@ class AlertsResource(dg.ConfigurableResource):
         """An alerter for runs and sensors."""
         settings = _settings(error_webhook=self.error_webhook, critical_webhook=self.critical_webhook,
                              alert_dedup_seconds=self.dedup_seconds)
-        return build_alerter(settings, self.postgres.database())
+        try:
+            database = self.postgres.database()
+        except DatabaseUnavailable:
+            database = None  # de-duplicated through $YAK_HOME/alert-state until it is back
+        return build_alerter(settings, database)
+
+    @contextmanager
+    def database_guard(self, what: str) -> Iterator[None]:
+        """Run the body; if the database goes away, send the (de-duplicated, critical)
+        ``db_connection_lost`` alert and let the error fail the step."""
+        try:
+            yield
+        except DatabaseUnavailable as exc:
+            self.alerter().alert("db_connection_lost", f"{what} lost the database", level="critical", error=str(exc))
+            raise
 
 
 def _secret(name: str) -> dg.EnvVar | None:

@@ -127,17 +127,35 @@ def claim_pending_memories(
 
 
 def pending_memory_partitions(conn: psycopg.Connection, *, drop_folder: bool | None = None) -> list[tuple[str, date, int, str]]:
-    """``(user_id, UTC day, count, signature)`` of pending memories, for the inbox sensor.
+    """``(user_id, UTC day, count, signature)`` of partitions with memory work left, for the sensors and ``yak process``.
 
+    Work left is a pending memory, or an active distillation whose conflict or near-duplicate
+    check never completed (a worker killed mid-partition, an LLM failure in those stages);
+    partitions whose quality gate last failed are held back for those checks, as their runs are.
     The signature changes whenever the partition's pending work does (a new memory, a failed
-    attempt), so a run key built from it requests one run per state, never a duplicate.
+    attempt, a check done), so a run key built from it requests one run per state, never a duplicate.
     """
     return conn.execute(
-        """SELECT user_id, (occurred_at AT TIME ZONE 'UTC')::date AS day, count(*),
-                  count(*) || '-' || sum(attempts) || '-' || extract(epoch FROM max(created_at))::bigint
-           FROM memories WHERE status = 'pending' AND deleted_at IS NULL
-             AND (%(drop)s::boolean IS NULL OR (source = 'drop_folder') = %(drop)s)
-           GROUP BY 1, 2 ORDER BY 2, 1""",
+        """WITH pending AS (
+               SELECT user_id, (occurred_at AT TIME ZONE 'UTC')::date AS day, count(*) AS n,
+                      count(*) || '-' || sum(attempts) || '-' || extract(epoch FROM max(created_at))::bigint AS sig
+               FROM memories WHERE status = 'pending' AND deleted_at IS NULL
+                 AND (%(drop)s::boolean IS NULL OR (source = 'drop_folder') = %(drop)s)
+               GROUP BY 1, 2),
+           unchecked AS (
+               SELECT d.user_id, (m.occurred_at AT TIME ZONE 'UTC')::date AS day, count(*) AS n
+               FROM distillations d JOIN memories m ON m.id = d.memory_id
+               WHERE d.status = 'active' AND d.deleted_at IS NULL AND m.deleted_at IS NULL
+                 AND (d.conflict_checked_at IS NULL OR d.dedup_checked_at IS NULL)
+                 AND (%(drop)s::boolean IS NULL OR (m.source = 'drop_folder') = %(drop)s)
+                 AND NOT EXISTS (SELECT 1 FROM partition_gates g
+                                 WHERE g.user_id = d.user_id AND g.day = (m.occurred_at AT TIME ZONE 'UTC')::date
+                                   AND NOT g.passed)
+               GROUP BY 1, 2)
+           SELECT user_id, day, coalesce(p.n, 0) + coalesce(u.n, 0),
+                  coalesce(p.sig, '0') || CASE WHEN u.n IS NULL THEN '' ELSE '-unchecked' || u.n END
+           FROM pending p FULL JOIN unchecked u USING (user_id, day)
+           ORDER BY 2, 1""",
         {"drop": drop_folder},
     ).fetchall()
 

@@ -35,11 +35,13 @@ def distillations(
     """
     user_id, day = partition_parts(context.partition_key)
     settings = llm.settings()
-    job = DistillJob(db=postgres.database(), llm=llm.provider(), embedder=embedder.embedder(),
-                     prompt_version=settings.prompt_version, alerter=alerts.alerter())
-    memory_ids = partition_memory_ids(job.db, user_id=user_id, day=day, include_outdated=config.redistill_outdated,
-                                      prompt_version=settings.prompt_version)
-    report = distill_memories(job, memory_ids, concurrency=llm.max_concurrency())
+    with alerts.database_guard(f"distilling {context.partition_key}"):
+        job = DistillJob(db=postgres.database(), llm=llm.provider(), embedder=embedder.embedder(),
+                         prompt_version=settings.prompt_version, alerter=alerts.alerter())
+        memory_ids = partition_memory_ids(job.db, user_id=user_id, day=day,
+                                          include_outdated=config.redistill_outdated,
+                                          prompt_version=settings.prompt_version)
+        report = distill_memories(job, memory_ids, concurrency=llm.max_concurrency())
     if report.failed:
         context.log.warning("%d of %d memories failed to distil and stay pending: %s", report.failed,
                             report.rows_in, report.errors[0])

@@ -40,11 +40,12 @@ def conflict_scores(
     A score above 0.7 records a conflict, flags both distillations for review, keeps them from
     being merged, and raises a ``conflict_detected`` alert.
     """
-    held = _held_back(context, postgres)
-    if held is not None:
-        return held
-    user_id, day = partition_parts(context.partition_key)
-    report = score_conflicts(_job(postgres, llm, embedder, alerts), user_id=user_id, day=day)
+    with alerts.database_guard(f"scoring conflicts of {context.partition_key}"):
+        held = _held_back(context, postgres)
+        if held is not None:
+            return held
+        user_id, day = partition_parts(context.partition_key)
+        report = score_conflicts(_job(postgres, llm, embedder, alerts), user_id=user_id, day=day)
     return dg.MaterializeResult(metadata=report.metadata())
 
 
@@ -63,11 +64,12 @@ def distillation_versions(
     a new version recording ``merged_from``, the newer one becomes ``merged``. Old text stays in
     the version history.
     """
-    held = _held_back(context, postgres)
-    if held is not None:
-        return held
-    user_id, day = partition_parts(context.partition_key)
-    report = merge_near_duplicates(_job(postgres, llm, embedder, alerts), user_id=user_id, day=day)
+    with alerts.database_guard(f"merging near-duplicates of {context.partition_key}"):
+        held = _held_back(context, postgres)
+        if held is not None:
+            return held
+        user_id, day = partition_parts(context.partition_key)
+        report = merge_near_duplicates(_job(postgres, llm, embedder, alerts), user_id=user_id, day=day)
     return dg.MaterializeResult(metadata=report.metadata())
 
 
@@ -95,9 +97,10 @@ def warmth(
     recalled but never evaluated; a (turn, memory) pair is only ever counted once.
     """
     user_id, day = partition_parts(context.partition_key)
-    job = WarmthJob(db=postgres.database(), llm=llm.provider(), alerter=alerts.alerter())
-    if config.nightly:
-        report = reevaluate_recent(job, user_id=user_id, day=day, days=config.days)
-    else:
-        report = evaluate_pending_turns(job, user_id=user_id, day=day)
+    with alerts.database_guard(f"evaluating warmth of {context.partition_key}"):
+        job = WarmthJob(db=postgres.database(), llm=llm.provider(), alerter=alerts.alerter())
+        if config.nightly:
+            report = reevaluate_recent(job, user_id=user_id, day=day, days=config.days)
+        else:
+            report = evaluate_pending_turns(job, user_id=user_id, day=day)
     return dg.MaterializeResult(metadata=report.metadata())
