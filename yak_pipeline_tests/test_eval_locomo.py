@@ -201,5 +201,5 @@ def test_cli_prints_json_and_writes_the_files(tmp_path: Path, settings: Settings
     report = json.loads(result.stdout)
     assert report["conversations"] == 1 and set(report["methods"]) == {"BM25", "dense", "Yak", "Yak hybrid"}
     assert "recall@5" in report["methods"]["Yak hybrid"]["by_category"]["4"]
-    assert (out / "locomo_eval.json").exists() and (out / "locomo_eval.png").exists()
+    assert (out / "retrieval_eval.json").exists() and (out / "retrieval_eval.png").exists()
     assert "distilled" in result.stderr  # progress goes to stderr, JSON alone to stdout

@@ -38,7 +38,7 @@ def locomo_command(
     k: str = typer.Option("1,5,10", "--k", help="Cut-offs for Recall@k, Hit@k and nDCG@k, comma-separated."),
     limit_conversations: int | None = typer.Option(None, "--limit-conversations", help="Only the first N conversations."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout (progress stays on stderr)."),
-    out: Path = typer.Option(DEFAULT_OUT, "--out", help="Folder for locomo_eval.json and locomo_eval.png."),
+    out: Path = typer.Option(DEFAULT_OUT, "--out", help="Folder for retrieval_eval.json and retrieval_eval.png."),
     threshold: float = typer.Option(0.7, "--threshold", help="Recall threshold t of DESIGN §4 (the API's default)."),
     ablations: bool = typer.Option(False, "--ablations", help="Also run Yak variants: decay off, half-lives, one leg kind only, no gate."),
     keep_db: bool = typer.Option(False, "--keep-db", help="Keep the evaluation database instead of dropping it."),

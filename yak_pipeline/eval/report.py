@@ -10,8 +10,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-JSON_NAME = "locomo_eval.json"
-PNG_NAME = "locomo_eval.png"
+JSON_NAME = "retrieval_eval.json"
+PNG_NAME = "retrieval_eval.png"
 
 
 def _columns(ks: Sequence[int]) -> list[tuple[str, str]]:
