@@ -10,6 +10,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator, Sequence
 from datetime import date, datetime, time, timezone
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -117,6 +118,16 @@ def fetch_one(db: Database, sql: str, params: Sequence[Any] | dict | None = None
     """The first row of one query."""
     with db.connection() as conn:
         return conn.execute(sql, params).fetchone()
+
+
+@pytest.fixture
+def drop_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``YAK_DROP_DIR``, which the drop-folder sensor reads from the process settings."""
+    folder = tmp_path / "drop"
+    folder.mkdir()
+    monkeypatch.setenv("YAK_DROP_DIR", str(folder))
+    get_settings.cache_clear()
+    return folder
 
 
 @pytest.fixture

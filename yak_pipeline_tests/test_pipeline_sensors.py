@@ -33,6 +33,7 @@ from yak_pipeline_tests.pipeline_helpers import (
     DAY,
     NEXT_DAY,
     add_exchange,
+    drop_dir,  # noqa: F401 - fixture
     fetch_all,
     new_instance,
     pipeline_env,  # noqa: F401 - fixture
@@ -79,16 +80,6 @@ def _drop(folder: Path, name: str, text: str, *, age_seconds: float = 60) -> Pat
     past = time.time() - age_seconds
     os.utime(path, (past, past))
     return path
-
-
-@pytest.fixture
-def drop_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """``YAK_DROP_DIR``, which the drop-folder sensor reads from the process settings."""
-    folder = tmp_path / "drop"
-    folder.mkdir()
-    monkeypatch.setenv("YAK_DROP_DIR", str(folder))
-    get_settings.cache_clear()
-    return folder
 
 
 # --- drop folder ---------------------------------------------------------------------------------

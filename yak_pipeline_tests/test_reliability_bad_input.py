@@ -23,22 +23,12 @@ from yak_pipeline.defs.automation.sensors import drop_folder_sensor
 from yak_pipeline.defs.resources import PostgresResource
 from yak_pipeline.settings import Settings, get_settings
 from yak_pipeline.store.database import Database
-from yak_pipeline_tests.pipeline_helpers import fetch_all, new_instance, pipeline_env  # noqa: F401 - fixture
+from yak_pipeline_tests.pipeline_helpers import drop_dir, fetch_all, new_instance, pipeline_env  # noqa: F401 - fixtures
 from yak_pipeline_tests.reliability_helpers import report_figure
 
 pytestmark = pytest.mark.usefixtures("pipeline_env")
 
 MAX_RECORD_CHARS = 200_000  # the parser's limit on one record
-
-
-@pytest.fixture
-def drop_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """``YAK_DROP_DIR``, which the drop-folder sensor reads from the process settings."""
-    folder = tmp_path / "drop"
-    folder.mkdir()
-    monkeypatch.setenv("YAK_DROP_DIR", str(folder))
-    get_settings.cache_clear()
-    return folder
 
 
 def _tick(instance: dg.DagsterInstance, settings: Settings) -> dg.SensorResult:

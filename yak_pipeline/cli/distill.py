@@ -9,7 +9,7 @@ from rich.console import Console
 
 from yak_pipeline.cli.api_client import ApiKeyOption, JsonOption, RemoteOption, call_api, emit, parse_id
 from yak_pipeline.cli.errors import friendly_errors
-from yak_pipeline.cli.render import short, table
+from yak_pipeline.cli.render import print_page, short, table
 
 app = typer.Typer(help="Distillations: list, show, version, merge, re-embed.", no_args_is_help=True)
 console = Console()
@@ -47,9 +47,7 @@ def list_command(
         for d in page["items"]:
             grid.add_row(d["id"], d["user_id"], d["tier"], f"{d['confidence']:.2f}", f"{d['warmth']:.2f}",
                           d["status"] + ("*" if d["needs_review"] else ""), short(d["content"], 60))
-        console.print(grid)
-        if page["next_offset"] is not None:
-            console.print(f"more: --offset {page['next_offset']}")
+        print_page(console, grid, page)
 
     emit(data, as_json, render)
 

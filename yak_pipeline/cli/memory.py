@@ -10,7 +10,7 @@ from rich.console import Console
 
 from yak_pipeline.cli.api_client import ApiKeyOption, JsonOption, RemoteOption, call_api, emit, parse_id
 from yak_pipeline.cli.errors import friendly_errors
-from yak_pipeline.cli.render import short, table
+from yak_pipeline.cli.render import print_page, short, table
 
 app = typer.Typer(help="Raw memories: add, list, show, delete, search.", no_args_is_help=True)
 console = Console()
@@ -51,9 +51,7 @@ def list_command(
         grid = table("id", "user", "occurred", "status", "content")
         for m in page["items"]:
             grid.add_row(m["id"], m["user_id"], m["occurred_at"][:19], m["status"], short(m["content"], 60))
-        console.print(grid)
-        if page["next_offset"] is not None:
-            console.print(f"more: --offset {page['next_offset']}")
+        print_page(console, grid, page)
 
     emit(data, as_json, render)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich.console import Console
 from rich.table import Table
 
 ID_COLUMNS = frozenset({"id", "memory", "distillation", "turn"})
@@ -22,3 +23,10 @@ def table(*headers: str) -> Table:
         else:
             result.add_column(header, overflow="fold")
     return result
+
+
+def print_page(console: Console, grid: Table, page: dict) -> None:
+    """A page of a listing, then how to ask for the next one when there is more."""
+    console.print(grid)
+    if page["next_offset"] is not None:
+        console.print(f"more: --offset {page['next_offset']}")
