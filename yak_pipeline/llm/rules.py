@@ -51,6 +51,9 @@ from yak_pipeline.llm.models import (
 DIRECT_CONFIDENCE: Final = 0.9
 HEDGED_CONFIDENCE: Final = 0.65
 SUMMARY_CONFIDENCE: Final = 0.5
+QUOTE_CONFIDENCE: Final = 0.7
+# A quote needs this many content words to count as reporting something ("Thanks, that's great!" does not).
+_QUOTE_MIN_CONTENT_WORDS: Final = 5
 
 # A sentence longer than this is cut at a word boundary, so four of them stay within the limit.
 _MAX_SENTENCE_CHARS: Final = 220
@@ -145,6 +148,23 @@ _INTRO_STARTERS: Final = frozenset(
     tomorrow recently now currently lately nowadays back once these those while because
     """.split()
 )
+_VOCATIVE: Final = re.compile(r"^[A-Z][a-z]+(?:\s[A-Z][a-z]+)?[,!]\s*")
+_ELIDED_LEADS: Final = frozenset("just finally recently already also actually".split())
+# Past forms that are as often present tense or imperative ("Read this", "Let me know"), or
+# describe a state rather than an act ("Was fun"), and "-ed" words that describe a feeling.
+_NOT_ELIDED_VERBS: Final = frozenset(
+    """
+    read set put cut let hurt quit was were did
+    excited thrilled stoked pleased blessed interested tired exhausted scared worried amazed
+    inspired motivated obsessed hooked surprised relieved impressed touched delighted
+    overwhelmed talented gifted bored annoyed confused stressed shocked glad
+    """.split()
+)
+# Present-tense verbs of feeling and intent that chat uses without "I" ("Love it here", "Hope to go").
+_ELIDED_PRESENT: Final = frozenset("love like hope wish miss need want plan adore enjoy".split())
+_ELIDED_GERUNDS: Final = frozenset(
+    "planning thinking going trying looking working hoping heading getting starting learning taking".split()
+)
 _BULLET: Final = re.compile(r"^\s*(?:[-*•]+|\d+[.)])\s+")
 _ROLE_LINE: Final = re.compile(r"^[ \t]*(user|assistant|system)[ \t]*:[ \t]?", re.I | re.M)
 _WORD: Final = re.compile(r"[^\W_]+(?:'[^\W_]+)?")
@@ -199,6 +219,13 @@ _PRONOUNS: Final = [
     (re.compile(r"\bmine\b", re.I), "theirs"),
     (re.compile(r"\bmy\b", re.I), "their"),
     (re.compile(r"\bme\b", re.I), "them"),
+    # Plural first person, lower case only: mid-sentence "we"/"us"/"our" (not "US", the country).
+    (re.compile(r"\bwe\s*'\s*re\b"), "they are"),
+    (re.compile(r"\bwe\s*'\s*ve\b"), "they have"),
+    (re.compile(r"\bwe\b"), "they"),
+    (re.compile(r"\bus\b"), "them"),
+    (re.compile(r"\bours\b"), "theirs"),
+    (re.compile(r"\bour\b"), "their"),
 ]
 
 
@@ -224,6 +251,13 @@ def _rewrite_subject(clause: str) -> str | None:
         (r"^i\s+was\b", "User was"),
         (r"^i\s+(?:don'?t|do\s+not)\b", "User does not"),
         (r"^my\s+", "User's "),
+        # "We" is the user with others (family, friends, a team): still a statement about the user.
+        (r"^we\s*'\s*re\b|^we\s+are\b", "User and others are"),
+        (r"^we\s*'\s*ve\b|^we\s+have\b", "User and others have"),
+        (r"^we\s*'\s*ll\b|^we\s+will\b", "User and others will"),
+        (r"^we\s*'\s*d\b|^we\s+would\b", "User and others would"),
+        (r"^we\s+(?=[a-z])", "User and others "),
+        (r"^our\s+", "User's "),
     ]
     for pattern, replacement in rules:
         match = re.match(pattern, clause, re.I)
@@ -281,6 +315,9 @@ def _statement(sentence: str) -> _Statement | None:
     if not original or original.rstrip(" \"')").endswith("?"):
         return None  # a question tells what the user wants, not what is true of them
     text = _FILLER.sub("", original)
+    if text != original:
+        # After a greeting or interjection, a name and a comma is whom the user addresses: "Hi Maria, …".
+        text = _VOCATIVE.sub("", text)
     text = _TRAILING_PUNCT.sub("", text)
     if not text:
         return None
@@ -298,18 +335,51 @@ def _statement(sentence: str) -> _Statement | None:
     if rewritten is None:
         rewritten = _rewrite_after_intro(text)
     if rewritten is None:
+        rewritten = _rewrite_elided_subject(text)
+    if rewritten is None:
         return None
     return _Statement(text=_finish(rewritten), hedged=hedged, original=original)
 
 
+def _rewrite_elided_subject(text: str) -> str | None:
+    """"Got the tattoo a few years ago" → "User got the tattoo a few years ago": chat often drops the "I".
+
+    Only a sentence that opens with an unambiguous past-tense verb (optionally after "just",
+    "finally" …) is read this way; "Read this!" or "Excited to go" are not acts the user reports.
+    """
+    words = text.split(" ")
+    index = 0
+    while index < len(words) - 1 and words[index].lower() in _ELIDED_LEADS:
+        index += 1
+    verb = words[index].lower()
+    if len(words) - index < 3 or verb in _NOT_ELIDED_VERBS:
+        return None
+    lead = [w.lower() for w in words[:index]]
+    rest = words[index + 1 :]
+    if verb == "been":
+        said = [*lead, "has been", *rest]  # "Been to Rome once"
+    elif verb in _ELIDED_PRESENT:
+        said = [*lead, _third_person_verb(verb), *rest]  # "Love experimenting with spices"
+    elif verb.endswith("ing") and verb in _ELIDED_GERUNDS:
+        said = ["is", *lead, verb, *rest]  # "Planning a trip there next month"
+    elif verb in _PAST_FORMS or (len(verb) > 4 and verb.endswith("ed") and not verb.endswith("eed")):
+        said = [*lead, verb, *rest]
+    else:
+        return None
+    return "User " + _rewrite_pronouns(" ".join(said))
+
+
 def _rewrite_after_intro(text: str) -> str | None:
     """"When I was a kid, I lived in Ohio" → "User lived in Ohio when they were a kid"."""
-    head, comma, tail = text.partition(",")
-    if comma and tail.strip():
-        rewritten = _rewrite_subject(tail.strip())
-        if rewritten is not None and len(head.split()) <= 8:
-            return rewritten + " " + _lower_first(_rewrite_pronouns(head.strip()))
-    match = re.search(r"\bi\b(?=\s)", text, re.I)
+    # The statement may follow any comma of a short lead-in: "Since we last chatted, I've …".
+    for comma in re.finditer(",", text):
+        head, tail = text[: comma.start()].strip(), text[comma.end() :].strip()
+        if len(head.split()) > 8:
+            break
+        rewritten = _rewrite_subject(tail) if tail else None
+        if rewritten is not None:
+            return rewritten + " " + _lower_first(_rewrite_pronouns(head))
+    match = re.search(r"\bi\b(?=\s|')", text, re.I)
     if match is None or match.start() == 0:
         return None
     intro = text[: match.start()].strip()
@@ -382,16 +452,32 @@ def _valid_text(sentences: list[str], fallback_source: str) -> str:
     return f"User said: {quote.rstrip('.')}." if quote else "User sent a message without words."
 
 
-def _summary(user_text: str) -> str:
-    """One sentence saying what the user said or asked, quoting the start of their first sentence."""
-    sentences = _sentences_of(user_text)
-    first = " ".join(sentences[0].split()) if sentences else ""
-    if not first:
-        return "User sent an empty message."
-    first = _clip(first, _SUMMARY_QUOTE_CHARS)
+def _informative(sentence: str) -> bool:
+    """A sentence that reports something: not a question, with enough content words to be more than chat."""
+    words = [w for w in content_words(sentence) if any(c.isalpha() for c in w)]
+    return not sentence.rstrip(" \"')").endswith("?") and len(words) >= _QUOTE_MIN_CONTENT_WORDS
+
+
+def _summary(user_text: str) -> tuple[str, bool]:
+    """One sentence saying what the user said or asked, and whether it quotes something informative.
+
+    The quote starts at the user's first informative sentence (greetings, thanks and questions
+    before it are skipped) and runs on through the informative sentences after it, up to the quote
+    length, as one sentence; with none, it quotes the start of the first sentence.
+    """
+    sentences = [" ".join(s.split()) for s in _sentences_of(user_text)]
+    sentences = [s for s in sentences if s]
+    if not sentences:
+        return "User sent an empty message.", False
+    informative = [s for s in sentences if _informative(s)]
+    if informative:
+        # Joined with semicolons so the quote stays one sentence of the distillation.
+        quote = _clip("; ".join(_TRAILING_PUNCT.sub("", s) for s in informative), _SUMMARY_QUOTE_CHARS)
+        return "User said: " + quote + ("" if quote.endswith("...") else "."), True
+    first = _clip(sentences[0], _SUMMARY_QUOTE_CHARS)
     if first.endswith("?"):
-        return "User asked: " + first
-    return "User said: " + _TRAILING_PUNCT.sub("", first) + ("" if first.endswith("...") else ".")
+        return "User asked: " + first, False
+    return "User said: " + _TRAILING_PUNCT.sub("", first) + ("" if first.endswith("...") else "."), False
 
 
 def _normalised(sentence: str) -> str:
@@ -574,8 +660,11 @@ class RulesProvider:
             confidence = HEDGED_CONFIDENCE if any(s.hedged for s in kept) else DIRECT_CONFIDENCE
             tier = _tier([s.original for s in kept] + [s.text for s in kept])
         else:
-            content = _valid_text([_summary(user_text)], user_text)
-            confidence = SUMMARY_CONFIDENCE
+            summary, informative = _summary(user_text)
+            content = _valid_text([summary], user_text)
+            # A faithful quote of what the user reported is worth recalling, but it is not distilled:
+            # the middle band of the gate (active, needs_review) says exactly that.
+            confidence = QUOTE_CONFIDENCE if informative else SUMMARY_CONFIDENCE
             tier = _tier([user_text])
         return DistillationResult(content=content, confidence=confidence, tier=tier, stats=self._stats(started))
 
