@@ -9,12 +9,18 @@ How it works:
 - **distill** — takes the user's part of "User: …\\nAssistant: …" (the whole text when it is not in
   that form), splits it into sentences and rewrites first-person statements in the third person:
   "I live in Berlin" → "User lives in Berlin.", "I'm a nurse" → "User is a nurse.", "my sister
-  Anna …" → "User's sister Anna …". Questions and sentences without a first-person statement are
-  left out. At most 4 sentences are kept (core facts first). Confidence: 0.9 for direct
-  statements, 0.65 when any kept statement is hedged ("I think", "maybe", "probably" …); with no
-  statement at all the content is a one-sentence summary of the user's turn with confidence 0.5,
-  which the confidence gate sends to review. Tier by keywords: identity, location, occupation,
-  family and health → core; preferences and habits → medium; the rest → low.
+  Anna …" → "User's sister Anna …", "We moved …" → "User and others moved …". Chat style is read
+  too: a greeting and a name before the statement ("Hi Maria, I'm …"), a dropped "I" before an
+  unambiguous past-tense verb or a verb of feeling or intent ("Got the tattoo last year" → "User
+  got the tattoo last year", "Planning a trip" → "User is planning a trip"). Questions and
+  sentences without such a statement are left out. At most 4 sentences are kept (core facts
+  first). Confidence: 0.9 for direct statements, 0.65 when any kept statement is hedged ("I
+  think", "maybe", "probably" …). With no statement at all the content quotes the user: their
+  informative sentences (not questions, at least 5 content words) as "User said: …" with
+  confidence 0.7 — the gate keeps it recallable but flags it for review, since a quote is faithful
+  but not distilled — or else the start of their first sentence with confidence 0.5, which the
+  gate sends to review. Tier by keywords: identity, location, occupation, family and health →
+  core; preferences and habits → medium; the rest → low.
 - **consolidate** — the newer text's sentences, then the older text's sentences that are not
   already there and not superseded (same subject and predicate, e.g. "User lives in …"), capped at 4.
 - **conflict_score** — 0.85 when both texts give different values to the same subject and
