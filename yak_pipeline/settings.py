@@ -100,6 +100,9 @@ class Settings(BaseSettings):
     hybrid_rrf_k: float = Field(
         default=1.0, gt=0, le=10_000, description="Reciprocal-rank-fusion constant k of hybrid recall: larger flattens rank differences against decay and gravity."
     )
+    hybrid_relevance_exponent: float = Field(
+        default=3.0, ge=0.5, le=10, description="Exponent on hybrid recall's fused relevance before decay, warmth and gravity multiply it: larger lets relevance outweigh those priors."
+    )
     hybrid_text_weight: float = Field(
         default=1.0, ge=0, le=100, description="Weight of the full-text (BM25) candidate lists in hybrid recall."
     )

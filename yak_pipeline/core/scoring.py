@@ -172,28 +172,50 @@ def rank_candidates(
     return scored[:limit]
 
 
-def score_upper_bound(similarity: float, max_user_weight: float) -> float:
+def score_upper_bound(
+    similarity: float,
+    max_user_weight: float,
+    *,
+    threshold: float | None = None,
+    core_multiplier: float = DEFAULT_CORE_MULTIPLIER,
+) -> float:
     """The highest score any row with similarity ≤ ``similarity`` could reach.
 
-    Decay ≤ 1, 1 + warmth ≤ 2 and gravity ≤ 2 × ``max_user_weight``; a negative similarity can
-    only give a negative score, so its bound is 0.
+    Decay ≤ 1, 1 + warmth ≤ 2 and gravity ≤ tier gravity × ``max_user_weight``; a negative
+    similarity can only give a negative score, so its bound is 0. With ``threshold`` the bound
+    is tighter: a tier whose gate no row that far away can pass does not count, so once the
+    fetched rows are below medium's gate only core rows (and their gravity) are left to fear.
     """
-    best_gravity = max(TIER_GRAVITY.values()) * max_user_weight
-    return max(similarity, 0.0) * _MAX_DECAY * _MAX_WARMTH_FACTOR * best_gravity
+    gravities = [
+        TIER_GRAVITY[tier] for tier in TIERS
+        if threshold is None or passes_tier_gate(similarity, threshold, tier, core_multiplier)
+    ]
+    if not gravities:
+        return 0.0
+    return max(similarity, 0.0) * _MAX_DECAY * _MAX_WARMTH_FACTOR * max(gravities) * max_user_weight
 
 
 def can_stop_fetching(
-    ranked_so_far: Sequence[ScoredMemory], limit: int, last_similarity: float, max_user_weight: float
+    ranked_so_far: Sequence[ScoredMemory],
+    limit: int,
+    last_similarity: float,
+    max_user_weight: float,
+    *,
+    threshold: float | None = None,
+    core_multiplier: float = DEFAULT_CORE_MULTIPLIER,
 ) -> bool:
     """True when no row less similar than ``last_similarity`` could enter the top ``limit``.
 
     ``ranked_so_far`` is :func:`rank_candidates` over every row fetched so far (fetched in
     descending similarity). The comparison is strict and the bound slightly inflated: a later
     row scoring exactly the limit-th score could still win the similarity/id tie-break.
+    ``threshold`` (and ``core_multiplier``), when given, must be those of the ranking: they
+    let the bound skip tiers whose gate the remaining rows cannot pass.
     """
     if limit <= 0:
         return True
     if len(ranked_so_far) < limit:
         return False
-    bound = score_upper_bound(last_similarity, max_user_weight)
+    bound = score_upper_bound(last_similarity, max_user_weight, threshold=threshold,
+                              core_multiplier=core_multiplier)
     return ranked_so_far[limit - 1].score > bound + _BOUND_SLACK * max(abs(bound), 1.0)

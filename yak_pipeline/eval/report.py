@@ -68,7 +68,8 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
     console.print(f"LoCoMo retrieval evaluation: {report['conversations']} conversations, {report['turns']} turns, "
                   f"{report['questions']['scored']} questions (categories 1-4); embedder {settings['embedder']}, "
                   f"LLM {settings['llm_provider']}, threshold {settings['threshold']}, "
-                  f"half-life {settings['half_life_days']:g} d, decay {'on' if settings['decay_enabled'] else 'off'}")
+                  f"half-life {settings['half_life_days']:g} d, decay {'on' if settings['decay_enabled'] else 'off'}, "
+                  f"RRF k {settings['hybrid_rrf_k']:g}, relevance exponent {settings['hybrid_relevance_exponent']:g}")
     console.print(_table("Overall (methods × metrics)", report["methods"], ks))
     console.print(_category_table(report, report["methods"], "Per category"))
     if report.get("ablations"):

@@ -121,7 +121,8 @@ def build_methods(settings: Settings, options: EvalOptions) -> list[Method]:
     """The four methods, and with ``options.ablations`` the variants of Yak and Yak hybrid."""
     depth = max(options.ks)
     base = recall_params(settings, threshold=options.threshold, limit=depth)
-    configured = HybridParams(rrf_k=settings.hybrid_rrf_k, text_weight=settings.hybrid_text_weight,
+    configured = HybridParams(rrf_k=settings.hybrid_rrf_k, relevance_exponent=settings.hybrid_relevance_exponent,
+                              text_weight=settings.hybrid_text_weight,
                               vector_weight=settings.hybrid_vector_weight,
                               exchange_weight=settings.hybrid_exchange_weight)
     vector_only = replace(base, hybrid=None)
@@ -143,6 +144,9 @@ def build_methods(settings: Settings, options: EvalOptions) -> list[Method]:
             variant("Yak hybrid, no gate (t=0)", replace(hybrid, threshold=0.0)),
             *[variant(f"Yak hybrid, RRF k={k:g}", replace(hybrid, hybrid=replace(configured, rrf_k=k)))
               for k in (10.0, 60.0) if k != configured.rrf_k],
+            *[variant(f"Yak hybrid, relevance exponent {e:g}",
+                      replace(hybrid, hybrid=replace(configured, relevance_exponent=e)))
+              for e in (1.0, 6.0) if e != configured.relevance_exponent],
             variant("Yak hybrid, text legs only", replace(hybrid, hybrid=replace(configured, vector_weight=0.0))),
             variant("Yak hybrid, vector legs only", replace(hybrid, hybrid=replace(configured, text_weight=0.0))),
             variant("Yak hybrid, distillations only", replace(hybrid, hybrid=replace(configured, exchange_weight=0.0))),
@@ -376,6 +380,7 @@ def run_locomo_eval(settings: Settings, conversations: Sequence[Conversation], o
             "threshold": options.threshold, "half_life_days": settings.half_life_days,
             "decay_enabled": settings.decay_enabled, "core_threshold_multiplier": settings.core_threshold_multiplier,
             "hybrid_recall": settings.hybrid_recall, "hybrid_rrf_k": settings.hybrid_rrf_k,
+            "hybrid_relevance_exponent": settings.hybrid_relevance_exponent,
             "hybrid_text_weight": settings.hybrid_text_weight, "hybrid_vector_weight": settings.hybrid_vector_weight,
             "hybrid_exchange_weight": settings.hybrid_exchange_weight,
         },

@@ -17,14 +17,14 @@ from datetime import datetime
 from yak_pipeline.core.memory_block import BlockMemory, PromptBuild, build_prompt_messages
 from yak_pipeline.embeddings import Embedder
 from yak_pipeline.settings import Settings
-from yak_pipeline.store.database import Database
+from yak_pipeline.store.database import Database, connect
 from yak_pipeline.store.hybrid import (
     HybridParams,
     exchanges_without_embedding,
     hybrid_recall,
     set_exchange_embeddings,
 )
-from yak_pipeline.store.recall import RecallParams, recall
+from yak_pipeline.store.recall import USER_INDEX_MIN_ROWS, RecallParams, ensure_user_indexes, recall
 
 
 @dataclass(frozen=True)
@@ -50,8 +50,8 @@ def hybrid_params(settings: Settings) -> HybridParams | None:
     """The configured hybrid-recall knobs, or None when ``YAK_HYBRID_RECALL`` is off."""
     if not settings.hybrid_recall:
         return None
-    return HybridParams(rrf_k=settings.hybrid_rrf_k, text_weight=settings.hybrid_text_weight,
-                        vector_weight=settings.hybrid_vector_weight, exchange_weight=settings.hybrid_exchange_weight)
+    return HybridParams(rrf_k=settings.hybrid_rrf_k, relevance_exponent=settings.hybrid_relevance_exponent,
+                        text_weight=settings.hybrid_text_weight, vector_weight=settings.hybrid_vector_weight, exchange_weight=settings.hybrid_exchange_weight)
 
 
 def recall_params(settings: Settings, *, threshold: float = 0.7, limit: int = 5) -> RecallParams:
@@ -145,3 +145,14 @@ def embed_pending_exchanges(
         if on_progress is not None:
             on_progress(done)
 
+
+def maintain_recall_indexes(db: Database, *, min_rows: int = USER_INDEX_MIN_ROWS) -> list[str]:
+    """Give every heavy user their own HNSW index (``store.recall.ensure_user_indexes``); the names built.
+
+    Meant for a periodic maintenance run (after ingestion batches): recall stays exact without
+    it, only slower for users with many thousands of rows. Indexes are built ``CONCURRENTLY``,
+    so ingestion and recall go on meanwhile; that needs a connection outside the pool's
+    transactions.
+    """
+    with connect(db.url, autocommit=True) as conn:
+        return ensure_user_indexes(conn, min_rows=min_rows)

@@ -13,8 +13,10 @@ that absorbed it; an exchange with no recallable distillation (pending, in revie
 dropped, so the confidence gate keeps its meaning.
 
 The lists are fused with weighted reciprocal-rank fusion,
-``relevance = Σ_leg w_leg / (rrf_k + rank_leg)``, normalised so that 1.0 means "first in every
-leg", and ranked by the DESIGN §4 score with ``relevance`` in the place of the similarity:
+``fused = Σ_leg w_leg / (rrf_k + rank_leg)``, normalised so that 1.0 means "first in every leg",
+raised to ``relevance_exponent`` (``relevance = fused ** e``: how much the query's evidence
+outweighs the priors below), and ranked by the DESIGN §4 score with ``relevance`` in the place of
+the similarity:
 ``relevance × decay × (1 + warmth) × gravity``. The tier-scaled similarity gate decides what
 counts as *vector* evidence (a vector candidate enters its leg only when its similarity passes
 its tier's gate); a full-text match is evidence in its own right, because the words the query
@@ -26,9 +28,10 @@ BM25 here is computed in SQL from the stored ``tsvector``s (term frequency from 
 document frequency and average length over the user's rows), with the query's terms OR-ed so a
 row need not contain every word of a question.
 
-The vector legs use the HNSW index when a user's rows are a small share of a large table (with
-``ef_search`` raised so enough of the user's rows survive the filter, pgvector 0.6 having no
-iterative scan) and scan the user's rows exactly otherwise or when the index comes up short.
+The vector legs use the user's own partial HNSW index when they have one (heavy users, see
+``store.recall.ensure_user_indexes``), else the shared HNSW index when the user has many rows
+(with ``ef_search`` raised so enough of the user's rows survive the filter, pgvector 0.6 having
+no iterative scan), and scan the user's rows exactly otherwise or when the index comes up short.
 :func:`hybrid_recall_exact` scans everything exactly; the benchmark compares the two.
 """
 
@@ -42,6 +45,7 @@ from typing import TYPE_CHECKING, Final, Literal
 
 import numpy as np
 import psycopg
+from psycopg import sql
 
 from yak_pipeline.core.scoring import (
     RecallCandidate,
@@ -49,6 +53,8 @@ from yak_pipeline.core.scoring import (
     passes_tier_gate,
     recall_score,
 )
+
+from yak_pipeline.store.recall import beam_for, has_user_index, set_beam
 
 if TYPE_CHECKING:
     from yak_pipeline.store.recall import RecallParams
@@ -77,19 +83,24 @@ _TABLES: Final[dict[str, str]] = {
     "memories": "t.user_id = %(user)s AND t.deleted_at IS NULL",
 }
 
+# Term frequencies come from the matched rows only, and from the query's lexemes only: setweight
+# marks the query's lexemes with weight A (to_tsvector gives every position the default D) and
+# ts_filter keeps just those, so a row unnests its few matching lexemes instead of all of them.
+# The OR-ed tsquery and the lexeme array are computed once (the `q` CTE) rather than per row.
 _BM25_SQL: Final[str] = """
-WITH terms AS (
-    SELECT DISTINCT lexeme FROM unnest(to_tsvector('english', %(text)s))
+WITH q AS MATERIALIZED (
+    SELECT replace(plainto_tsquery('english', %(text)s)::text, ' & ', ' | ')::tsquery AS query,
+           array(SELECT DISTINCT lexeme FROM unnest(to_tsvector('english', %(text)s))) AS lexemes
 ), corpus AS (
-    SELECT count(*)::float8 AS n, avg(length(t.content_tsv))::float8 AS avgdl
+    -- content_terms = length(content_tsv) (sql/005): an index-only scan instead of every row.
+    SELECT count(*)::float8 AS n, avg(t.content_terms)::float8 AS avgdl
     FROM {table} t WHERE {where}
 ), hits AS (
     SELECT t.id, u.lexeme, greatest(cardinality(u.positions), 1)::float8 AS tf,
-           length(t.content_tsv)::float8 AS dl
-    FROM {table} t CROSS JOIN LATERAL unnest(t.content_tsv) AS u
+           t.content_terms::float8 AS dl
+    FROM q, {table} t CROSS JOIN LATERAL unnest(ts_filter(setweight(t.content_tsv, 'A', q.lexemes), '{{a}}')) AS u
     WHERE {where}
-      AND t.content_tsv @@ replace(plainto_tsquery('english', %(text)s)::text, ' & ', ' | ')::tsquery
-      AND u.lexeme IN (SELECT lexeme FROM terms)
+      AND t.content_tsv @@ q.query
 ), df AS (
     SELECT lexeme, count(*)::float8 AS df FROM hits GROUP BY lexeme
 )
@@ -111,6 +122,12 @@ class HybridParams:
     # range between tiers), and with k = 60 ranks 1 and 10 differ by only 15 %, so the priors
     # would decide the order alone (measured on LoCoMo: docs/BENCHMARKS.md).
     rrf_k: float = 1.0
+    # RRF relevance is raised to this power before the priors multiply it. With 1, a 2x prior
+    # (30 days of decay, one tier of gravity) outweighs two or more ranks, so the priors decide
+    # the order instead of the query; with 3, one rank at the top is worth about 3x and a 2x prior
+    # moves a memory by a rank or two: relevance first, priors among near-equals (measured on
+    # LoCoMo per conversation: docs/BENCHMARKS.md).
+    relevance_exponent: float = 3.0
     text_weight: float = 1.0
     vector_weight: float = 1.0
     exchange_weight: float = 1.0
@@ -119,6 +136,8 @@ class HybridParams:
     def __post_init__(self) -> None:
         if not self.rrf_k > 0 or math.isinf(self.rrf_k):
             raise ValueError(f"rrf_k must be a positive finite number, got {self.rrf_k!r}")
+        if not self.relevance_exponent > 0 or math.isinf(self.relevance_exponent):
+            raise ValueError(f"relevance_exponent must be a positive finite number, got {self.relevance_exponent!r}")
         for name in ("text_weight", "vector_weight", "exchange_weight"):
             value = getattr(self, name)
             if not value >= 0 or math.isinf(value):
@@ -223,13 +242,17 @@ def vector_search(
     args = {"q": np.asarray(query_embedding, dtype=np.float32), "user": user_id, "model": embedding_model,
             "n": limit}
     if not exact:
-        ef = _index_beam(conn, table=table, where=where, args=args, limit=limit)
+        own_index = has_user_index(conn, table, user_id)
+        ef = beam_for(limit) if own_index else _index_beam(conn, table=table, where=where, args=args, limit=limit)
         if ef is not None:
             # set_config(..., true) scopes ef_search to this transaction.
-            conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", (str(ef),))
+            set_beam(conn, ef)
+            # The user's own partial index is usable only when the planner sees the user id as
+            # a literal (store.recall explains); the parameter stays for the shared index.
+            mine = sql.SQL(" AND t.user_id = {}").format(sql.Literal(user_id)) if own_index else sql.SQL("")
             rows = conn.execute(
-                f"SELECT t.id, 1 - (t.embedding <=> %(q)s) FROM {table} t WHERE {where} "  # noqa: S608 - constants
-                "ORDER BY t.embedding <=> %(q)s LIMIT %(n)s",
+                sql.SQL(f"SELECT t.id, 1 - (t.embedding <=> %(q)s) FROM {table} t WHERE {where}{{mine}} "  # noqa: S608
+                        "ORDER BY t.embedding <=> %(q)s LIMIT %(n)s").format(mine=mine),
                 args,
             ).fetchall()
             if len(rows) >= limit:
@@ -365,7 +388,7 @@ def fuse(candidates: Iterable[HybridCandidate], params: RecallParams, hybrid: Hy
         if not candidate.ranks:
             continue
         fused = sum(hybrid.leg_weight(leg) / (hybrid.rrf_k + rank) for leg, rank in candidate.ranks.items())
-        relevance = fused / best_possible if best_possible > 0 else 0.0
+        relevance = (fused / best_possible) ** hybrid.relevance_exponent if best_possible > 0 else 0.0
         age_days = (now - candidate.refreshed_at).total_seconds() / 86_400.0
         score = recall_score(relevance, age_days=age_days, warmth=candidate.warmth,
                              tier=candidate.tier, user_weight=candidate.user_weight,  # type: ignore[arg-type]
