@@ -5,6 +5,7 @@ Each path must return exactly what the pure-Python reference ranking of every ro
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timedelta, timezone
 
 import numpy as np
@@ -135,3 +136,43 @@ def test_maintenance_builds_indexes_concurrently_outside_the_pool(database) -> N
     assert maintain_recall_indexes(database, min_rows=10) == [user_index_name("distillations", "dora")]
     with database.connection() as conn:
         assert has_user_index(conn, "distillations", "dora") and not has_user_index(conn, "distillations", "eve")
+
+
+def test_the_nightly_index_job_and_yak_db_index_build_indexes_for_heavy_users(database, db_url, monkeypatch) -> None:
+    import dagster as dg
+    from typer.testing import CliRunner
+
+    from yak_pipeline.cli.main import app
+    from yak_pipeline.defs.automation.jobs import recall_index_job
+    from yak_pipeline.defs.automation.schedules import nightly_recall_index_schedule
+    from yak_pipeline.defs.resources import PostgresResource
+
+    with database.connection() as conn:
+        _seed(conn, "fay", 31, 30)
+        _seed(conn, "gus", 32, 5)
+        _seed(conn, "hal", 33, 30)
+    result = recall_index_job.execute_in_process(
+        resources={"postgres": PostgresResource(database_url=db_url)},
+        run_config={"ops": {"maintain_recall_indexes_op": {"config": {"min_rows": 10}}}},
+        instance=dg.DagsterInstance.ephemeral(),
+    )
+    assert result.success
+    assert sorted(result.output_for_node("maintain_recall_indexes_op")) == sorted([
+        user_index_name("distillations", "fay"), user_index_name("distillations", "hal")])
+    with database.connection() as conn:
+        assert not has_user_index(conn, "distillations", "gus")
+        conn.execute("DROP INDEX " + user_index_name("distillations", "hal"))
+    # The CLI builds what is missing; a second run has nothing to do.
+    from yak_pipeline.settings import get_settings
+
+    monkeypatch.setenv("YAK_DATABASE_URL", db_url)
+    monkeypatch.setenv("YAK_EMBEDDER", "hashing")  # what the test database was migrated for
+    get_settings.cache_clear()
+    cli = CliRunner()
+    built = cli.invoke(app, ["db", "index", "--min-rows", "10", "--json"])
+    assert built.exit_code == 0, built.output
+    assert json.loads(built.output) == {"built": [user_index_name("distillations", "hal")]}
+    again = cli.invoke(app, ["db", "index", "--min-rows", "10"])
+    assert again.exit_code == 0 and "no user needs an index of their own" in again.output
+    # Scheduled at 03:00 local time, one run a day.
+    assert nightly_recall_index_schedule.cron_schedule == "0 3 * * *"

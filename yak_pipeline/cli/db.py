@@ -83,6 +83,35 @@ def status_command(as_json: bool = JsonOption) -> None:
     console.print(tables)
 
 
+@app.command("index")
+@friendly_errors
+def index_command(
+    min_rows: int = typer.Option(None, "--min-rows", min=1,
+                                 help="Rows of one table that earn a user their own index (default 5000)."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Build per-user vector indexes for users with many memories (the nightly job does this too)."""
+    from yak_pipeline.services.recall import maintain_recall_indexes
+    from yak_pipeline.store.recall import USER_INDEX_MIN_ROWS
+    from yak_pipeline.wiring import open_database
+
+    settings = get_settings()
+    db = open_database(settings)
+    try:
+        if not as_json:
+            console.print("building indexes concurrently; recall and ingestion go on meanwhile …")
+        built = maintain_recall_indexes(db, min_rows=min_rows or USER_INDEX_MIN_ROWS)
+    finally:
+        db.close()
+    if as_json:
+        print(json.dumps({"built": built}))
+    elif built:
+        for name in built:
+            console.print(f"built {name}")
+    else:
+        console.print("no user needs an index of their own")
+
+
 @app.command("stop")
 @friendly_errors
 def stop_command(as_json: bool = JsonOption) -> None:

@@ -1,10 +1,10 @@
-"""The nightly schedule: warmth re-evaluation of the last 7 days at 02:00 local time."""
+"""The nightly schedules: warmth re-evaluation of the last 7 days at 02:00, recall indexes at 03:00 (local time)."""
 
 from datetime import datetime, timedelta, timezone
 
 import dagster as dg
 
-from yak_pipeline.defs.automation.jobs import warmth_job
+from yak_pipeline.defs.automation.jobs import recall_index_job, warmth_job
 from yak_pipeline.defs.partitions import partition_key, users_partitions
 from yak_pipeline.settings import get_settings
 
@@ -40,3 +40,11 @@ def nightly_warmth_schedule(context: dg.ScheduleEvaluationContext) -> list[dg.Ru
         return dg.SkipReason("no users yet")
     scheduled = context.scheduled_execution_time or datetime.now().astimezone()
     return nightly_run_requests(users, scheduled)
+
+
+@dg.schedule(job=recall_index_job, cron_schedule="0 3 * * *", execution_timezone=get_settings().timezone,
+             default_status=dg.DefaultScheduleStatus.RUNNING)
+def nightly_recall_index_schedule(context: dg.ScheduleEvaluationContext) -> dg.RunRequest:
+    """At 03:00 in YAK_TIMEZONE: per-user recall indexes for users who have grown past the threshold."""
+    day = (context.scheduled_execution_time or datetime.now().astimezone()).date()
+    return dg.RunRequest(run_key=f"recall-index:{day.isoformat()}", tags={"yak/trigger": "nightly"})
