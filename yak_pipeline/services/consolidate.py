@@ -9,6 +9,7 @@ neither repeat nor double a merge.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import date
 
@@ -23,12 +24,19 @@ from yak_pipeline.core.dedup import (
 )
 from yak_pipeline.embeddings import Embedder, EmbeddingError
 from yak_pipeline.llm.errors import LLMError
+from yak_pipeline.llm.models import ConsolidationResult
 from yak_pipeline.llm.provider import LLMProvider
 from yak_pipeline.services.reports import StageReport
 from yak_pipeline.store.conflicts import conflicting_ids, record_conflict
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.distillations import add_version, nearest_active, set_distillation_status
 from yak_pipeline.store.metrics import record_error
+
+
+# How many unchecked distillations the merge stage works out ahead of committing them (see
+# ``merge_near_duplicates``): enough to give the embedder a real batch, few enough that the
+# look-ahead rarely goes stale.
+MERGE_LOOKAHEAD = 32
 
 
 @dataclass(frozen=True)
@@ -39,6 +47,10 @@ class ConsolidateJob:
     llm: LLMProvider
     embedder: Embedder
     alerter: Alerter = NULL_ALERTER
+    # Concurrent consolidation calls while the merge stage looks ahead (see ``merge_near_duplicates``).
+    concurrency: int = 1
+    # How many distillations the merge stage works out ahead; 1 is the plain one-by-one loop.
+    lookahead: int = MERGE_LOOKAHEAD
 
 
 def _unchecked(db: Database, *, user_id: str, day: date | None, column: str, require: str | None = None) -> list[str]:
@@ -78,10 +90,13 @@ def score_conflicts(job: ConsolidateJob, *, user_id: str, day: date | None) -> S
             _, owner, content, embedding, model, _, _ = row
             neighbours = nearest_active(conn, user_id=owner, embedding=embedding, embedding_model=model,
                                         limit=CONFLICT_CHECK_TOP_K, exclude_id=distillation_id)
+            candidates = conflict_candidates(distillation_id, owner, neighbours)
+            # All candidates' texts in one round trip rather than one query per candidate.
+            texts = dict(conn.execute("SELECT id::text, content FROM distillations WHERE id = ANY(%s::uuid[])",
+                                      ([n.id for n in candidates],)).fetchall()) if candidates else {}
             try:
-                for neighbour in conflict_candidates(distillation_id, owner, neighbours):
-                    other = conn.execute("SELECT content FROM distillations WHERE id = %s", (neighbour.id,)).fetchone()
-                    result = job.llm.conflict_score(other[0], content)
+                for neighbour in candidates:
+                    result = job.llm.conflict_score(texts[neighbour.id], content)
                     report.record_call(result.stats)
                     if is_conflict(result.score):
                         conflict_id = record_conflict(conn, user_id=owner, a=distillation_id, b=neighbour.id,
@@ -104,57 +119,177 @@ def score_conflicts(job: ConsolidateJob, *, user_id: str, day: date | None) -> S
     return report
 
 
+@dataclass(frozen=True)
+class _Pair:
+    """A merge about to happen: which distillation is older and which newer, with their current text."""
+
+    older: tuple  # (id, content, created_at, refreshed_at)
+    newer: tuple
+
+    def inputs(self) -> tuple[str, str, str, str]:
+        """What the consolidation depends on: both ids and both texts."""
+        return (str(self.older[0]), self.older[1], str(self.newer[0]), self.newer[1])
+
+
+@dataclass
+class _Foresight:
+    """A merge worked out ahead of its turn: the consolidation (or its error) and its embedding.
+
+    Only ever used when, at the distillation's turn, under its lock, the same pair with the same
+    texts comes out of the neighbour search again — so the outcome is what working it out at
+    that moment would have given.
+    """
+
+    inputs: tuple[str, str, str, str]
+    merged: ConsolidationResult | None = None
+    error: LLMError | None = None
+    vector: list[float] | None = None
+
+
+def _merge_pair(conn, distillation_id: str, row, *, lock: bool) -> tuple[bool, _Pair | None]:  # noqa: ANN001
+    """The near-duplicate merge due for a distillation: ``(found, pair)``.
+
+    ``found`` says whether there is a near-duplicate at all; ``pair`` is None when there is none
+    or when the target is locked by another worker (``lock``) or no longer active.
+    """
+    _, owner, content, embedding, model, created_at, refreshed_at = row
+    neighbours = nearest_active(conn, user_id=owner, embedding=embedding, embedding_model=model,
+                                limit=NEAR_DUPLICATE_TOP_K, exclude_id=distillation_id)
+    near = select_near_duplicates(distillation_id, owner, neighbours, conflicting_ids(conn, distillation_id))
+    target = choose_merge_target(near)
+    if target is None:
+        return False, None
+    other = conn.execute(
+        """SELECT id, content, created_at, refreshed_at FROM distillations
+           WHERE id = %s AND status = 'active' AND deleted_at IS NULL""" + (" FOR UPDATE SKIP LOCKED" if lock else ""),
+        (target.id,),
+    ).fetchone()
+    if other is None:
+        return True, None
+    mine = (distillation_id, content, created_at, refreshed_at)
+    older, newer = sorted([mine, tuple(other)], key=lambda r: (r[2], str(r[0])))
+    return True, _Pair(older=older, newer=newer)
+
+
+def _look_ahead(job: ConsolidateJob, ids: list[str], report: StageReport) -> tuple[int, dict[str, _Foresight]]:
+    """Work out the merges of the next distillations on the committed state, embedding them in one call.
+
+    Stops before the first distillation whose pair shares a distillation with an earlier pair of
+    this look-ahead (that earlier merge changes it, so working it out now would be wasted);
+    returns how many ids it covered (at least one) and the merges found, by distillation id.
+    Nothing is locked or written here: each merge is re-checked under locks at its turn.
+    """
+    pairs: dict[str, _Pair] = {}
+    involved: set[str] = set()
+    covered = 0
+    # Reads first, in one short transaction; the LLM calls below hold no connection.
+    with job.db.connection() as conn:
+        for distillation_id in ids:
+            row = conn.execute(
+                """SELECT id, user_id, content, embedding, embedding_model, created_at, refreshed_at FROM distillations
+                   WHERE id = %s AND status = 'active' AND deleted_at IS NULL AND dedup_checked_at IS NULL""",
+                (distillation_id,),
+            ).fetchone()
+            pair = None if row is None else _merge_pair(conn, distillation_id, row, lock=False)[1]
+            if pair is not None:
+                ids_of_pair = {str(pair.older[0]), str(pair.newer[0])}
+                if covered and ids_of_pair & involved:
+                    break
+                involved |= ids_of_pair
+                pairs[distillation_id] = pair
+            covered += 1
+
+    def consolidate(pair: _Pair) -> _Foresight:
+        foresight = _Foresight(inputs=pair.inputs())
+        try:
+            foresight.merged = job.llm.consolidate(pair.older[1], pair.newer[1])
+        except LLMError as exc:
+            foresight.error = exc
+        return foresight
+
+    if job.concurrency > 1 and len(pairs) > 1:
+        with ThreadPoolExecutor(max_workers=job.concurrency, thread_name_prefix="yak-merge") as pool:
+            foresights = dict(zip(pairs, pool.map(consolidate, pairs.values())))
+    else:
+        foresights = {distillation_id: consolidate(pair) for distillation_id, pair in pairs.items()}
+    merged = [f for f in foresights.values() if f.merged is not None]
+    for foresight in merged:
+        report.record_call(foresight.merged.stats)
+    if merged:
+        try:
+            vectors: list = job.embedder.embed_documents([f.merged.content for f in merged])
+        except EmbeddingError:
+            vectors = [None] * len(merged)  # each is embedded again at its turn, failing there if it must
+        for foresight, vector in zip(merged, vectors):
+            foresight.vector = vector
+    return max(covered, 1), foresights
+
+
 def merge_near_duplicates(job: ConsolidateJob, *, user_id: str, day: date | None) -> StageReport:
     """Consolidate each new distillation with its nearest near-duplicate, if any (DESIGN §4).
 
     The older distillation gets a new version (``merged_from`` the newer one); the newer one
     becomes ``merged``. Never across users, never a pair in conflict, never before the
     distillation's conflict check.
+
+    Distillations are handled one after another, oldest first, each in its own transaction that
+    locks it (and its merge target) and re-runs the neighbour search on what is committed. To
+    embed consolidated texts in batches rather than one model call per merge, the next
+    ``MERGE_LOOKAHEAD`` distillations' merges are first worked out on the committed state
+    (``_look_ahead``); at each one's turn the look-ahead result is used only if the same pair
+    with the same texts comes out again, otherwise the merge is worked out there and then.
+    Either way the outcome is the one-by-one outcome.
     """
     report = StageReport()
-    for distillation_id in _unchecked(job.db, user_id=user_id, day=day, column="dedup_checked_at",
-                                      require="conflict_checked_at"):
-        report.rows_in += 1
-        with job.db.connection() as conn:
-            row = _lock_active(conn, distillation_id, "dedup_checked_at")
-            if row is None:
-                report.skipped += 1
-                continue
-            _, owner, content, embedding, model, created_at, refreshed_at = row
-            neighbours = nearest_active(conn, user_id=owner, embedding=embedding, embedding_model=model,
-                                        limit=NEAR_DUPLICATE_TOP_K, exclude_id=distillation_id)
-            near = select_near_duplicates(distillation_id, owner, neighbours, conflicting_ids(conn, distillation_id))
-            target = choose_merge_target(near)
-            if target is not None:
-                other = conn.execute(
-                    """SELECT id, content, created_at, refreshed_at FROM distillations
-                       WHERE id = %s AND status = 'active' AND deleted_at IS NULL FOR UPDATE SKIP LOCKED""",
-                    (target.id,),
-                ).fetchone()
-                if other is None:
-                    report.skipped += 1  # being merged elsewhere right now; the next run retries
-                    continue
-                mine = (distillation_id, content, created_at, refreshed_at)
-                older, newer = sorted([mine, tuple(other)], key=lambda r: (r[2], str(r[0])))
-                try:
+    pending = _unchecked(job.db, user_id=user_id, day=day, column="dedup_checked_at", require="conflict_checked_at")
+    while pending:
+        covered, foresights = _look_ahead(job, pending[:max(1, job.lookahead)], report)
+        chunk, pending = pending[:covered], pending[covered:]
+        for distillation_id in chunk:
+            _merge_one(job, distillation_id, foresights.get(distillation_id), report)
+    return report
+
+
+def _merge_one(job: ConsolidateJob, distillation_id: str, foresight: _Foresight | None, report: StageReport) -> None:
+    """Check one distillation for a near-duplicate and merge them, in one transaction."""
+    report.rows_in += 1
+    with job.db.connection() as conn:
+        row = _lock_active(conn, distillation_id, "dedup_checked_at")
+        if row is None:
+            report.skipped += 1
+            return
+        found, pair = _merge_pair(conn, distillation_id, row, lock=True)
+        if found and pair is None:
+            report.skipped += 1  # being merged elsewhere right now; the next run retries
+            return
+        if pair is not None:
+            older, newer = pair.older, pair.newer
+            if foresight is None or foresight.inputs != pair.inputs():
+                foresight = _Foresight(inputs=pair.inputs())  # the look-ahead went stale: work it out now
+            try:
+                if foresight.error is not None:
+                    raise foresight.error
+                merged = foresight.merged
+                if merged is None:
                     merged = job.llm.consolidate(older[1], newer[1])
                     report.record_call(merged.stats)
+                vector = foresight.vector
+                if vector is None:
                     vector = job.embedder.embed_documents([merged.content])[0]
-                except (LLMError, EmbeddingError) as exc:
-                    conn.rollback()
-                    record_error(conn, "consolidation_failed")
-                    report.failed += 1
-                    report.errors.append(f"{distillation_id}: {getattr(exc, 'reason', exc)}")
-                    continue
-                add_version(conn, older[0], content=merged.content, embedding=vector,
-                            embedding_model=job.embedder.model_name, reason="merged", merged_from=[newer[0]],
-                            refreshed_at=max(older[3], newer[3]))
-                set_distillation_status(conn, newer[0], status="merged", action="merge")
-                conn.execute("UPDATE distillations SET dedup_checked_at = now() WHERE id = ANY(%s::uuid[])",
-                             ([str(older[0]), str(newer[0])],))
-                report.flagged += 1
-                report.ids.append(str(older[0]))
-            else:
-                conn.execute("UPDATE distillations SET dedup_checked_at = now() WHERE id = %s", (distillation_id,))
-            report.rows_out += 1
-    return report
+            except (LLMError, EmbeddingError) as exc:
+                conn.rollback()
+                record_error(conn, "consolidation_failed")
+                report.failed += 1
+                report.errors.append(f"{distillation_id}: {getattr(exc, 'reason', exc)}")
+                return
+            add_version(conn, older[0], content=merged.content, embedding=vector,
+                        embedding_model=job.embedder.model_name, reason="merged", merged_from=[newer[0]],
+                        refreshed_at=max(older[3], newer[3]))
+            set_distillation_status(conn, newer[0], status="merged", action="merge")
+            conn.execute("UPDATE distillations SET dedup_checked_at = now() WHERE id = ANY(%s::uuid[])",
+                         ([str(older[0]), str(newer[0])],))
+            report.flagged += 1
+            report.ids.append(str(older[0]))
+        else:
+            conn.execute("UPDATE distillations SET dedup_checked_at = now() WHERE id = %s", (distillation_id,))
+        report.rows_out += 1

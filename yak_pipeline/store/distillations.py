@@ -215,13 +215,23 @@ def nearest_active(
     limit: int = 5,
     exclude_id: UUID | str | None = None,
 ) -> list[Neighbour]:
-    """The user's active distillations nearest to ``embedding`` (for dedup and conflict checks)."""
+    """The user's active distillations nearest to ``embedding`` (for dedup and conflict checks).
+
+    Exact: the user's active rows are scanned (through the ``(user_id, status)`` index) and
+    ranked by distance. Left to itself the planner walks the table-wide HNSW index and filters
+    the user's rows out of its ~40 candidates afterwards, which returns fewer than ``limit``
+    rows — or misses the true nearest — as soon as other users' rows crowd the neighbourhood,
+    and costs more than ranking one user's rows outright. Equal distances go to the older row,
+    as in :mod:`yak_pipeline.core.dedup`, so the result never depends on row order.
+    """
     rows = conn.execute(
-        """SELECT id, user_id, 1 - (embedding <=> %(q)s) AS similarity, status, created_at
-           FROM distillations
-           WHERE user_id = %(user)s AND status = 'active' AND deleted_at IS NULL
-             AND embedding_model = %(model)s AND (%(exclude)s::uuid IS NULL OR id <> %(exclude)s::uuid)
-           ORDER BY embedding <=> %(q)s LIMIT %(limit)s""",
+        """WITH candidates AS MATERIALIZED (
+               SELECT id, user_id, status, created_at, embedding FROM distillations
+               WHERE user_id = %(user)s AND status = 'active' AND deleted_at IS NULL
+                 AND embedding_model = %(model)s AND (%(exclude)s::uuid IS NULL OR id <> %(exclude)s::uuid))
+           SELECT id, user_id, 1 - (embedding <=> %(q)s) AS similarity, status, created_at
+           FROM candidates
+           ORDER BY embedding <=> %(q)s, created_at, id LIMIT %(limit)s""",
         {"q": _vector(embedding), "user": user_id, "model": embedding_model,
          "exclude": None if exclude_id is None else str(exclude_id), "limit": limit},
     ).fetchall()

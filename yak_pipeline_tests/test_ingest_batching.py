@@ -1,0 +1,259 @@
+"""Batching for ingest throughput (issue 5): same outcomes, fewer model calls.
+
+- ``Coalescer`` merges overlapping embedding requests of several threads into one model call and
+  hands every caller its own vectors (or the batch's error).
+- The merge stage's look-ahead (consolidations worked out and embedded in batches ahead of their
+  turn) ends in exactly the state the one-by-one loop (``lookahead=1``) ends in. Near-duplicates
+  never cross users, so one database holds both runs: the same exchanges for two users, one
+  merged each way, then compared row by row.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from yak_pipeline.core.exchange_files import ExchangeRecord
+from yak_pipeline.embeddings.batching import Coalescer
+from yak_pipeline.embeddings.hashing import HashingEmbedder
+from yak_pipeline.llm.errors import LLMUnavailable
+from yak_pipeline.llm.rules import RulesProvider
+from yak_pipeline.services.consolidate import ConsolidateJob, merge_near_duplicates, score_conflicts
+from yak_pipeline.services.distill import DistillJob, distill_memories, partition_memory_ids
+from yak_pipeline.services.ingest import ingest_records
+from yak_pipeline.store.database import Database
+
+# --- Coalescer ---------------------------------------------------------------------------------
+
+
+class _SlowModel:
+    """A stand-in model call that takes a while, records each batch, and embeds text as its length."""
+
+    def __init__(self, seconds: float = 0.05, fail_on: str | None = None) -> None:
+        self.seconds = seconds
+        self.fail_on = fail_on
+        self.batches: list[list[str]] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, texts: list[str]) -> list[list[float]]:
+        with self._lock:
+            self.batches.append(list(texts))
+        time.sleep(self.seconds)
+        if self.fail_on is not None and self.fail_on in texts:
+            raise RuntimeError(f"cannot embed {self.fail_on!r}")
+        return [[float(len(t)), float(ord(t[0]))] for t in texts]
+
+
+def _run_threads(coalescer: Coalescer, requests: list[list[str]]) -> list[object]:
+    """Call the coalescer from one thread per request at once; each thread's result or exception."""
+    results: list[object] = [None] * len(requests)
+    start = threading.Barrier(len(requests))
+
+    def call(index: int) -> None:
+        start.wait()
+        try:
+            results[index] = coalescer(requests[index])
+        except Exception as exc:  # noqa: BLE001 - the test inspects it
+            results[index] = exc
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(requests))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    return results
+
+
+def test_a_lone_call_is_one_model_call_with_its_vectors_in_order() -> None:
+    model = _SlowModel(seconds=0)
+    coalescer = Coalescer(model)
+    assert coalescer(["a", "bb", "ccc"]) == [[1.0, 97.0], [2.0, 98.0], [3.0, 99.0]]
+    assert coalescer([]) == []
+    assert model.batches == [["a", "bb", "ccc"]]
+
+
+def test_overlapping_calls_share_model_calls_and_each_gets_its_own_vectors() -> None:
+    model = _SlowModel(seconds=0.05)
+    coalescer = Coalescer(model)
+    requests = [[f"{chr(97 + i)}{'x' * i}", f"{chr(65 + i)}{'y' * (2 * i)}"] for i in range(12)]
+    results = _run_threads(coalescer, requests)
+    for request, vectors in zip(requests, results):
+        assert vectors == [[float(len(t)), float(ord(t[0]))] for t in request]
+    # The first caller runs alone; the others queue meanwhile and go together, in far fewer calls.
+    assert len(model.batches) < len(requests) / 2
+    assert sorted(t for batch in model.batches for t in batch) == sorted(t for r in requests for t in r)
+
+
+def test_a_batch_never_exceeds_max_texts_unless_one_request_does() -> None:
+    model = _SlowModel(seconds=0.02)
+    coalescer = Coalescer(model, max_texts=4)
+    requests = [["a", "b", "c"] for _ in range(6)] + [["d"] * 9]
+    results = _run_threads(coalescer, requests)
+    assert all(isinstance(r, list) for r in results)
+    assert all(len(batch) <= 4 or batch == ["d"] * 9 for batch in model.batches)
+
+
+def test_a_failed_batch_fails_every_caller_in_it_and_the_next_batch_still_runs() -> None:
+    model = _SlowModel(seconds=0.05, fail_on="boom")
+    coalescer = Coalescer(model)
+    results = _run_threads(coalescer, [["boom"]] + [["fine"]] * 5)
+    failed = [r for r in results if isinstance(r, RuntimeError)]
+    assert failed, "the caller whose text fails must see the error"
+    assert all(r == [[4.0, 102.0]] for r in results if not isinstance(r, Exception))
+    # Callers that shared the failing batch failed with it; the coalescer keeps working afterwards.
+    assert coalescer(["ok"]) == [[2.0, 111.0]]
+
+
+# --- Merge look-ahead ---------------------------------------------------------------------------
+
+_FACTS = ["moved to Lisbon", "adopted a kitten called Miso", "started learning the violin", "work as a nurse",
+          "bake sourdough on Sundays", "prefer green tea"]
+
+
+def _records(user_id: str, n: int) -> list[ExchangeRecord]:
+    """Exchanges repeating a few facts in varying pairs, so near-duplicates chain up."""
+    start = datetime.now(timezone.utc) - timedelta(days=3)
+    return [ExchangeRecord(user_id=user_id,
+                           content=f"User: I {_FACTS[i % 6]}, and I {_FACTS[(i * 5 + 1) % 6]} ({i % 17}).\nAssistant: Nice!",
+                           occurred_at=start + timedelta(minutes=7 * i), line=i)
+            for i in range(n)]
+
+
+def _state(database: Database, user_id: str) -> list[tuple]:
+    """A user's distillations and versions in a user-independent form, in exchange order."""
+    with database.connection() as conn:
+        rows = conn.execute(
+            """SELECT d.id::text, m.content, d.status, d.content, d.needs_review, d.embedding::text,
+                      (SELECT array_agg(v.content || ' <- ' || coalesce(array_to_string(v.merged_from, ','), '')
+                                        ORDER BY v.version)
+                       FROM distillation_versions v WHERE v.distillation_id = d.id)
+               FROM distillations d JOIN memories m ON m.id = d.memory_id
+               WHERE d.user_id = %s ORDER BY m.occurred_at""",
+            (user_id,),
+        ).fetchall()
+    # Versions name merged distillations by id; name them by exchange position instead.
+    position = {row[0]: str(i) for i, row in enumerate(rows)}
+    state = []
+    for _, exchange, status, content, review, embedding, versions in rows:
+        named = []
+        for version in versions:
+            text, _, merged = version.rpartition(" <- ")
+            named.append((text, tuple(position[m] for m in merged.split(",") if m)))
+        state.append((exchange, status, content, review, embedding, tuple(named)))
+    return state
+
+
+class _CountingRules(RulesProvider):
+    """The rules provider, counting consolidation calls (thread-safe)."""
+
+    def __init__(self) -> None:
+        self.consolidations = 0
+        self._lock = threading.Lock()
+
+    def consolidate(self, older: str, newer: str):  # noqa: ANN201 - as the parent
+        with self._lock:
+            self.consolidations += 1
+        return super().consolidate(older, newer)
+
+
+def _prepare(database: Database, llm: RulesProvider, embedder: HashingEmbedder, user_id: str, n: int) -> None:
+    ingest_records(database, _records(user_id, n), source="import")
+    job = DistillJob(db=database, llm=llm, embedder=embedder, prompt_version="test")
+    ids = partition_memory_ids(database, user_id=user_id, day=None, include_outdated=False, prompt_version="test")
+    # One at a time: creation order decides merge order, and it must be the same for both users.
+    assert distill_memories(job, ids, concurrency=1).rows_out == n
+    score_conflicts(ConsolidateJob(db=database, llm=llm, embedder=embedder), user_id=user_id, day=None)
+
+
+@pytest.mark.parametrize("lookahead, concurrency", [(32, 1), (5, 3)])
+def test_merge_look_ahead_ends_in_the_one_by_one_state(database: Database, lookahead: int, concurrency: int) -> None:
+    embedder = HashingEmbedder(384)
+    n = 60
+    for user in ("one-by-one", "ahead"):
+        _prepare(database, RulesProvider(), embedder, user, n)
+    plain = merge_near_duplicates(ConsolidateJob(db=database, llm=RulesProvider(), embedder=embedder, lookahead=1),
+                                  user_id="one-by-one", day=None)
+    counting = _CountingRules()
+    ahead = merge_near_duplicates(ConsolidateJob(db=database, llm=counting, embedder=embedder, lookahead=lookahead,
+                                                 concurrency=concurrency), user_id="ahead", day=None)
+    assert plain.flagged > 5, "the data must produce merges for the comparison to mean anything"
+    assert _state(database, "ahead") == _state(database, "one-by-one")
+    assert (ahead.rows_in, ahead.rows_out, ahead.flagged, ahead.failed, ahead.skipped) == (
+        plain.rows_in, plain.rows_out, plain.flagged, plain.failed, plain.skipped)
+    # Every merge consolidated once, plus look-aheads that went stale and were redone at their turn.
+    assert counting.consolidations >= ahead.flagged
+    assert len(ahead.latencies_ms) == counting.consolidations
+
+
+class _FailingConsolidation(RulesProvider):
+    """Rules, except that consolidating fails (as an unreachable LLM would), counting the attempts."""
+
+    def __init__(self) -> None:
+        self.attempts = 0
+
+    def consolidate(self, older: str, newer: str):  # noqa: ANN201 - as the parent
+        self.attempts += 1
+        raise LLMUnavailable("connection refused")
+
+
+def test_a_failed_look_ahead_consolidation_fails_that_merge_once_and_leaves_it_unchecked(database: Database) -> None:
+    embedder = HashingEmbedder(384)
+    _prepare(database, RulesProvider(), embedder, "flaky", 30)
+    llm = _FailingConsolidation()
+    report = merge_near_duplicates(ConsolidateJob(db=database, llm=llm, embedder=embedder), user_id="flaky", day=None)
+    assert report.failed > 0 and report.flagged == 0
+    assert llm.attempts == report.failed  # the look-ahead's failure is the merge's failure, not retried at once
+    with database.connection() as conn:
+        unchecked = conn.execute(
+            """SELECT count(*) FROM distillations
+               WHERE user_id = 'flaky' AND status = 'active' AND dedup_checked_at IS NULL""").fetchone()[0]
+        merged = conn.execute("SELECT count(*) FROM distillations WHERE status = 'merged'").fetchone()[0]
+    assert unchecked >= report.failed and merged == 0
+
+
+def test_a_stale_look_ahead_is_never_used(database: Database) -> None:
+    """A look-ahead worked out on texts that have changed since is redone at the merge's turn."""
+    from yak_pipeline.llm.models import ConsolidationResult, LLMCallStats
+    from yak_pipeline.services.consolidate import _Foresight, _merge_one, _unchecked
+
+    embedder = HashingEmbedder(384)
+    _prepare(database, RulesProvider(), embedder, "stale", 30)
+    job = ConsolidateJob(db=database, llm=RulesProvider(), embedder=embedder)
+    stats = LLMCallStats(latency_ms=1.0, prompt_tokens=None, completion_tokens=None, attempts=1)
+    report = type(merge_near_duplicates(job, user_id="nobody", day=None))()
+    for distillation_id in _unchecked(database, user_id="stale", day=None, column="dedup_checked_at",
+                                      require="conflict_checked_at"):
+        # As if worked out before an earlier merge changed the older text.
+        stale = _Foresight(inputs=("x", "older text then", "y", "newer text then"),
+                           merged=ConsolidationResult(content="A stale consolidation.", stats=stats),
+                           vector=embedder.embed_query("A stale consolidation."))
+        _merge_one(job, distillation_id, stale, report)
+    assert report.flagged > 0
+    with database.connection() as conn:
+        used = conn.execute("""SELECT count(*) FROM distillation_versions
+                               WHERE content = 'A stale consolidation.'""").fetchone()[0]
+    assert used == 0
+
+
+def test_up_to_max_parallel_batches_run_at_once_and_every_caller_is_answered() -> None:
+    running, most = 0, 0
+    lock = threading.Lock()
+
+    def model(texts: list[str]) -> list[list[float]]:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.05)
+        with lock:
+            running -= 1
+        return [[float(len(t))] for t in texts]
+
+    coalescer = Coalescer(model, max_parallel=2)
+    requests = [["x" * (i + 1)] for i in range(10)]
+    results = _run_threads(coalescer, requests)
+    assert results == [[[float(i + 1)]] for i in range(10)]
+    assert most == 2
