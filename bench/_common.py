@@ -7,8 +7,9 @@ never in the user's data, and drops it at the end (also on Ctrl-C).
 from __future__ import annotations
 
 import json
-import platform
 import os
+import platform
+import socket
 import sys
 import uuid
 from collections.abc import Iterator, Sequence
@@ -49,6 +50,13 @@ def scratch_database(settings: Settings, *, keep: bool = False) -> Iterator[str]
         else:
             with connect(server, autocommit=True, vector=False) as conn:
                 conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now (for a server the benchmark starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def percentile(values: Sequence[float], pct: float) -> float:

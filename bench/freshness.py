@@ -32,7 +32,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,19 +41,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import ROOT, percentile, print_table, progress, verdict, write_result  # noqa: E402
+from _common import ROOT, free_port, percentile, print_table, progress, verdict, write_result  # noqa: E402
 
 TARGETS = {"drop_p95_s": 15.0, "turn_p95_s": 15.0}
 POLL_SECONDS = 0.25
 _NAMES = ["sourdough starter", "kayak", "bonsai tree", "vintage bicycle", "chess club", "beehive", "violin",
           "allotment shed", "telescope", "rescue greyhound", "narrowboat", "pottery wheel"]
 _CITIES = ["Leeds", "Lisbon", "Oslo", "Tokyo", "Lima", "Seoul", "Madrid", "Berlin", "Chicago", "Lagos"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _clean_env(home: Path, admin_key: str) -> dict[str, str]:
@@ -69,7 +62,7 @@ class YakUp:
 
     def __init__(self, home: Path, env: dict[str, str], log_path: Path) -> None:
         self.home, self.env, self.log_path = home, env, log_path
-        self.api_port, self.dagster_port = _free_port(), _free_port()
+        self.api_port, self.dagster_port = free_port(), free_port()
         self.process: subprocess.Popen | None = None
         self._log = None
         self._known: dict[int, object] = {}

@@ -25,7 +25,6 @@ import argparse
 import hashlib
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -37,6 +36,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
+    free_port,
     latency_summary,
     print_table,
     progress,
@@ -181,18 +181,12 @@ def bench_store(url: str, queries: list, limit: int) -> dict:
     return results
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def bench_http(url: str, queries: list, limit: int) -> dict:
     """``POST /api/distillations/search`` end to end against a real ``yak serve`` process."""
     import httpx
 
     key = secrets.token_urlsafe(24)
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "YAK_DATABASE_URL": url, "YAK_ADMIN_API_KEY": key,
            "YAK_HOME": str(Path(os.environ.get("YAK_HOME", ".yak")).resolve())}
     server = subprocess.Popen([sys.executable, "-m", "yak_pipeline.cli.main", "serve", "--port", str(port)],
