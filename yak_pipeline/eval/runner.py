@@ -45,12 +45,11 @@ from yak_pipeline.llm import get_llm_provider
 from yak_pipeline.services.consolidate import ConsolidateJob, merge_near_duplicates, score_conflicts
 from yak_pipeline.services.distill import DistillJob, distill_memories, partition_memory_ids
 from yak_pipeline.services.ingest import ingest_records
-from yak_pipeline.services.recall import embed_pending_exchanges, recall_params
+from yak_pipeline.services.recall import configured_hybrid_params, embed_pending_exchanges, recall_params
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database, connect, resolve_database_url, with_database
 from yak_pipeline.store.errors import StoreError
 from yak_pipeline.store.hybrid import (
-    HybridParams,
     active_distillation_ids,
     bm25_search,
     hybrid_recall,
@@ -121,10 +120,7 @@ def build_methods(settings: Settings, options: EvalOptions) -> list[Method]:
     """The four methods, and with ``options.ablations`` the variants of Yak and Yak hybrid."""
     depth = max(options.ks)
     base = recall_params(settings, threshold=options.threshold, limit=depth)
-    configured = HybridParams(rrf_k=settings.hybrid_rrf_k, relevance_exponent=settings.hybrid_relevance_exponent,
-                              text_weight=settings.hybrid_text_weight,
-                              vector_weight=settings.hybrid_vector_weight,
-                              exchange_weight=settings.hybrid_exchange_weight)
+    configured = configured_hybrid_params(settings)
     vector_only = replace(base, hybrid=None)
     hybrid = replace(base, hybrid=configured)
     methods = [

@@ -46,12 +46,16 @@ class RecallHit:
         return self.tier == "core"
 
 
+def configured_hybrid_params(settings: Settings) -> HybridParams:
+    """The ``YAK_HYBRID_*`` fusion knobs, whether or not hybrid recall is switched on."""
+    return HybridParams(rrf_k=settings.hybrid_rrf_k, relevance_exponent=settings.hybrid_relevance_exponent,
+                        text_weight=settings.hybrid_text_weight, vector_weight=settings.hybrid_vector_weight,
+                        exchange_weight=settings.hybrid_exchange_weight)
+
+
 def hybrid_params(settings: Settings) -> HybridParams | None:
     """The configured hybrid-recall knobs, or None when ``YAK_HYBRID_RECALL`` is off."""
-    if not settings.hybrid_recall:
-        return None
-    return HybridParams(rrf_k=settings.hybrid_rrf_k, relevance_exponent=settings.hybrid_relevance_exponent,
-                        text_weight=settings.hybrid_text_weight, vector_weight=settings.hybrid_vector_weight, exchange_weight=settings.hybrid_exchange_weight)
+    return configured_hybrid_params(settings) if settings.hybrid_recall else None
 
 
 def recall_params(settings: Settings, *, threshold: float = 0.7, limit: int = 5) -> RecallParams:
