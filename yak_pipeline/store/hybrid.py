@@ -54,7 +54,7 @@ from yak_pipeline.core.scoring import (
     recall_score,
 )
 
-from yak_pipeline.store.recall import beam_for, has_user_index, set_beam
+from yak_pipeline.store.recall import MAX_EF_SEARCH, beam_for, has_user_index, set_beam
 
 if TYPE_CHECKING:
     from yak_pipeline.store.recall import RecallParams
@@ -68,7 +68,6 @@ BM25_B: Final[float] = 0.75
 
 # Below this many rows a user's rows are scanned exactly: it is as fast as the index and exact.
 EXACT_SCAN_MAX_ROWS: Final[int] = 2_000
-_MAX_EF_SEARCH: Final[int] = 1_000
 # HNSW returns the nearest rows of *all* users; the share that is the user's is estimated, and
 # the beam widened by this safety factor so that enough of them survive the user filter.
 _EF_SAFETY: Final[float] = 2.0
@@ -245,7 +244,6 @@ def vector_search(
         own_index = has_user_index(conn, table, user_id)
         ef = beam_for(limit) if own_index else _index_beam(conn, table=table, where=where, args=args, limit=limit)
         if ef is not None:
-            # set_config(..., true) scopes ef_search to this transaction.
             set_beam(conn, ef)
             # The user's own partial index is usable only when the planner sees the user id as
             # a literal (store.recall explains); the parameter stays for the shared index.
@@ -280,7 +278,7 @@ def _index_beam(conn: psycopg.Connection, *, table: str, where: str, args: dict,
     estimate = conn.execute("SELECT reltuples FROM pg_class WHERE oid = %s::regclass", (table,)).fetchone()[0]
     total = max(float(estimate), float(mine))
     beam = math.ceil(limit * (total / mine) * _EF_SAFETY)
-    if beam > _MAX_EF_SEARCH:
+    if beam > MAX_EF_SEARCH:
         return None
     return max(beam, 40)
 

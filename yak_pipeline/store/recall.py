@@ -51,7 +51,8 @@ if TYPE_CHECKING:
     from yak_pipeline.store.hybrid import HybridParams
 
 _MIN_FETCH = 40
-_MAX_EF_SEARCH = 1000
+# The widest HNSW beam recall asks for; past it an exact scan is the better plan.
+MAX_EF_SEARCH: Final[int] = 1000
 # A user gets their own partial HNSW index (per table) from this many rows on; below it an
 # exact scan of their rows costs a few milliseconds and is exact.
 USER_INDEX_MIN_ROWS: Final[int] = 5_000
@@ -186,7 +187,7 @@ def ensure_user_indexes(
 
 def set_beam(conn: psycopg.Connection, ef_search: int) -> None:
     """``hnsw.ef_search`` for the rest of this transaction (``set_config(..., true)``)."""
-    conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", (str(max(min(ef_search, _MAX_EF_SEARCH), 1)),))
+    conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", (str(max(min(ef_search, MAX_EF_SEARCH), 1)),))
 
 
 def beam_for(rows_wanted: int) -> int:
@@ -266,7 +267,7 @@ def _recall_from_index(
     ).format(user=user)
     max_weight: float | None = None
     fetch = max(params.limit * 4, _MIN_FETCH)
-    while (total is None or fetch < total) and fetch <= _MAX_EF_SEARCH:
+    while (total is None or fetch < total) and fetch <= MAX_EF_SEARCH:
         # HNSW returns at most ef_search rows; with pgvector 0.8+ relaxed_order lets it keep
         # scanning past rows the user filter discards.
         set_beam(conn, beam_for(fetch) if own_index else fetch)
