@@ -101,7 +101,7 @@ class Settings(BaseSettings):
         default=1.0, gt=0, le=10_000, description="Reciprocal-rank-fusion constant k of hybrid recall: larger flattens rank differences against decay and gravity."
     )
     hybrid_relevance_exponent: float = Field(
-        default=3.0, ge=0.5, le=10, description="Exponent on hybrid recall's fused relevance before decay, warmth and gravity multiply it: larger lets relevance outweigh those priors."
+        default=6.0, ge=0.5, le=20, description="Exponent on hybrid recall's fused relevance before decay, warmth and gravity multiply it: larger lets relevance outweigh those priors."
     )
     hybrid_text_weight: float = Field(
         default=1.0, ge=0, le=100, description="Weight of the full-text (BM25) candidate lists in hybrid recall."
@@ -110,7 +110,11 @@ class Settings(BaseSettings):
         default=1.0, ge=0, le=100, description="Weight of the vector (cosine) candidate lists in hybrid recall."
     )
     hybrid_exchange_weight: float = Field(
-        default=1.0, ge=0, le=100, description="Weight of the raw-exchange candidate lists relative to the distillation ones in hybrid recall."
+        default=2.0, ge=0, le=100, description="Weight of the raw-exchange candidate lists relative to the distillation ones in hybrid recall."
+    )
+    hybrid_exchange_context: bool = Field(
+        default=True,
+        description="Hybrid recall searches each exchange's words together with the exchanges just before and after it in the same conversation (true/false).",
     )
 
     @field_validator("timezone")

@@ -153,7 +153,7 @@ def test_exchanges_stand_for_their_active_distillation_following_merges(conn: ps
 
 def test_fusion_relevance_is_one_when_first_everywhere_and_the_section_4_factors_apply() -> None:
     params = RecallParams(threshold=0.0, limit=5, half_life_days=30.0, decay_enabled=True)
-    hybrid = HybridParams(rrf_k=1.0, relevance_exponent=1.0)
+    hybrid = HybridParams(rrf_k=1.0, relevance_exponent=1.0, exchange_weight=1.0)
     legs = {"distillation_text": 1, "distillation_vector": 1, "exchange_text": 1, "exchange_vector": 1}
     fresh = HybridCandidate("a", 0.5, "medium", 0.5, 1.0, NOW, legs)
     old_core = HybridCandidate("b", 0.5, "core", 0.5, 1.0, NOW - timedelta(days=30), {"exchange_text": 2})
@@ -178,10 +178,10 @@ def test_the_relevance_exponent_lets_relevance_outweigh_the_priors() -> None:
     top = HybridCandidate("top", 0.5, "medium", 0.0, 1.0, NOW - timedelta(days=30), {"exchange_text": 1})
     fresh = HybridCandidate("fresh", 0.5, "medium", 0.0, 1.0, NOW, {"exchange_text": 3})
     # Relevance 1/2 vs 1/4 (k = 1) against decay 0.5 vs 1: a tie at exponent 1 (broken by relevance) ...
-    linear = fuse([fresh, top], params, HybridParams(relevance_exponent=1.0), NOW)
+    linear = fuse([fresh, top], params, HybridParams(relevance_exponent=1.0, exchange_weight=1.0), NOW)
     assert linear[0].score == pytest.approx(linear[1].score)
     # ... and with exponent 3 the better match wins by (2)^3 / 2 = 4x.
-    cubed = fuse([fresh, top], params, HybridParams(relevance_exponent=3.0), NOW)
+    cubed = fuse([fresh, top], params, HybridParams(relevance_exponent=3.0, exchange_weight=1.0), NOW)
     assert [h.id for h in cubed] == ["top", "fresh"]
     assert cubed[0].score == pytest.approx(4 * cubed[1].score)
     assert cubed[0].relevance == pytest.approx(((1 / 2) / (4 / 2)) ** 3)

@@ -88,24 +88,38 @@ def status_command(as_json: bool = JsonOption) -> None:
 def index_command(
     min_rows: int = typer.Option(None, "--min-rows", min=1,
                                  help="Rows of one table that earn a user their own index (default 5000)."),
+    rebuild_context: bool = typer.Option(False, "--rebuild-context",
+                                         help="Also recompute every exchange's conversation context for hybrid recall."),
     as_json: bool = JsonOption,
 ) -> None:
-    """Build per-user vector indexes for users with many memories (the nightly job does this too)."""
+    """Build per-user vector indexes for users with many memories (the nightly job does this too).
+
+    With ``--rebuild-context``, also recompute the conversation context hybrid recall searches
+    each exchange with; writes keep it up to date, so this is a repair, not routine.
+    """
     from yak_pipeline.services.recall import maintain_recall_indexes
+    from yak_pipeline.store.memories import rebuild_exchange_context
     from yak_pipeline.store.recall import USER_INDEX_MIN_ROWS
     from yak_pipeline.wiring import open_database
 
     settings = get_settings()
     db = open_database(settings)
+    contexts = None
     try:
         if not as_json:
             console.print("building indexes concurrently; recall and ingestion go on meanwhile …")
         built = maintain_recall_indexes(db, min_rows=min_rows or USER_INDEX_MIN_ROWS)
+        if rebuild_context:
+            with db.connection() as conn:
+                contexts = rebuild_exchange_context(conn)
     finally:
         db.close()
     if as_json:
-        print(json.dumps({"built": built}))
-    elif built:
+        print(json.dumps({"built": built, "contexts_rebuilt": contexts}))
+        return
+    if contexts is not None:
+        console.print(f"rebuilt the conversation context of {contexts} exchanges")
+    if built:
         for name in built:
             console.print(f"built {name}")
     else:

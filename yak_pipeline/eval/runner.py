@@ -142,7 +142,11 @@ def build_methods(settings: Settings, options: EvalOptions) -> list[Method]:
               for k in (10.0, 60.0) if k != configured.rrf_k],
             *[variant(f"Yak hybrid, relevance exponent {e:g}",
                       replace(hybrid, hybrid=replace(configured, relevance_exponent=e)))
-              for e in (1.0, 6.0) if e != configured.relevance_exponent],
+              for e in (1.0, 3.0) if e != configured.relevance_exponent],
+            *[variant(f"Yak hybrid, exchange weight {w:g}", replace(hybrid, hybrid=replace(configured, exchange_weight=w)))
+              for w in (1.0,) if w != configured.exchange_weight],
+            variant("Yak hybrid, exchange context off",
+                    replace(hybrid, hybrid=replace(configured, exchange_context=False))),
             variant("Yak hybrid, text legs only", replace(hybrid, hybrid=replace(configured, vector_weight=0.0))),
             variant("Yak hybrid, vector legs only", replace(hybrid, hybrid=replace(configured, text_weight=0.0))),
             variant("Yak hybrid, distillations only", replace(hybrid, hybrid=replace(configured, exchange_weight=0.0))),
@@ -379,6 +383,7 @@ def run_locomo_eval(settings: Settings, conversations: Sequence[Conversation], o
             "hybrid_relevance_exponent": settings.hybrid_relevance_exponent,
             "hybrid_text_weight": settings.hybrid_text_weight, "hybrid_vector_weight": settings.hybrid_vector_weight,
             "hybrid_exchange_weight": settings.hybrid_exchange_weight,
+            "hybrid_exchange_context": settings.hybrid_exchange_context,
         },
         "default_method": default_method,
         "methods": {name: method_reports[name] for name in main},

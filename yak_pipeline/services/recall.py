@@ -50,7 +50,8 @@ def configured_hybrid_params(settings: Settings) -> HybridParams:
     """The ``YAK_HYBRID_*`` fusion knobs, whether or not hybrid recall is switched on."""
     return HybridParams(rrf_k=settings.hybrid_rrf_k, relevance_exponent=settings.hybrid_relevance_exponent,
                         text_weight=settings.hybrid_text_weight, vector_weight=settings.hybrid_vector_weight,
-                        exchange_weight=settings.hybrid_exchange_weight)
+                        exchange_weight=settings.hybrid_exchange_weight,
+                        exchange_context=settings.hybrid_exchange_context)
 
 
 def hybrid_params(settings: Settings) -> HybridParams | None:

@@ -4,7 +4,9 @@ One query makes four ranked candidate lists ("legs"), each over the user's rows 
 
 - **distillation text** — BM25 over ``distillations.content_tsv`` (PostgreSQL full text);
 - **distillation vector** — cosine similarity over ``distillations.embedding``;
-- **exchange text** — BM25 over ``memories.content_tsv``, the raw exchanges;
+- **exchange text** — BM25 over ``memories.context_tsv``: each raw exchange together with the
+  exchanges just before and after it in the same conversation (sql/006; ``content_tsv``, the
+  exchange alone, with ``exchange_context`` off);
 - **exchange vector** — cosine similarity over ``memories.embedding``.
 
 What is recalled is still an *active distillation of the active embedding model* (DESIGN §4): an
@@ -91,15 +93,15 @@ WITH q AS MATERIALIZED (
     SELECT replace(plainto_tsquery('english', %(text)s)::text, ' & ', ' | ')::tsquery AS query,
            array(SELECT DISTINCT lexeme FROM unnest(to_tsvector('english', %(text)s))) AS lexemes
 ), corpus AS (
-    -- content_terms = length(content_tsv) (sql/005): an index-only scan instead of every row.
-    SELECT count(*)::float8 AS n, avg(t.content_terms)::float8 AS avgdl
+    -- {terms} = length({tsv}) (sql/005, 006): an index-only scan instead of every row.
+    SELECT count(*)::float8 AS n, avg(t.{terms})::float8 AS avgdl
     FROM {table} t WHERE {where}
 ), hits AS (
     SELECT t.id, u.lexeme, greatest(cardinality(u.positions), 1)::float8 AS tf,
-           t.content_terms::float8 AS dl
-    FROM q, {table} t CROSS JOIN LATERAL unnest(ts_filter(setweight(t.content_tsv, 'A', q.lexemes), '{{a}}')) AS u
+           t.{terms}::float8 AS dl
+    FROM q, {table} t CROSS JOIN LATERAL unnest(ts_filter(setweight(t.{tsv}, 'A', q.lexemes), '{{a}}')) AS u
     WHERE {where}
-      AND t.content_tsv @@ q.query
+      AND t.{tsv} @@ q.query
 ), df AS (
     SELECT lexeme, count(*)::float8 AS df FROM hits GROUP BY lexeme
 )
@@ -123,14 +125,19 @@ class HybridParams:
     rrf_k: float = 1.0
     # RRF relevance is raised to this power before the priors multiply it. With 1, a 2x prior
     # (30 days of decay, one tier of gravity) outweighs two or more ranks, so the priors decide
-    # the order instead of the query; with 3, one rank at the top is worth about 3x and a 2x prior
-    # moves a memory by a rank or two: relevance first, priors among near-equals (measured on
-    # LoCoMo per conversation: docs/BENCHMARKS.md).
-    relevance_exponent: float = 3.0
+    # the order instead of the query; with 6, a 2x prior is worth 12 % of fused relevance (rank 1
+    # and rank 2 of one leg differ by 50 %): relevance first, the priors decide among near-equals
+    # (measured on LoCoMo per conversation: docs/BENCHMARKS.md).
+    relevance_exponent: float = 6.0
     text_weight: float = 1.0
     vector_weight: float = 1.0
-    exchange_weight: float = 1.0
+    # The exchange legs count double: the raw words, searched with the conversation around them,
+    # hold what a distillation drops (measured on LoCoMo per conversation: docs/BENCHMARKS.md).
+    exchange_weight: float = 2.0
     leg_size: int = 50
+    # Search each exchange with its neighbours in the conversation (sql/006): a reply such as
+    # "yes, it was so powerful!" is found by the words of the question it answers.
+    exchange_context: bool = True
 
     def __post_init__(self) -> None:
         if not self.rrf_k > 0 or math.isinf(self.rrf_k):
@@ -203,18 +210,23 @@ def bm25_search(
     query: str,
     limit: int,
     embedding_model: str | None = None,
+    context: bool = False,
 ) -> list[LegHit]:
     """The user's rows of ``table`` best matching ``query`` by Okapi BM25 over ``content_tsv``.
 
     Query words are stemmed and stop words dropped by PostgreSQL's ``english`` configuration;
     any of them may match (OR). ``embedding_model`` is required for distillations (only the
-    active model's rows are recall candidates).
+    active model's rows are recall candidates). With ``context`` (memories only) each exchange
+    is searched together with its neighbours in the conversation (``context_tsv``, sql/006).
     """
     if table == "distillations" and embedding_model is None:
         raise ValueError("bm25_search over distillations needs the active embedding_model")
+    if context and table != "memories":
+        raise ValueError("only exchanges (memories) have a conversation context")
     if limit <= 0 or not query.strip():
         return []
-    sql = _BM25_SQL.format(table=table, where=_TABLES[table])
+    column = "context" if context else "content"
+    sql = _BM25_SQL.format(table=table, where=_TABLES[table], tsv=f"{column}_tsv", terms=f"{column}_terms")
     rows = conn.execute(sql, {"text": query, "user": user_id, "model": embedding_model, "limit": limit,
                               "k1": BM25_K1, "b": BM25_B}).fetchall()
     return [LegHit(id=str(r[0]), score=float(r[1])) for r in rows]
@@ -450,7 +462,8 @@ def hybrid_candidates(
                          embedding_model=embedding_model)
     d_vec = vector_search(conn, table="distillations", user_id=user_id, query_embedding=vector,
                           embedding_model=embedding_model, limit=size, exact=exact)
-    m_text = bm25_search(conn, table="memories", user_id=user_id, query=query, limit=size)
+    m_text = bm25_search(conn, table="memories", user_id=user_id, query=query, limit=size,
+                         context=hybrid.exchange_context)
     m_vec = vector_search(conn, table="memories", user_id=user_id, query_embedding=vector,
                           embedding_model=embedding_model, limit=size, exact=exact)
     held_by = recallable_distillations(conn, user_id=user_id, memory_ids=[h.id for h in m_text + m_vec],

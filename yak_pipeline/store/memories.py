@@ -187,6 +187,15 @@ def reset_memories_to_pending(conn: psycopg.Connection, memory_ids: list[UUID | 
     return cur.rowcount
 
 
+def rebuild_exchange_context(conn: psycopg.Connection, *, user_id: str | None = None) -> int:
+    """Recompute every live exchange's conversation context (sql/006), of one user or all; rows done.
+
+    The trigger keeps contexts right write by write; this repairs what concurrent writers of one
+    user can leave one neighbour short.
+    """
+    return int(conn.execute("SELECT yak_rebuild_exchange_context(%s)", (user_id,)).fetchone()[0])
+
+
 def partition_memory_stats(conn: psycopg.Connection, *, user_id: str, day: date) -> dict[str, Any]:
     """Counts of a user's day of exchanges by status and source, and rows whose hash does not match."""
     rows = conn.execute(

@@ -1,0 +1,111 @@
+"""Exchange context (sql/006): each exchange searched with its conversation neighbours, kept by a trigger."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import psycopg
+import pytest
+
+from yak_pipeline.services.recall import recall_params
+from yak_pipeline.settings import Settings
+from yak_pipeline.store.forget import forget_memories
+from yak_pipeline.store.hybrid import HybridParams, bm25_search, hybrid_recall
+from yak_pipeline.store.memories import insert_memory
+from yak_pipeline_tests.store_helpers import EMBEDDER, seed_memory_with_distillation
+
+T0 = datetime(2026, 3, 1, 14, 0, tzinfo=timezone.utc)
+
+
+def _insert(conn: psycopg.Connection, text: str, at: datetime, user: str = "ann") -> str:
+    return str(insert_memory(conn, user_id=user, content=f"User: {text}\nAssistant: Noted.", source="import",
+                             occurred_at=at).id)
+
+
+def _lexemes(conn: psycopg.Connection, memory_id: str) -> set[str]:
+    rows = conn.execute("SELECT unnest(tsvector_to_array(context_tsv)) FROM memories WHERE id = %s",
+                        (memory_id,)).fetchall()
+    return {r[0] for r in rows}
+
+
+def _contexts(conn: psycopg.Connection) -> dict[str, str]:
+    return {str(i): str(c) for i, c in conn.execute("SELECT id, context_tsv FROM memories WHERE deleted_at IS NULL")}
+
+
+def test_context_holds_the_neighbours_in_arrival_order_within_the_conversation(conn: psycopg.Connection) -> None:
+    # One imported session: every exchange has the same timestamp, so arrival order decides.
+    first = _insert(conn, "How was the pottery workshop?", T0)
+    second = _insert(conn, "Wonderful, I made a teapot.", T0)
+    third = _insert(conn, "Glazing is next week.", T0)
+    later = _insert(conn, "Tomorrow I fly to Lisbon.", T0 + timedelta(hours=5))  # another conversation
+    other_user = _insert(conn, "Zebras are striped.", T0, user="bob")
+
+    assert {"potteri", "workshop", "teapot"} <= _lexemes(conn, first)
+    assert "glaze" not in _lexemes(conn, first)  # two away: not a neighbour
+    assert {"potteri", "teapot", "glaze"} <= _lexemes(conn, second)
+    assert {"teapot", "glaze"} <= _lexemes(conn, third) and "potteri" not in _lexemes(conn, third)
+    # Five hours apart is another conversation; another user's exchange is never a neighbour.
+    assert "lisbon" not in _lexemes(conn, third) and "glaze" not in _lexemes(conn, later)
+    assert "zebra" not in _lexemes(conn, second) and "teapot" not in _lexemes(conn, other_user)
+
+
+def test_forgetting_an_exchange_removes_its_words_from_its_neighbours(conn: psycopg.Connection) -> None:
+    ids = [_insert(conn, text, T0 + timedelta(minutes=i)) for i, text in
+           enumerate(["Morning!", "My PIN is hidden under the kettle.", "Anyway, what about lunch?", "Soup."])]
+    assert "kettl" in _lexemes(conn, ids[0]) and "kettl" in _lexemes(conn, ids[2])
+
+    forget_memories(conn, user_id="ann", memory_ids=[ids[1]], actor="test", soft=True)
+    assert "kettl" not in _lexemes(conn, ids[0]) and "kettl" not in _lexemes(conn, ids[2])
+    assert "lunch" in _lexemes(conn, ids[0])  # the gap closes: the neighbours now see each other
+
+    forget_memories(conn, user_id="ann", memory_ids=[ids[2]], actor="test", soft=False)
+    assert "lunch" not in _lexemes(conn, ids[0]) and "lunch" not in _lexemes(conn, ids[3])
+    assert "soup" in _lexemes(conn, ids[0])
+
+
+def test_rebuild_gives_the_contexts_the_trigger_keeps(conn: psycopg.Connection) -> None:
+    for i, text in enumerate(["We hiked up Snowdon.", "The fog was thick.", "We saw nothing at the top.",
+                              "Next time Scafell.", "Different day entirely."]):
+        _insert(conn, text, T0 + timedelta(minutes=10 * i if i < 4 else 600))
+    _insert(conn, "Bob's only exchange.", T0, user="bob")
+    kept = _contexts(conn)
+    conn.execute("UPDATE memories SET context_tsv = NULL")
+    rebuilt = conn.execute("SELECT yak_rebuild_exchange_context()").fetchone()[0]
+    assert rebuilt == 6
+    assert _contexts(conn) == kept
+    assert conn.execute("SELECT yak_rebuild_exchange_context('bob')").fetchone()[0] == 1
+
+
+def test_a_reply_is_found_by_the_words_of_the_question_it_answers(conn: psycopg.Connection,
+                                                                  settings: Settings) -> None:
+    question, _ = seed_memory_with_distillation(
+        conn, user_id="ann", exchange="User: Did you go to the LGBTQ support group?\nAssistant: Tell me more.",
+        distillation="User asked about a support group.", occurred_at=T0)
+    reply, reply_fact = seed_memory_with_distillation(
+        conn, user_id="ann", exchange="User: Yes! It was so powerful, everyone was kind.\nAssistant: Lovely.",
+        distillation="User found a meeting powerful and kind.", occurred_at=T0 + timedelta(minutes=1))
+    for i in range(6):  # unrelated history, so the words have document frequencies to speak of
+        seed_memory_with_distillation(conn, user_id="ann", exchange=f"User: Groceries list number {i}.\nAssistant: Ok.",
+                                      distillation=f"User keeps grocery list {i}.",
+                                      occurred_at=T0 - timedelta(days=i + 1))
+
+    alone = bm25_search(conn, table="memories", user_id="ann", query="support group", limit=5)
+    with_context = bm25_search(conn, table="memories", user_id="ann", query="support group", limit=5, context=True)
+    assert [h.id for h in alone] == [str(question)]
+    assert {h.id for h in with_context} == {str(question), str(reply)}
+
+    params = recall_params(settings, threshold=0.0, limit=3)
+    vector = EMBEDDER.embed_query("support group")
+    on = hybrid_recall(conn, user_id="ann", query="support group", query_embedding=vector,
+                       embedding_model=EMBEDDER.model_name, params=params, hybrid=HybridParams(), now=T0)
+    off = hybrid_recall(conn, user_id="ann", query="support group", query_embedding=vector,
+                        embedding_model=EMBEDDER.model_name, params=params,
+                        hybrid=HybridParams(exchange_context=False), now=T0)
+    assert "exchange_text" in next(h.ranks for h in on if h.id == str(reply_fact))
+    assert all("exchange_text" not in h.ranks for h in off if h.id == str(reply_fact))
+
+
+def test_context_search_rejects_distillations(conn: psycopg.Connection) -> None:
+    with pytest.raises(ValueError, match="conversation context"):
+        bm25_search(conn, table="distillations", user_id="ann", query="x", limit=3,
+                    embedding_model=EMBEDDER.model_name, context=True)
