@@ -192,7 +192,8 @@ def _ingest(db: Database, settings: Settings, embedder: Embedder, conversations:
     """Every conversation through the pipeline's own functions; returns the turn mapping and stage times."""
     llm = get_llm_provider(settings)
     job = DistillJob(db=db, llm=llm, embedder=embedder, prompt_version=settings.prompt_version, alerter=NULL_ALERTER)
-    consolidate = ConsolidateJob(db=db, llm=llm, embedder=embedder, alerter=NULL_ALERTER)
+    consolidate = ConsolidateJob(db=db, llm=llm, embedder=embedder, alerter=NULL_ALERTER,
+                                 concurrency=settings.llm_concurrency)
     seconds = {"ingest": 0.0, "distill": 0.0, "conflicts": 0.0, "merge": 0.0, "exchange_vectors": 0.0}
     counts = {"turns": 0, "memories": 0, "duplicate_turns": 0, "rejected_turns": 0, "distilled": 0,
               "distill_failed": 0, "conflicts": 0, "merges": 0}

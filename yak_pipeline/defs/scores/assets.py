@@ -23,8 +23,9 @@ def _held_back(context: dg.AssetExecutionContext, postgres: PostgresResource) ->
 
 
 def _job(postgres: PostgresResource, llm: LLMResource, embedder: EmbedderResource, alerts: AlertsResource) -> ConsolidateJob:
+    # The merge stage's look-ahead calls the LLM for several pairs at once, as the distiller does.
     return ConsolidateJob(db=postgres.database(), llm=llm.provider(), embedder=embedder.embedder(),
-                          alerter=alerts.alerter())
+                          alerter=alerts.alerter(), concurrency=llm.max_concurrency())
 
 
 @dg.asset(partitions_def=exchange_partitions, deps=[distillations], group_name="memory", kinds={"postgres"})
