@@ -9,9 +9,10 @@
 -- The context is kept by a trigger, in the writer's own transaction, so every write path
 -- (the API, the drop folder, imports, forgetting) keeps it right: an insert refreshes the new
 -- exchange and its two neighbours; forgetting one (deleted_at set, or the row deleted)
--- refreshes its neighbours, so a forgotten exchange's words stop matching at once. Two writers
--- of the same user in concurrent transactions do not see each other's new row, so a neighbour's
--- context can miss the other one until the next write near it; `yak db index --rebuild-context` rebuilds all.
+-- refreshes its neighbours, so a forgotten exchange's words stop matching at once. Writers of
+-- the same user take turns (a per-user advisory lock held to commit): otherwise two concurrent
+-- transactions would not see each other's new rows, and could deadlock updating each other's
+-- neighbours. `yak db index --rebuild-context` recomputes every context (a repair).
 --
 -- `seq` orders exchanges that share a timestamp (an imported session often does) by arrival.
 -- Adding these columns rewrites the memories table once: minutes on a large database.
@@ -64,6 +65,8 @@ DECLARE
     row_ memories;
 BEGIN
     row_ := CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
+    -- One writer per user at a time; the statements below then see the other writers' committed rows.
+    PERFORM pg_advisory_xact_lock(hashtext('yak_exchange_context'), hashtext(row_.user_id));
     PERFORM yak_refresh_exchange_context(ARRAY[
         row_.id,
         yak_exchange_neighbour(row_.user_id, row_.occurred_at, row_.seq, true),

@@ -109,3 +109,29 @@ def test_context_search_rejects_distillations(conn: psycopg.Connection) -> None:
     with pytest.raises(ValueError, match="conversation context"):
         bm25_search(conn, table="distillations", user_id="ann", query="x", limit=3,
                     embedding_model=EMBEDDER.model_name, context=True)
+
+
+def test_concurrent_writers_of_one_user_take_turns_and_see_each_others_exchanges(db_url: str) -> None:
+    import threading
+
+    from yak_pipeline.store.database import connect
+
+    with connect(db_url) as first, connect(db_url) as second:
+        x = _insert(first, "The violin recital went well.", T0)  # not committed yet
+        done = threading.Event()
+        result: dict[str, str] = {}
+
+        def write_second() -> None:
+            result["y"] = _insert(second, "The cello part was hard.", T0 + timedelta(minutes=1))
+            second.commit()
+            done.set()
+
+        worker = threading.Thread(target=write_second)
+        worker.start()
+        assert not done.wait(0.5), "the second writer of the same user must wait for the first"
+        first.commit()
+        worker.join(timeout=10)
+        assert done.is_set()
+        # The second writer ran after the first committed: both contexts hold both exchanges.
+        assert {"violin", "cello"} <= _lexemes(first, x)
+        assert {"violin", "cello"} <= _lexemes(first, result["y"])
