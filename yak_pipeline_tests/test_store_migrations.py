@@ -84,3 +84,20 @@ def test_schema_constraints_refuse_bad_states(conn: psycopg.Connection) -> None:
             conn.execute(statement)
         conn.rollback()
     assert conn.execute("SELECT confidence, status FROM distillations WHERE id = %s", (distillation_id,)).fetchone() == (0.9, "active")
+
+
+def test_the_embedded_server_gets_a_quarter_of_the_ram_for_shared_buffers_within_bounds(
+        pg_server_url: str) -> None:
+    import os
+
+    from yak_pipeline.store.embedded import shared_buffers_mb
+
+    assert shared_buffers_mb(8 * 2**30) == 1024  # capped: a quarter of 8 GB would be 2 GB
+    assert shared_buffers_mb(2 * 2**30) == 512
+    assert shared_buffers_mb(256 * 2**20) == 128  # never below PostgreSQL's own default
+    if os.environ.get("YAK_TEST_DATABASE_URL"):
+        pytest.skip("an external test database: its configuration is not ours")
+    with connect(pg_server_url, autocommit=True, vector=False) as conn:
+        mb = conn.execute("SELECT setting::bigint * 8 / 1024 FROM pg_settings WHERE name = 'shared_buffers'").fetchone()[0]
+    # The test session's server was created by start_embedded_server, so it runs with the setting.
+    assert mb == shared_buffers_mb()
