@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -101,3 +102,29 @@ def test_the_embedded_server_gets_a_quarter_of_the_ram_for_shared_buffers_within
         mb = conn.execute("SELECT setting::bigint * 8 / 1024 FROM pg_settings WHERE name = 'shared_buffers'").fetchone()[0]
     # The test session's server was created by start_embedded_server, so it runs with the setting.
     assert mb == shared_buffers_mb()
+
+
+def test_a_new_embedded_server_is_configured_and_still_stopped_at_exit() -> None:
+    """A server created with keep_running=False gets its memory setting and still stops at exit."""
+    import subprocess
+    import sys
+
+    from yak_pipeline.store.embedded import embedded_server_running, shared_buffers_mb
+
+    pgdata = Path(f"/tmp/yak-test-pg-new-{uuid.uuid4().hex[:8]}")  # short: it holds the socket
+    try:
+        script = ("import sys, psycopg; from pathlib import Path; "
+                  "from yak_pipeline.store.embedded import start_embedded_server; "
+                  "url = start_embedded_server(Path(sys.argv[1]), keep_running=False); "
+                  "print(psycopg.connect(url).execute(\"SELECT setting::bigint * 8 / 1024 FROM pg_settings "
+                  "WHERE name = 'shared_buffers'\").fetchone()[0])")
+        done = subprocess.run([sys.executable, "-c", script, str(pgdata)], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert int(done.stdout.strip().splitlines()[-1]) == shared_buffers_mb()
+        assert not embedded_server_running(pgdata)
+    finally:
+        if embedded_server_running(pgdata):
+            from yak_pipeline.store.embedded import stop_embedded_server
+
+            stop_embedded_server(pgdata)
+        subprocess.run(["rm", "-rf", str(pgdata)], check=False)

@@ -26,8 +26,8 @@ def shared_buffers_mb(total_ram_bytes: int | None = None) -> int:
     """The embedded server's ``shared_buffers``: a quarter of the RAM, between 128 MB and 1 GB.
 
     PostgreSQL's default (128 MB) holds less than the HNSW indexes of one heavy user's history,
-    so recall reads index pages through the kernel's cache on every query: at 100,000 rows that
-    was p95 10–12 ms instead of ~4 ms (docs/BENCHMARKS.md §2). A quarter of the RAM is the usual
+    so recall reads index pages through the kernel's cache on every query: at 100,000 rows the
+    vector-only recall's p95 was 11–12 ms against 6–8 ms with 1 GB (docs/BENCHMARKS.md §2). A quarter of the RAM is the usual
     advice; 1 GB holds the indexes of several hundred thousand memories without taking much of
     a laptop.
     """
@@ -48,6 +48,7 @@ def start_embedded_server(pgdata: Path, *, keep_running: bool = True) -> str:
     gets the setting at its next start, never a restart under its running clients.
     """
     import pgserver
+    import psycopg
 
     pgdata = pgdata.expanduser().resolve()
     pgdata.parent.mkdir(parents=True, exist_ok=True)
@@ -55,7 +56,8 @@ def start_embedded_server(pgdata: Path, *, keep_running: bool = True) -> str:
     try:
         server = pgserver.get_server(pgdata, cleanup_mode=None if keep_running else "stop")
         _configure(server.get_uri(), pgdata, restart=created)
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError, AssertionError) as exc:
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError, AssertionError,
+            psycopg.Error) as exc:
         log = pgdata / "log"
         raise DatabaseUnavailable(
             f"could not start the embedded PostgreSQL in {pgdata} ({type(exc).__name__}); see {log}"
@@ -63,8 +65,11 @@ def start_embedded_server(pgdata: Path, *, keep_running: bool = True) -> str:
     return server.get_uri()
 
 
-def _configure(url: str, pgdata: Path, *, restart: bool) -> None:
-    """Set the embedded server's memory (``ALTER SYSTEM``); with ``restart``, apply it now."""
+def _configure(url: str, pgdata: Path, *, restart: bool) -> bool:
+    """Set the embedded server's memory (``ALTER SYSTEM``); with ``restart``, apply it now.
+
+    Returns whether the server was restarted.
+    """
     import psycopg
 
     wanted = f"{shared_buffers_mb()}MB"
@@ -74,15 +79,16 @@ def _configure(url: str, pgdata: Path, *, restart: bool) -> None:
         asked = conn.execute("SELECT setting FROM pg_file_settings WHERE name = 'shared_buffers' "
                              "AND sourcefile LIKE '%postgresql.auto.conf'").fetchone()
         if f"{current}MB" == wanted or (asked is not None and asked[0] == wanted and not restart):
-            return
+            return False
         conn.execute(f"ALTER SYSTEM SET shared_buffers = '{wanted}'")
-    if restart:
-        from pgserver import pg_ctl
-
-        user = "pgserver" if os.geteuid() == 0 else None
-        pg_ctl(["-w", "-m", "fast", "restart"], pgdata=pgdata, user=user)
-    else:
+    if not restart:
         logger.info("embedded PostgreSQL: shared_buffers %s applies at its next start (yak db stop)", wanted)
+        return False
+    from pgserver import pg_ctl
+
+    user = "pgserver" if os.geteuid() == 0 else None
+    pg_ctl(["-w", "-m", "fast", "restart"], pgdata=pgdata, user=user)
+    return True
 
 
 def embedded_server_running(pgdata: Path) -> bool:

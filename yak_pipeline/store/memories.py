@@ -190,8 +190,8 @@ def reset_memories_to_pending(conn: psycopg.Connection, memory_ids: list[UUID | 
 def rebuild_exchange_context(conn: psycopg.Connection, *, user_id: str | None = None) -> int:
     """Recompute every live exchange's conversation context (sql/006), of one user or all; rows done.
 
-    The trigger keeps contexts right write by write; this repairs what concurrent writers of one
-    user can leave one neighbour short.
+    The trigger keeps contexts right write by write; this is the repair for rows written with
+    the trigger disabled (a bulk load) or by an older version.
     """
     return int(conn.execute("SELECT yak_rebuild_exchange_context(%s)", (user_id,)).fetchone()[0])
 
