@@ -1,24 +1,48 @@
-"""Recall latency and fidelity at scale: ``python bench/recall_latency.py --n 100000 --users 10 [--json]``.
+"""Recall latency, the old engine against the new (A/B), and fidelity at scale.
+
+``python bench/recall_latency.py --n 100000 --users 10 [--queries 300] [--no-http] [--json]``
 
 Loads N synthetic distillations (1–4 sentences of realistic length, each with its raw exchange)
 across U users into a scratch database, with 384-dimensional vectors (the local embedder's size)
-drawn around shared topic centres so neighbours exist, and builds the same indexes as the
-migrations (HNSW, GIN). Q other queries warm the server up (timed and reported on their own:
-the first queries after a bulk load read the indexes from disk into PostgreSQL's buffers), then,
-for Q queries at random users:
+drawn around shared topic centres so neighbours exist, labelled ``all-MiniLM-L6-v2`` so that the
+relevance model shipped for that embedder applies (``recall_models.load_relevance_model``; the
+vectors are random, so its *figures* mean nothing here, only its cost does), and builds the same
+indexes as the migrations (HNSW, GIN). Users with at least ``store.recall.USER_INDEX_MIN_ROWS``
+rows get their own partial HNSW index (``ensure_user_indexes``, as the maintenance job builds
+them): at N = 100,000, U = 10 every user has one, at N = 10,000 none does (their rows are scanned
+exactly, in SQL). Q other queries warm the server up (timed and reported on their own: the first
+queries after a bulk load read the indexes from disk into PostgreSQL's buffers), then, for Q
+queries at random users:
 
-Users with at least ``store.recall.USER_INDEX_MIN_ROWS`` rows get their own partial HNSW index
-(``ensure_user_indexes``, as the maintenance job builds them), so at N = 100,000, U = 10 every
-user has one and at N = 10,000 none does (their rows are scanned exactly, in SQL).
+- **store, A/B** — both engines share their candidate legs, so each query runs them once and
+  times, on the same candidates:
 
-- **store, vector-only** — ``store.recall.recall`` (DESIGN §4: ANN over-fetch, exact re-rank);
-  fidelity = share of queries whose top-10 equals ``recall_exact`` (every row scored);
-- **store, hybrid** — ``store.hybrid.hybrid_recall`` (BM25 + vectors over distillations and
-  exchanges, RRF, §4 score); fidelity against ``hybrid_recall_exact`` (every vector leg exact);
+  (a) ``store.recall.recall_candidates``: the four legs (BM25 and vectors over distillations and
+      exchanges) and the one candidate-row query;
+  (b) the OLD ranking: weighted reciprocal-rank fusion over ``Candidate.ranks`` as the removed
+      ``store/hybrid.py`` did it (``fuse`` of commit 06f3bdf: weights text 1, vector 1, exchange
+      legs × 2, ``rrf_k`` 1, relevance = (fused / best possible)^6, score = relevance × decay ×
+      (1 + warmth) × gravity);
+  (c) the NEW ranking: ``core.recall.rank_memories`` (calibrated relevance per candidate, the
+      tier gate on it, the score on its odds): the relevance step, in Python.
+
+  old = a + b, new = a + c (``store.recall.recall`` is exactly ``recall_candidates`` followed by
+  ``rank_memories``; the bench checks that it returns the same ids). The cost of the relevance
+  step is new − old. Two differences of the old engine are not reproduced: it gated vector-leg
+  hits on their raw cosine before fusing (a few microseconds of Python; the new legs have no
+  such gate), and its candidate-row query read the distillation's cosine only, where the new one
+  joins each candidate's exchange and computes its cosine too (and the supersession join). That
+  SQL difference is measured on its own: after each query both candidate-row queries are re-run
+  on the same ids (order alternating), and ``a − Δsql + b`` is the old engine with its own query.
+- **fidelity** — share of queries whose top-10 with the index path (``exact=False``) equals the
+  exact reference (``exact=True``: every vector leg scans every row of the user), for the new
+  engine (the target) and, for information, the old ranking over the same candidates;
 - **HTTP** — ``POST /api/distillations/search`` end to end against ``yak serve`` (a real uvicorn
-  process on 127.0.0.1) with the local query embedder, the configured recall (hybrid by default).
+  process on 127.0.0.1) with the local query embedder and the new engine.
 
-Targets (issue 5, at N = 100,000, U = 10): store p95 ≤ 10 ms, HTTP p95 ≤ 25 ms, fidelity ≥ 0.99.
+Targets (issue "Fast on the default path", at N = 100,000, U = 10): store p95 ≤ 15 ms (the new
+engine, a + c), HTTP p95 ≤ 30 ms, fidelity ≥ 0.99. The 1-minute load average is recorded before
+and after: the figures are only as quiet as the machine was.
 """
 
 from __future__ import annotations
@@ -51,7 +75,7 @@ from yak_pipeline.settings import get_settings  # noqa: E402
 
 DIM = 384
 MODEL = "all-MiniLM-L6-v2"
-TARGETS = {"store_p95_ms": 10.0, "http_p95_ms": 25.0, "fidelity": 0.99}
+TARGETS = {"store_p95_ms": 15.0, "http_p95_ms": 30.0, "fidelity": 0.99}
 _SUBJECTS = ["User", "User's sister", "User's partner", "User's manager", "User's son", "User's best friend"]
 _VERBS = ["likes", "is learning", "works on", "visited", "bought", "cooks", "plays", "reads about", "plans",
           "trains for", "volunteers at", "writes about", "collects", "repairs", "photographs"]
@@ -154,49 +178,163 @@ def _queries(rows: list, count: int, seed: int) -> list[tuple[str, str, np.ndarr
     return out
 
 
+# The old engine's ranking (``fuse`` of store/hybrid.py, commit 06f3bdf), over the new candidates.
+OLD_RRF_K = 1.0
+OLD_RELEVANCE_EXPONENT = 6.0
+OLD_TEXT_WEIGHT, OLD_VECTOR_WEIGHT, OLD_EXCHANGE_WEIGHT = 1.0, 1.0, 2.0
+# The old engine's candidate-row query (``_candidate_rows``): the distillation's cosine only.
+OLD_CANDIDATE_ROWS_SQL = """SELECT id, 1 - (embedding <=> %s) AS similarity, tier, warmth, user_weight, refreshed_at
+           FROM distillations
+           WHERE id = ANY(%s::uuid[]) AND status = 'active' AND deleted_at IS NULL AND embedding_model = %s"""
+
+
+def _old_leg_weight(leg: str) -> float:
+    kind = OLD_TEXT_WEIGHT if leg.endswith("_text") else OLD_VECTOR_WEIGHT
+    return kind * (OLD_EXCHANGE_WEIGHT if leg.startswith("exchange") else 1.0)
+
+
+def old_fuse(candidates: list, params, now: datetime) -> list[tuple[str, float, float]]:
+    """The old ranking: weighted RRF relevance^6 × decay × (1 + warmth) × gravity; (id, score, relevance), best first."""
+    from yak_pipeline.core.recall import LEGS
+    from yak_pipeline.core.scoring import decay_factor, gravity
+
+    best_possible = sum(_old_leg_weight(leg) for leg in LEGS) / (OLD_RRF_K + 1)
+    hits = []
+    for candidate in candidates:
+        if not candidate.ranks:
+            continue
+        fused = sum(_old_leg_weight(leg) / (OLD_RRF_K + rank) for leg, rank in candidate.ranks.items())
+        relevance = (fused / best_possible) ** OLD_RELEVANCE_EXPONENT
+        age_days = (now - candidate.refreshed_at).total_seconds() / 86_400.0
+        score = (relevance * decay_factor(age_days, params.half_life_days, params.decay_enabled)
+                 * (1.0 + candidate.warmth) * gravity(candidate.tier, candidate.user_weight))
+        hits.append((candidate.id, score, relevance, candidate.signals.cos_distillation))
+    hits.sort(key=lambda h: (-h[1], -h[2], -h[3], h[0]))
+    return [(h[0], h[1], h[2]) for h in hits[:params.limit]]
+
+
+class _TimedConnection:
+    """A connection that times its candidate-row query (the one selecting ``cos_exchange``), in place."""
+
+    def __init__(self, conn) -> None:
+        self._conn = conn
+        self.candidate_ms = 0.0
+        self.candidate_call: tuple | None = None
+
+    def execute(self, query, params=None, **kwargs):
+        if isinstance(query, str) and "cos_exchange" in query:
+            began = time.perf_counter()
+            cursor = self._conn.execute(query, params, **kwargs)  # client-side cursor: rows are fetched here
+            self.candidate_ms += (time.perf_counter() - began) * 1000
+            self.candidate_call = (query, params)
+            return cursor
+        return self._conn.execute(query, params, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._conn, name)
+
+
+def _timed_query(conn, query: str, params) -> float:
+    began = time.perf_counter()
+    conn.execute(query, params).fetchall()
+    return (time.perf_counter() - began) * 1000
+
+
 def bench_store(url: str, queries: list, limit: int, warmup: list) -> dict:
-    """Latency of the store's recall queries and their fidelity to exact scoring of every row.
+    """Old and new engine on the same candidates (module docstring), and the new engine's fidelity.
 
-    ``warmup`` (other queries than the measured ones) runs first, timed on its own: right after
-    the load the indexes are not yet in PostgreSQL's buffers. The measured pass then sees the
-    steady state of a running server, not the cached answers to its own queries.
+    ``warmup`` (other queries than the measured ones) runs first through the new engine, timed on
+    its own: right after the load the indexes are not yet in PostgreSQL's buffers. The measured
+    pass then sees the steady state of a running server, not the cached answers to its own queries.
     """
+    from yak_pipeline.core.recall import rank_memories
+    from yak_pipeline.recall_models import load_relevance_model
+    from yak_pipeline.services.recall import recall_params
     from yak_pipeline.store.database import Database
-    from yak_pipeline.store.hybrid import HybridParams, hybrid_recall, hybrid_recall_exact
-    from yak_pipeline.store.recall import RecallParams, recall, recall_exact
+    from yak_pipeline.store.recall import recall, recall_candidates
 
-    params = RecallParams(threshold=0.7, limit=limit)
-    hybrid_params = HybridParams()
-    results: dict = {}
+    params = recall_params(get_settings(), threshold=0.7, limit=limit)
+    model = load_relevance_model(MODEL)
+    progress(f"  relevance model {model.version}; leg size {params.leg_size}, limit {params.limit}")
     with Database(url, max_size=2) as db:
-        for name, fast, exact, uses_text in (
-            ("vector", recall, recall_exact, False),
-            ("hybrid", hybrid_recall, hybrid_recall_exact, True),
-        ):
-            first = []
-            for user, text, vector in warmup:
-                kwargs = {"query": text, "hybrid": hybrid_params} if uses_text else {}
-                with db.connection() as conn:
-                    began = time.perf_counter()
-                    fast(conn, user_id=user, query_embedding=vector, embedding_model=MODEL, params=params, **kwargs)
-                    first.append((time.perf_counter() - began) * 1000)
-            progress(f"  store {name}: {len(warmup)} warm-up queries, p95 {latency_summary(first)['p95']} ms")
-            samples, same = [], 0
-            for i, (user, text, vector) in enumerate(queries):
-                kwargs = {"query": text, "hybrid": hybrid_params} if uses_text else {}
-                with db.connection() as conn:
-                    began = time.perf_counter()
-                    got = fast(conn, user_id=user, query_embedding=vector, embedding_model=MODEL, params=params, **kwargs)
-                    samples.append((time.perf_counter() - began) * 1000)
-                with db.connection() as conn:
-                    want = exact(conn, user_id=user, query_embedding=vector, embedding_model=MODEL, params=params,
-                                 **kwargs)
-                same += [g.id for g in got] == [w.id for w in want]
-                if (i + 1) % 100 == 0:
-                    progress(f"  store {name}: {i + 1}/{len(queries)} queries")
-            results[name] = {"latency_ms": latency_summary(samples), "fidelity": round(same / len(queries), 4),
-                             "warmup_latency_ms": latency_summary(first)}
-    return results
+        first = []
+        for user, text, vector in warmup:
+            with db.connection() as conn:
+                began = time.perf_counter()
+                recall(conn, user_id=user, query=text, query_embedding=vector, embedding_model=MODEL,
+                       params=params, model=model)
+                first.append((time.perf_counter() - began) * 1000)
+        progress(f"  store: {len(warmup)} warm-up queries, p95 {latency_summary(first)['p95']} ms")
+
+        legs_ms, in_situ_ms, old_ms, new_ms = [], [], [], []
+        sql_old_ms, sql_new_ms, counts = [], [], []
+        same_new = same_old = same_recall = 0
+        for i, (user, text, vector) in enumerate(queries):
+            now = datetime.now(timezone.utc)
+            with db.connection() as raw:
+                conn = _TimedConnection(raw)
+                began = time.perf_counter()
+                candidates = recall_candidates(conn, user_id=user, query=text, query_embedding=vector,  # type: ignore[arg-type]
+                                               embedding_model=MODEL, params=params)
+                legs_ms.append((time.perf_counter() - began) * 1000)
+                in_situ_ms.append(conn.candidate_ms)
+            counts.append(len(candidates))
+            began = time.perf_counter()
+            old = old_fuse(candidates, params, now)
+            old_ms.append((time.perf_counter() - began) * 1000)
+            began = time.perf_counter()
+            new = rank_memories(candidates, model=model, params=params, now=now)
+            new_ms.append((time.perf_counter() - began) * 1000)
+
+            # Untimed for the engines: the two candidate-row queries on the same ids, the exact
+            # reference, and recall() itself (it must be a then c).
+            with db.connection() as c:
+                if conn.candidate_call is not None:
+                    query, args = conn.candidate_call
+                    old_args = (args["q"], args["ids"], MODEL)
+                    if i % 2:
+                        sql_new_ms.append(_timed_query(c, query, args))
+                        sql_old_ms.append(_timed_query(c, OLD_CANDIDATE_ROWS_SQL, old_args))
+                    else:
+                        sql_old_ms.append(_timed_query(c, OLD_CANDIDATE_ROWS_SQL, old_args))
+                        sql_new_ms.append(_timed_query(c, query, args))
+                exact = recall_candidates(c, user_id=user, query=text, query_embedding=vector,
+                                          embedding_model=MODEL, params=params, exact=True)
+                via_recall = recall(c, user_id=user, query=text, query_embedding=vector, embedding_model=MODEL,
+                                    params=params, model=model, now=now)
+            same_new += [m.id for m in new] == [m.id for m in rank_memories(exact, model=model, params=params, now=now)]
+            same_old += [h[0] for h in old] == [h[0] for h in old_fuse(exact, params, now)]
+            same_recall += [m.id for m in via_recall] == [m.id for m in new]
+            if (i + 1) % 100 == 0:
+                progress(f"  store: {i + 1}/{len(queries)} queries")
+
+    n = len(queries)
+    old_total = [a + b for a, b in zip(legs_ms, old_ms)]
+    new_total = [a + c for a, c in zip(legs_ms, new_ms)]
+    sql_delta = [new - old for new, old in zip(sql_new_ms, sql_old_ms)]
+    own_query = ([a - d + b for a, d, b in zip(legs_ms, sql_delta, old_ms)] if len(sql_delta) == n else [])
+    return {
+        "legs_and_candidates_ms": latency_summary(legs_ms),
+        "candidate_row_query_in_situ_ms": latency_summary(in_situ_ms),
+        "old_fusion_ms": latency_summary(old_ms),
+        "new_ranking_ms": latency_summary(new_ms),
+        "old_total_ms": latency_summary(old_total),
+        "new_total_ms": latency_summary(new_total),
+        "relevance_step_per_query_ms": latency_summary([c - b for b, c in zip(old_ms, new_ms)]),
+        "relevance_step_with_sql_per_query_ms": latency_summary(
+            [c - b + d for b, c, d in zip(old_ms, new_ms, sql_delta)] if len(sql_delta) == n else []),
+        "candidate_rows_sql_old_ms": latency_summary(sql_old_ms),
+        "candidate_rows_sql_new_ms": latency_summary(sql_new_ms),
+        "candidate_rows_sql_delta_ms": latency_summary(sql_delta),
+        "old_total_own_candidate_query_ms": latency_summary(own_query),
+        "candidates_per_query": {"mean": round(sum(counts) / n, 1), "max": max(counts), "min": min(counts)},
+        "fidelity_new": round(same_new / n, 4),
+        "fidelity_old": round(same_old / n, 4),
+        "recall_equals_a_then_c": round(same_recall / n, 4),
+        "warmup_new_total_ms": latency_summary(first),
+        "relevance_model": model.version,
+        "leg_size": params.leg_size,
+    }
 
 
 def bench_http(url: str, queries: list, limit: int) -> dict:
@@ -241,6 +379,14 @@ def bench_http(url: str, queries: list, limit: int) -> dict:
             server.kill()
 
 
+def _load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def _pcts(lat: dict) -> str:
+    return " / ".join(f"{lat[p] + 0.0:g}" for p in ("p50", "p95", "p99"))  # + 0.0: no "-0"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print (or emit as JSON) its figures next to the targets."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -257,36 +403,81 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     settings = get_settings()
     started = time.monotonic()
+    load_average = {"before": _load()}
     with scratch_database(settings) as url:
         progress(f"loading {args.n} distillations across {args.users} users")
         loaded = load(url, args.n, args.users, args.seed)
         queries = _queries(loaded["rows"], args.queries, args.seed)
         warmup = _queries(loaded["rows"], args.queries, args.seed + 1000)
+        load_average["store_start"] = _load()
         store = bench_store(url, queries, args.limit, warmup)
+        load_average["store_end"] = _load()
         http = None if args.no_http else bench_http(url, queries, args.limit)
+        load_average["after"] = _load()
     result = {"n": args.n, "users": args.users, "queries": args.queries, "limit": args.limit, "dimensions": DIM,
               "load_seconds": loaded["seconds"], "store": store, "http": http, "targets": TARGETS,
-              "seconds": round(time.monotonic() - started, 1)}
+              "load_average_1min": load_average, "seconds": round(time.monotonic() - started, 1)}
     path = write_result(f"recall_latency_n{args.n}_u{args.users}", result)
     if args.json:
         import json
 
         print(json.dumps(result))
         return 0
-    rows = []
-    for name in ("vector", "hybrid"):
-        lat = store[name]["latency_ms"]
-        rows.append((f"store {name} p50 / p95 / p99 ms", f"{lat['p50']} / {lat['p95']} / {lat['p99']}",
-                     f"p95 ≤ {TARGETS['store_p95_ms']:g}", verdict(lat["p95"], TARGETS["store_p95_ms"], higher_is_better=False)))
-        rows.append((f"store {name} fidelity (top-{args.limit} = exact)", f"{store[name]['fidelity']:.3f}",
-                     f"≥ {TARGETS['fidelity']}", verdict(store[name]["fidelity"], TARGETS["fidelity"], higher_is_better=True)))
-        cold = store[name]["warmup_latency_ms"]
-        rows.append((f"  (store {name}, first {args.queries} queries after the load: p50 / p95 ms)",
-                     f"{cold['p50']} / {cold['p95']}", "", ""))
+
+    def diff(new: dict, old: dict, pct: str) -> str:
+        return f"{new[pct] - old[pct]:+.2f}"
+
+    old, new = store["old_total_ms"], store["new_total_ms"]
+    step = store["relevance_step_per_query_ms"]
+    sql_old, sql_new = store["candidate_rows_sql_old_ms"], store["candidate_rows_sql_new_ms"]
+    own = store["old_total_own_candidate_query_ms"]
+    cands = store["candidates_per_query"]
+    ab = [
+        ("(a) legs + candidates: recall_candidates", _pcts(store["legs_and_candidates_ms"]), "", ""),
+        ("    of which the candidate-row query (in situ)", _pcts(store["candidate_row_query_in_situ_ms"]), "", ""),
+        ("(b) old fusion: weighted RRF (Python)", _pcts(store["old_fusion_ms"]), "", ""),
+        ("(c) new ranking: rank_memories (relevance step)", _pcts(store["new_ranking_ms"]), "", ""),
+        ("old engine = a + b", _pcts(old), "", ""),
+        ("new engine = a + c", _pcts(new), "", ""),
+        ("cost of the relevance step = new − old (p50 / p95)",
+         f"{diff(new, old, 'p50')} / {diff(new, old, 'p95')}", "", ""),
+        ("    per query, c − b (p50 / p95 / p99)", _pcts(step), "", ""),
+        ("candidate-row SQL re-run, old: distillation cosine", _pcts(sql_old), "", ""),
+        ("candidate-row SQL re-run, new: + exchange cosine join", _pcts(sql_new), "", ""),
+        ("    Δ new − old SQL, per query (p50 / p95 / p99)", _pcts(store["candidate_rows_sql_delta_ms"]), "", ""),
+        ("old engine with its own candidate query = a − Δ + b", _pcts(own) if own["n"] else "n/a", "", ""),
+        ("cost incl. the exchange cosine = new − that (p50 / p95)",
+         f"{diff(new, own, 'p50')} / {diff(new, own, 'p95')}" if own["n"] else "n/a", "", ""),
+        ("    per query, c − b + Δ (p50 / p95 / p99)",
+         _pcts(store["relevance_step_with_sql_per_query_ms"]) if own["n"] else "n/a", "", ""),
+        ("candidates per query (mean / min / max)", f"{cands['mean']} / {cands['min']} / {cands['max']}", "", ""),
+        ("recall() returns the ids of a then c", f"{store['recall_equals_a_then_c']:.3f}", "1.000",
+         verdict(store["recall_equals_a_then_c"], 1.0, higher_is_better=True)),
+    ]
+    print_table(f"Recall A/B, old engine vs new, N = {args.n}, U = {args.users}, {args.queries} queries "
+                f"(ms: p50 / p95 / p99; relevance model {store['relevance_model']}, leg size {store['leg_size']})", ab)
+    print("  old = the legs + RRF fusion as store/hybrid.py did it (06f3bdf), without its raw-cosine gate on")
+    print("  vector-leg hits; the new candidate query computes both cosines (distillation and exchange) per")
+    print("  candidate, the old one the distillation's only: the 'candidate-row SQL' rows time that part.")
+
+    rows = [
+        ("store, new engine (a + c) p50 / p95 / p99 ms", _pcts(new), f"p95 ≤ {TARGETS['store_p95_ms']:g}",
+         verdict(new["p95"], TARGETS["store_p95_ms"], higher_is_better=False)),
+        ("store, old engine (a + b) p50 / p95 / p99 ms", _pcts(old), f"p95 ≤ {TARGETS['store_p95_ms']:g}",
+         verdict(old["p95"], TARGETS["store_p95_ms"], higher_is_better=False)),
+        (f"store fidelity, new (top-{args.limit}: exact=False = exact=True)", f"{store['fidelity_new']:.3f}",
+         f"≥ {TARGETS['fidelity']}", verdict(store["fidelity_new"], TARGETS["fidelity"], higher_is_better=True)),
+        ("  (old ranking's fidelity, same candidates)", f"{store['fidelity_old']:.3f}", "", ""),
+        (f"  (new engine, first {args.queries} after the load: p50 / p95 ms)",
+         f"{store['warmup_new_total_ms']['p50']} / {store['warmup_new_total_ms']['p95']}", "", ""),
+    ]
     if http:
         lat = http["latency_ms"]
-        rows.append(("HTTP search p50 / p95 / p99 ms", f"{lat['p50']} / {lat['p95']} / {lat['p99']}",
-                     f"p95 ≤ {TARGETS['http_p95_ms']:g}", verdict(lat["p95"], TARGETS["http_p95_ms"], higher_is_better=False)))
+        rows.append(("HTTP search p50 / p95 / p99 ms (new engine)", _pcts(lat), f"p95 ≤ {TARGETS['http_p95_ms']:g}",
+                     verdict(lat["p95"], TARGETS["http_p95_ms"], higher_is_better=False)))
+        rows.append(("  (HTTP errors)", str(http["errors"]), "0", verdict(-http["errors"], 0, higher_is_better=True)))
+    rows.append(("load avg 1 min (start / store / store end / end)",
+                 " / ".join(str(load_average[k]) for k in ("before", "store_start", "store_end", "after")), "", ""))
     print_table(f"Recall latency, N = {args.n}, U = {args.users} (targets are for N = 100,000, U = 10)", rows)
     print(f"wrote {path}")
     return 0

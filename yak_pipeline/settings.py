@@ -93,28 +93,18 @@ class Settings(BaseSettings):
     prompt_version: str = Field(
         default="v1", description="Distillation prompt version stored on each distillation; bump to backfill."
     )
-    hybrid_recall: bool = Field(
+    recall_relevance_exponent: float = Field(
+        default=9.0, ge=0.5, le=30, description="Exponent on the odds of a memory's calibrated relevance in the recall score (odds^e × decay × (1 + warmth) × gravity): larger lets the query's evidence outweigh those priors."
+    )
+    recall_superseded_factor: float = Field(
+        default=0.5, ge=0, le=1, description="Recall score factor of a memory that a newer one superseded (knowledge updates): below 1 ranks the current value first."
+    )
+    recall_exchange_context: bool = Field(
         default=True,
-        description="Recall by hybrid search: full text and vectors over distillations and their exchanges, fused by RRF (true/false).",
+        description="Recall's full-text leg searches each exchange's words together with the exchanges just before and after it in the same conversation (true/false).",
     )
-    hybrid_rrf_k: float = Field(
-        default=1.0, gt=0, le=10_000, description="Reciprocal-rank-fusion constant k of hybrid recall: larger flattens rank differences against decay and gravity."
-    )
-    hybrid_relevance_exponent: float = Field(
-        default=6.0, ge=0.5, le=20, description="Exponent on hybrid recall's fused relevance before decay, warmth and gravity multiply it: larger lets relevance outweigh those priors."
-    )
-    hybrid_text_weight: float = Field(
-        default=1.0, ge=0, le=100, description="Weight of the full-text (BM25) candidate lists in hybrid recall."
-    )
-    hybrid_vector_weight: float = Field(
-        default=1.0, ge=0, le=100, description="Weight of the vector (cosine) candidate lists in hybrid recall."
-    )
-    hybrid_exchange_weight: float = Field(
-        default=2.0, ge=0, le=100, description="Weight of the raw-exchange candidate lists relative to the distillation ones in hybrid recall."
-    )
-    hybrid_exchange_context: bool = Field(
-        default=True,
-        description="Hybrid recall searches each exchange's words together with the exchanges just before and after it in the same conversation (true/false).",
+    recall_leg_size: int = Field(
+        default=50, ge=1, le=1000, description="How many candidates each recall leg (BM25 and vectors, over distillations and exchanges) proposes for relevance scoring."
     )
 
     @field_validator("timezone")

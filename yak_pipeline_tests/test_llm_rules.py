@@ -226,6 +226,107 @@ def test_conflict_score(a: str, b: str, low: float, high: float) -> None:
     assert low <= forward <= high
 
 
+def _conflict(a: str, b: str) -> float:
+    """The conflict score of a pair, checked to be the same both ways round."""
+    forward, backward = RULES.conflict_score(a, b).score, RULES.conflict_score(b, a).score
+    assert forward == backward
+    return forward
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        # Negation in its many forms: the plain claim, negated.
+        ("User is vegetarian.", "User is no longer vegetarian."),
+        ("User is vegetarian.", "User isn't vegetarian anymore."),
+        ("User is vegetarian.", "User stopped being vegetarian."),
+        ("User is vegetarian.", "User quit being vegetarian."),
+        ("User is vegetarian.", "User gave up being vegetarian."),
+        ("User is a vegetarian.", "User used to be vegetarian."),
+        ("User lives in Lisbon.", "User moved away from Lisbon."),
+        ("User has a dog named Rex.", "User no longer has a dog."),
+        # A diet says what is not eaten.
+        ("User is vegetarian.", "User started eating fish again, so pescatarian now."),
+        ("User is vegetarian.", "User eats meat again."),
+        # Replaced values: a move, another car, another job.
+        ("User lives in Lisbon.", "User moved to Porto."),
+        ("User lives in Lisbon.", "User lives in Porto now."),
+        ("User lives in Lisbon.", "User moved from Lisbon to Porto."),
+        ("The user lives in Lisbon.", "The user relocated to Porto in 2023."),
+        ("User drives a blue Renault Zoe.", "User drives a Tesla now."),
+        ("User works as a pediatric nurse.", "User works as a teacher now."),
+        ("User works as a pediatric nurse.", "User is a teacher now."),
+        # A thing given up ends what held it, named in other words or generally.
+        ("User drives a blue Renault Zoe.", "User sold the Renault Zoe."),
+        ("User drives a blue Renault Zoe.", "User sold their car."),
+        ("User works as a pediatric nurse.", "User quit the nursing job."),
+        ("User works as a pediatric nurse.", "User quit their job."),
+        ("User works at SAP.", "User left their job at SAP."),
+    ],
+)
+def test_negations_and_replaced_values_conflict(a: str, b: str) -> None:
+    assert _conflict(a, b) > 0.7
+
+
+@pytest.mark.parametrize(
+    ("earlier", "later"),
+    [
+        ("I live in Lisbon.", "I moved to Porto last month."),
+        ("I live in Lisbon.", "We moved to Porto."),
+        ("I'm vegetarian.", "I'm not vegetarian anymore."),
+        ("I'm vegetarian.", "I stopped being vegetarian."),
+        ("I'm vegetarian.", "I started eating fish again, so I'm pescatarian now."),
+        ("I drive a blue Renault Zoe.", "I sold my Renault Zoe."),
+        ("I drive a blue Renault Zoe.", "I drive a Tesla now."),
+        ("I work as a pediatric nurse.", "I'm a teacher now."),
+        ("I work as a pediatric nurse.", "I quit my nursing job."),
+    ],
+)
+def test_rules_distillations_of_a_change_conflict(earlier: str, later: str) -> None:
+    # What this provider's own distil makes of the user's words ("User moved to Porto last month.",
+    # "User and others moved to Porto.", "…, so they are pescatarian now.") is read as well.
+    assert _conflict(RULES.distill(earlier).content, RULES.distill(later).content) > 0.7
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        # Unrelated or compatible.
+        ("User lives in Lisbon.", "User likes Lisbon's trams."),
+        ("User is vegetarian.", "User likes tomatoes."),
+        ("User has a dog named Rex.", "User has a cat named Tom."),  # two pets
+        ("User is vegetarian.", "User is allergic to nuts."),
+        ("User is vegetarian.", "User is vegan now."),
+        ("User is vegetarian.", "User does not eat meat."),
+        ("User works as a pediatric nurse.", "User works at a hospital."),
+        ("User works as a pediatric nurse.", "User is a mother of two."),
+        ("User works as a pediatric nurse.", "User quit the gym."),
+        ("User drives a blue Renault Zoe.", "User drives to work every day."),
+        ("User is from Lisbon.", "User moved to Porto."),
+        # Not a move of the user's home, or not one yet.
+        ("User lives in Lisbon.", "User moved to a bigger flat."),
+        ("User lives in Lisbon.", "User is moving to Porto next year."),
+        ("User lives in Lisbon.", "User's sister moved to Porto."),
+        ("User lives in Lisbon.", "User lived in Ohio when they were a kid."),
+        # A negation in one clause does not reach the other; a double negation is none.
+        ("User lives in Lisbon and does not own a car.", "User lives in Lisbon."),
+        ("User likes cats but not dogs.", "User likes cats."),
+        ("User didn't quit their job.", "User works as a nurse."),
+        ("User hasn't stopped being vegetarian.", "User is vegetarian."),
+        # The same statement, and paraphrases of it (near-duplicates, not contradictions).
+        ("User lives in Lisbon.", "User lives in Lisbon."),
+        ("User lives in Lisbon.", "User lives in Lisbon now."),
+        ("User lives in Lisbon.", "User moved to Lisbon last year."),
+        ("User is vegetarian.", "User is a vegetarian."),
+        ("User drives a blue Renault Zoe.", "User drives a Renault Zoe."),
+        ("User works as a pediatric nurse.", "User is a pediatric nurse."),
+        ("User works as a pediatric nurse.", "User works as a nurse at a children's hospital."),
+    ],
+)
+def test_compatible_statements_and_paraphrases_do_not_conflict(a: str, b: str) -> None:
+    assert _conflict(a, b) <= 0.3
+
+
 def test_relevance_score() -> None:
     memory = "User lives in Berlin."
     assert RULES.relevance_score(memory, "User: What's the weather like in Berlin?\nAssistant: Sunny.").score >= 0.5

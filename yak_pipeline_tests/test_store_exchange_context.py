@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import psycopg
 import pytest
 
-from yak_pipeline.services.recall import recall_params
+from yak_pipeline.services.recall import recall_params, relevance_model
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.forget import forget_memories
-from yak_pipeline.store.hybrid import HybridParams, bm25_search, hybrid_recall
 from yak_pipeline.store.memories import insert_memory
+from yak_pipeline.store.recall import bm25_search, recall, recall_candidates
 from yak_pipeline_tests.store_helpers import EMBEDDER, seed_memory_with_distillation
 
 T0 = datetime(2026, 3, 1, 14, 0, tzinfo=timezone.utc)
@@ -95,14 +96,20 @@ def test_a_reply_is_found_by_the_words_of_the_question_it_answers(conn: psycopg.
     assert {h.id for h in with_context} == {str(question), str(reply)}
 
     params = recall_params(settings, threshold=0.0, limit=3)
+    assert params.exchange_context  # on by default
     vector = EMBEDDER.embed_query("support group")
-    on = hybrid_recall(conn, user_id="ann", query="support group", query_embedding=vector,
-                       embedding_model=EMBEDDER.model_name, params=params, hybrid=HybridParams(), now=T0)
-    off = hybrid_recall(conn, user_id="ann", query="support group", query_embedding=vector,
-                        embedding_model=EMBEDDER.model_name, params=params,
-                        hybrid=HybridParams(exchange_context=False), now=T0)
-    assert "exchange_text" in next(h.ranks for h in on if h.id == str(reply_fact))
-    assert all("exchange_text" not in h.ranks for h in off if h.id == str(reply_fact))
+    args = {"user_id": "ann", "query": "support group", "query_embedding": vector,
+            "embedding_model": EMBEDDER.model_name}
+    on = {c.id: c for c in recall_candidates(conn, **args, params=params)}
+    off = {c.id: c for c in recall_candidates(conn, **args, params=replace(params, exchange_context=False))}
+    assert on[str(reply_fact)].ranks.get("exchange_text") is not None
+    assert on[str(reply_fact)].signals.bm25_exchange > 0
+    assert str(reply_fact) not in off or "exchange_text" not in off[str(reply_fact)].ranks
+    # The reply is recalled for the words only the question next to it has.
+    hits = recall(conn, **args, params=replace(params, gate=False, limit=10), model=relevance_model(settings, EMBEDDER),
+                  now=T0)
+    assert str(reply_fact) in {h.id for h in hits}
+    assert next(h for h in hits if h.id == str(reply_fact)).features["text_exchange"] > 0
 
 
 def test_context_search_rejects_distillations(conn: psycopg.Connection) -> None:

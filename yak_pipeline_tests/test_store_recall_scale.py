@@ -1,6 +1,7 @@
-"""Recall's fast paths (issue 5): per-user HNSW indexes, the SQL-side exact scan, the tighter stop bound.
+"""Recall at scale (issue 5): per-user HNSW indexes, and the index paths agree with the exact scan.
 
-Each path must return exactly what the pure-Python reference ranking of every row returns.
+The vector legs go through a user's own partial HNSW index (or the shared one) when that is
+cheaper; ``recall(..., exact=True)`` scans every row exactly and is the reference they must match.
 """
 
 from __future__ import annotations
@@ -12,47 +13,80 @@ import numpy as np
 import psycopg
 import pytest
 
-from yak_pipeline.core.scoring import (
-    RecallCandidate,
-    ScoredMemory,
-    can_stop_fetching,
-    rank_candidates,
-    score_upper_bound,
-)
-from yak_pipeline.store.hybrid import vector_search
+from yak_pipeline.core.recall import RecallParams
+from yak_pipeline.core.relevance import RelevanceModel
 from yak_pipeline.store.recall import (
-    RecallParams,
     ensure_user_indexes,
     has_user_index,
     recall,
-    recall_exact,
+    recall_candidates,
     user_index_name,
+    vector_search,
 )
-from yak_pipeline_tests.test_store_recall import MODEL, NOW, _seed
+from yak_pipeline_tests.store_helpers import EMBEDDER
+from yak_pipeline_tests.test_recall_engine import FITTED
+
+NOW = datetime(2026, 6, 1, tzinfo=timezone.utc)
+MODEL = EMBEDDER.model_name
+TIERS = ("core", "medium", "low")
+WORDS = ("kitten", "violin", "garden", "coffee", "train", "piano", "lake", "bread")
 
 
-def _reference(candidates: list[RecallCandidate], params: RecallParams) -> list[str]:
-    return [r.id for r in rank_candidates(candidates, threshold=params.threshold, limit=params.limit, now=NOW,
-                                          half_life_days=params.half_life_days, decay_enabled=params.decay_enabled,
-                                          core_multiplier=params.core_multiplier)]
+def _seed(conn: psycopg.Connection, user_id: str, seed: int, n: int, *, exchange_vectors: bool = False) -> np.ndarray:
+    """Insert n memories with active distillations whose similarity to a query spans the whole range.
+
+    Returns the query vector. With ``exchange_vectors`` each exchange gets its distillation's vector.
+    """
+    rng = np.random.default_rng(seed)
+    query = rng.normal(size=384)
+    query /= np.linalg.norm(query)
+    with conn.cursor() as cur:
+        for i in range(n):
+            # Mix the query with noise so similarities spread over [-1, 1] instead of clustering at 0.
+            mix = rng.uniform(-0.3, 1.0)
+            vector = mix * query + (1 - abs(mix)) * rng.normal(size=384) / np.sqrt(384) * 3
+            vector = (vector / np.linalg.norm(vector)).astype(np.float32)
+            words = " ".join(str(w) for w in rng.choice(WORDS, size=2))
+            cur.execute(
+                """WITH m AS (INSERT INTO memories (user_id, content, source, content_sha256, status, occurred_at,
+                                                    embedding, embedding_model)
+                              VALUES (%(u)s, %(c)s::text, 'import',
+                                      encode(sha256(convert_to(%(c)s::text, 'UTF8')), 'hex'),
+                                      'distilled', %(t)s, %(me)s, %(mm)s)
+                              RETURNING id)
+                   INSERT INTO distillations (memory_id, user_id, content, confidence, tier, warmth, user_weight,
+                                              status, embedding, embedding_model, prompt_version, refreshed_at)
+                   SELECT id, %(u)s, %(c)s, 0.9, %(tier)s, %(w)s, %(uw)s, 'active', %(e)s, %(model)s, 't', %(t)s
+                   FROM m""",
+                {"u": user_id, "c": f"fact {seed} {i} {words}", "t": NOW - timedelta(days=float(rng.uniform(0, 200))),
+                 "tier": TIERS[int(rng.integers(3))], "w": float(rng.uniform(0, 1)),
+                 "uw": float(rng.choice([1.0, 1.0, 0.5, 1.5, 3.0])), "e": vector, "model": MODEL,
+                 "me": vector if exchange_vectors else None, "mm": MODEL if exchange_vectors else None},
+            )
+    return query
 
 
 def _plan(conn: psycopg.Connection, statement: str, args: dict) -> str:
     return "\n".join(r[0] for r in conn.execute("EXPLAIN " + statement, args).fetchall())
 
 
-def test_user_indexes_are_built_per_heavy_user_and_recall_through_them_equals_the_reference(
+def _recall(conn: psycopg.Connection, user_id: str, query: str, vector: np.ndarray, params: RecallParams, *,
+            exact: bool = False, model: RelevanceModel = FITTED) -> list:
+    return recall(conn, user_id=user_id, query=query, query_embedding=vector, embedding_model=MODEL, params=params,
+                  model=model, now=NOW, exact=exact)
+
+
+def test_user_indexes_are_built_per_heavy_user_and_recall_through_them_equals_the_exact_scan(
         conn: psycopg.Connection) -> None:
-    query, alice = _seed(conn, "alice", 11, 300)
-    _seed(conn, "bob", 12, 300)
-    _seed(conn, "carol", 13, 20)  # too few rows for an index of her own
-    conn.execute("UPDATE memories SET embedding = d.embedding, embedding_model = d.embedding_model "
-                 "FROM distillations d WHERE d.memory_id = memories.id")
+    query = _seed(conn, "alice", 11, 300, exchange_vectors=True)
+    _seed(conn, "bob", 12, 300, exchange_vectors=True)
+    _seed(conn, "carol", 13, 20, exchange_vectors=True)  # too few rows for an index of her own
     built = ensure_user_indexes(conn, min_rows=100, concurrently=False)
     assert set(built) == {user_index_name(t, u) for t in ("distillations", "memories") for u in ("alice", "bob")}
     assert ensure_user_indexes(conn, min_rows=100, concurrently=False) == []  # idempotent
     assert has_user_index(conn, "distillations", "alice") and not has_user_index(conn, "distillations", "carol")
     conn.execute("ANALYZE distillations")
+    conn.execute("ANALYZE memories")
 
     # The planner proves the partial index's predicate only from a literal user id.
     plan = _plan(conn, "SELECT id FROM distillations WHERE user_id = 'alice' AND status = 'active' "
@@ -60,24 +94,26 @@ def test_user_indexes_are_built_per_heavy_user_and_recall_through_them_equals_th
     assert user_index_name("distillations", "alice") in plan
 
     rng = np.random.default_rng(3)
-    for threshold, limit, decay in ((0.7, 5, True), (0.3, 10, True), (0.0, 25, False), (0.9, 3, True)):
+    for threshold, limit, gate, leg_size in ((0.7, 5, True, 50), (0.3, 10, True, 20), (0.0, 25, False, 50),
+                                              (0.9, 3, False, 10)):
         for q in (query, query + rng.normal(size=384) * 0.02):
-            params = RecallParams(threshold=threshold, limit=limit, decay_enabled=decay)
-            got = recall(conn, user_id="alice", query_embedding=q, embedding_model=MODEL, params=params, now=NOW)
-            rows = conn.execute(
-                "SELECT id, 1 - (embedding <=> %s) FROM distillations WHERE user_id = 'alice'",
-                (np.asarray(q, dtype=np.float32),)).fetchall()
-            similarity = {str(i): float(s) for i, s in rows}
-            candidates = [RecallCandidate(id=c.id, similarity=similarity[c.id], tier=c.tier, warmth=c.warmth,
-                                          user_weight=c.user_weight, refreshed_at=c.refreshed_at) for c in alice]
-            assert [r.id for r in got] == _reference(candidates, params)
+            params = RecallParams(threshold=threshold, limit=limit, gate=gate, leg_size=leg_size)
+            got = _recall(conn, "alice", "kitten violin", q, params)
+            exact = _recall(conn, "alice", "kitten violin", q, params, exact=True)
+            assert [r.id for r in got] == [r.id for r in exact]
+            assert [r.score for r in got] == pytest.approx([r.score for r in exact], rel=1e-12)
+            if not gate:
+                assert len(got) == limit
 
-    # The exchange vector leg uses the user's own index too, and only ever returns the user's rows.
-    hits = vector_search(conn, table="memories", user_id="alice", query_embedding=query, embedding_model=MODEL,
-                         limit=10)
-    exact = vector_search(conn, table="memories", user_id="alice", query_embedding=query, embedding_model=MODEL,
-                          limit=10, exact=True)
-    assert [h.id for h in hits] == [h.id for h in exact]
+    # Both vector legs use the user's own index, and only ever return the user's rows.
+    alice = {str(r[0]) for r in conn.execute("SELECT id FROM memories WHERE user_id = 'alice' "
+                                             "UNION ALL SELECT id FROM distillations WHERE user_id = 'alice'")}
+    for table in ("memories", "distillations"):
+        hits = vector_search(conn, table=table, user_id="alice", query_embedding=query,  # type: ignore[arg-type]
+                             embedding_model=MODEL, limit=10)
+        exact_hits = vector_search(conn, table=table, user_id="alice", query_embedding=query,  # type: ignore[arg-type]
+                                   embedding_model=MODEL, limit=10, exact=True)
+        assert [h.id for h in hits] == [h.id for h in exact_hits] and {h.id for h in hits} <= alice
 
     # Forgetting most of a user's rows drops their index at the next maintenance run.
     conn.execute("UPDATE distillations SET deleted_at = now() WHERE user_id = 'bob'")
@@ -85,46 +121,63 @@ def test_user_indexes_are_built_per_heavy_user_and_recall_through_them_equals_th
     assert not has_user_index(conn, "distillations", "bob") and has_user_index(conn, "memories", "bob")
 
 
+def test_the_shared_index_path_equals_the_exact_scan(conn: psycopg.Connection,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """No index of their own: the shared HNSW index, with its beam widened for the user's share."""
+    import yak_pipeline.store.recall as recall_module
+
+    query = _seed(conn, "dan", 41, 200, exchange_vectors=True)
+    _seed(conn, "erin", 42, 400, exchange_vectors=True)
+    conn.execute("ANALYZE distillations")
+    conn.execute("ANALYZE memories")
+    monkeypatch.setattr(recall_module, "EXACT_SCAN_MAX_ROWS", 20)  # take the index path on this small table
+    beams: list[int] = []
+    set_beam = recall_module.set_beam
+    monkeypatch.setattr(recall_module, "set_beam", lambda c, ef: (beams.append(ef), set_beam(c, ef))[1])
+    for limit, leg_size in ((5, 20), (10, 40)):
+        params = RecallParams(gate=False, limit=limit, leg_size=leg_size)
+        beams.clear()
+        got = _recall(conn, "dan", "garden coffee", query, params)
+        assert len(beams) == 2 and min(beams) >= leg_size * 600 / 200  # both vector legs, beam widened for dan's third
+        exact = _recall(conn, "dan", "garden coffee", query, params, exact=True)
+        assert [r.id for r in got] == [r.id for r in exact]
+
+
 def test_concurrent_index_builds_need_autocommit(conn: psycopg.Connection) -> None:
     with pytest.raises(ValueError):
         ensure_user_indexes(conn, min_rows=1)
 
 
-def test_exact_scan_in_sql_falls_back_when_scores_tie_at_the_boundary(conn: psycopg.Connection) -> None:
-    """Thirty rows with the very same score: the SQL top cannot tell which belong in the top five,
-    so the exact Python ranking of every row decides (ties break on id)."""
+def test_ties_break_on_id_in_every_leg_and_in_the_ranking(conn: psycopg.Connection) -> None:
+    """Thirty rows equal in every signal: each leg keeps the smallest ids, and so does the ranking.
+
+    (Each exchange is its own conversation, so their BM25 ties too; the relevance is constant, so a
+    candidate that only some legs proposed does not stand out.)"""
     vector = np.ones(384, dtype=np.float32) / np.sqrt(384)
     with conn.cursor() as cur:
         for i in range(30):
             cur.execute(
-                """WITH m AS (INSERT INTO memories (user_id, content, source, content_sha256, status)
+                """WITH m AS (INSERT INTO memories (user_id, content, source, content_sha256, status, occurred_at)
                               VALUES ('tie', %(c)s, 'import', encode(sha256(convert_to(%(c)s, 'UTF8')), 'hex'),
-                                      'distilled') RETURNING id)
+                                      'distilled', %(at)s) RETURNING id)
                    INSERT INTO distillations (memory_id, user_id, content, confidence, tier, warmth, status,
                                               embedding, embedding_model, prompt_version, refreshed_at)
                    SELECT id, 'tie', %(c)s, 0.9, 'medium', 0.5, 'active', %(e)s, %(model)s, 't', %(t)s FROM m""",
-                {"c": f"same fact {i}", "e": vector, "model": MODEL, "t": NOW - timedelta(days=3)})
-    params = RecallParams(threshold=0.5, limit=5)
-    got = recall(conn, user_id="tie", query_embedding=vector, embedding_model=MODEL, params=params, now=NOW)
-    want = recall_exact(conn, user_id="tie", query_embedding=vector, embedding_model=MODEL, params=params, now=NOW)
-    assert len(got) == 5 and [r.id for r in got] == [r.id for r in want]
-
-
-def _scored(score: float) -> ScoredMemory:
-    return ScoredMemory(id="x", similarity=0.9, tier="medium", warmth=0.5, user_weight=1.0,
-                        refreshed_at=datetime(2026, 1, 1, tzinfo=timezone.utc), score=score)
-
-
-def test_stop_bound_counts_only_tiers_whose_gate_the_remaining_rows_can_pass() -> None:
-    # threshold 0.7: core passes down to similarity 0.4, medium to 0.7, low to 0.85.
-    assert score_upper_bound(0.8, 1.0) == pytest.approx(3.2)  # the old, tier-blind bound
-    assert score_upper_bound(0.8, 1.0, threshold=0.7) == pytest.approx(3.2)  # core is still possible
-    assert score_upper_bound(0.8, 1.0, threshold=0.7, core_multiplier=0.5) == pytest.approx(1.6)  # medium at most
-    assert score_upper_bound(0.3, 1.0, threshold=0.7) == 0.0  # nothing that far passes any gate
-    ranked = [_scored(2.0)]
-    assert not can_stop_fetching(ranked, 1, 0.8, 1.0)
-    assert can_stop_fetching(ranked, 1, 0.8, 1.0, threshold=0.7, core_multiplier=0.5)
-    assert can_stop_fetching(ranked, 1, 0.3, 1.0, threshold=0.7)
+                {"c": f"same fact {i:02d}", "e": vector, "model": MODEL, "t": NOW - timedelta(days=3),
+                 "at": NOW - timedelta(days=3 + i)})
+    ids = sorted(str(r[0]) for r in conn.execute("SELECT id FROM distillations WHERE user_id = 'tie'"))
+    constant = RelevanceModel(embedding_model=MODEL, version="constant", bias=1.0, weights={})
+    for leg_size in (50, 10):
+        params = RecallParams(gate=False, limit=5, leg_size=leg_size)
+        got = _recall(conn, "tie", "same fact", vector, params, model=constant)
+        want = _recall(conn, "tie", "same fact", vector, params, exact=True, model=constant)
+        candidates = recall_candidates(conn, user_id="tie", query="same fact", query_embedding=vector,
+                                       embedding_model=MODEL, params=params)
+        assert len({c.signals.bm25_distillation for c in candidates if "distillation_text" in c.ranks}) == 1
+        if leg_size == 10:  # the distillation legs proposed the ten smallest ids
+            assert sorted(c.id for c in candidates if "distillation_text" in c.ranks) == ids[:10]
+        assert [r.id for r in got] == [r.id for r in want] == ids[:5]
+        assert len({r.score for r in got}) == 1
 
 
 def test_maintenance_builds_indexes_concurrently_outside_the_pool(database) -> None:

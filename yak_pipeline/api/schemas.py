@@ -113,7 +113,11 @@ class SearchRequest(RequestBody):
     query: Annotated[Text, Field(max_length=10_000)]
     user_id: UserId
     limit: int = Field(default=5, ge=1, le=100)
-    threshold: float = Field(default=0.7, ge=0.0, le=1.0, description="Similarity threshold t of DESIGN §4.")
+    threshold: float = Field(default=0.7, ge=0.0, le=1.0,
+                             description="Relevance threshold t of DESIGN §4, on the calibrated relevance (docs/RECALL.md).")
+    as_of: AwareDatetime | None = Field(
+        default=None, description="Recall as of this moment: only what had happened by then, aged from then.")
+    explain: bool = Field(default=False, description="Give each hit its score breakdown.")
 
 
 class SearchHit(BaseModel):
@@ -125,9 +129,15 @@ class SearchHit(BaseModel):
     confidence: float
     tier: str
     warmth: float
-    similarity: float
+    similarity: float = Field(description="The best raw cosine of the query to the memory or its exchange.")
+    relevance: float = Field(description="Calibrated relevance in [0, 1] that the gate applies to.")
     score: float
     is_core: bool
+    occurred_at: datetime
+    superseded_by: UUID | None = Field(default=None, description="The newer memory that replaced this one.")
+    in_conflict: bool = False
+    explain: dict[str, Any] | None = Field(
+        default=None, description="With explain: relevance and its legs, decay, warmth factor, gravity.")
 
 
 class ContextRequest(SearchRequest):

@@ -42,9 +42,11 @@ def locomo_command(
     threshold: float = typer.Option(0.7, "--threshold", help="Recall threshold t of DESIGN §4 (the API's default)."),
     ablations: bool = typer.Option(False, "--ablations", help="Also run Yak variants: decay off, half-lives, one leg kind only, no gate."),
     keep_db: bool = typer.Option(False, "--keep-db", help="Keep the evaluation database instead of dropping it."),
+    target_points: float = typer.Option(5.0, "--target-points", help="Required Recall@k margin of the default recall over the better baseline."),
 ) -> None:
     """Ingest a LoCoMo-format file into a fresh database through the real pipeline, then score
-    BM25, dense, Yak and Yak hybrid recall against each question's evidence turns."""
+    BM25, dense and Yak's default recall against each question's evidence turns, and measure
+    knowledge updates (current first) and abstention on never-said questions."""
     from yak_pipeline.eval.locomo import LocomoFormatError, load_locomo
     from yak_pipeline.eval.report import print_report, write_chart, write_json
     from yak_pipeline.eval.runner import EvalOptions, run_locomo_eval
@@ -63,7 +65,8 @@ def locomo_command(
         raise fail(str(exc), USAGE_EXIT) from None
     progress_console = Console(stderr=True)
     settings = get_settings()
-    options = EvalOptions(ks=ks, threshold=threshold, ablations=ablations, keep_database=keep_db)
+    options = EvalOptions(ks=ks, threshold=threshold, ablations=ablations, keep_database=keep_db,
+                          required_points=target_points)
     try:
         report = run_locomo_eval(settings, conversations, options, data_label=str(data),
                                  progress=lambda line: progress_console.print(line, highlight=False, markup=False))
@@ -77,3 +80,43 @@ def locomo_command(
     else:
         print_report(report)
         Console().print(f"wrote {json_path} and {png_path}")
+
+
+@app.command("calibrate")
+@friendly_errors
+def calibrate_command(
+    data: list[Path] = typer.Option(..., "--data", help="LoCoMo-format JSON files to fit on (repeat --data for each)."),
+    out: Path | None = typer.Option(None, "--out", help="Where to write the model JSON; default $YAK_HOME/recall_models/<embedder>.json."),
+    as_json: bool = typer.Option(False, "--json", help="Print the fitted model as JSON on stdout."),
+) -> None:
+    """Fit the calibrated-relevance model for the configured embedder on labelled conversations
+    (docs/RECALL.md): every file goes through the real pipeline, every question's candidates
+    become labelled examples, and a logistic model is fitted with each file weighted equally."""
+    from yak_pipeline.eval.calibrate import calibrate
+    from yak_pipeline.eval.locomo import LocomoFormatError, load_locomo
+    from yak_pipeline.recall_models import model_file_name, user_models_dir
+
+    try:
+        datasets = [(str(path), load_locomo(path)) for path in data]
+    except LocomoFormatError as exc:
+        raise fail(str(exc), USAGE_EXIT) from None
+    settings = get_settings()
+    progress_console = Console(stderr=True)
+    try:
+        model = calibrate(settings, datasets,
+                          progress=lambda line: progress_console.print(line, highlight=False, markup=False))
+    except KeyboardInterrupt:
+        print("interrupted: nothing was written", file=sys.stderr)
+        raise typer.Exit(130) from None
+    target = out or user_models_dir(Path(settings.home)) / model_file_name(model.embedding_model)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(json.dumps(model.to_dict(), indent=2) + "\n")
+    if as_json:
+        print(json.dumps(model.to_dict()))
+    else:
+        Console().print(f"relevance model {model.version}: bias {model.bias:.3f}, weights "
+                        + ", ".join(f"{k} {v:.3f}" for k, v in model.weights.items()), highlight=False)
+        for name, info in model.fitted_on["files"].items():  # type: ignore[union-attr]
+            Console().print(f"  {name}: {info['examples']} examples, {info['relevant']} relevant, "
+                            f"ROC AUC {info['roc_auc']}", highlight=False)
+        Console().print(f"wrote {target}", highlight=False)

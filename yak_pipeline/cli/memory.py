@@ -99,21 +99,37 @@ def search_command(
     query: Annotated[str, typer.Argument(help="What to recall.")],
     user: Annotated[str, typer.Option("--user", help="Whose memories to search.")],
     limit: Annotated[int, typer.Option("--limit", min=1, max=100)] = 5,
-    threshold: Annotated[float, typer.Option("--threshold", min=0.0, max=1.0)] = 0.7,
+    threshold: Annotated[float, typer.Option("--threshold", min=0.0, max=1.0,
+                                             help="Relevance threshold t (calibrated relevance, docs/RECALL.md).")] = 0.7,
+    as_of: Annotated[str | None, typer.Option("--as-of", help="Recall as of this ISO-8601 moment, e.g. 2026-03-01T00:00:00Z.")] = None,
+    explain: Annotated[bool, typer.Option("--explain", help="Show each hit's score breakdown.")] = False,
     remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
 ) -> None:
-    """Recall a user's best distillations for a query, with their scores."""
-    data = call_api(remote, api_key, "POST", "/api/distillations/search",
-                    json_body={"query": query, "user_id": user, "limit": limit, "threshold": threshold})
+    """Recall a user's best distillations for a query, with their scores (nothing when nothing is relevant)."""
+    body: dict = {"query": query, "user_id": user, "limit": limit, "threshold": threshold, "explain": explain}
+    if as_of is not None:
+        body["as_of"] = as_of
+    data = call_api(remote, api_key, "POST", "/api/distillations/search", json_body=body)
 
     def render(hits: list) -> None:
         if not hits:
-            console.print("no memory passes the threshold")
+            console.print("no memory is relevant enough (threshold %.2f)" % threshold)
             return
-        grid = table("score", "similarity", "tier", "warmth", "id", "content")
+        grid = table("score", "relevance", "tier", "date", "warmth", "id", "content")
         for h in hits:
-            grid.add_row(f"{h['score']:.3f}", f"{h['similarity']:.3f}", h["tier"], f"{h['warmth']:.2f}", h["id"],
-                          short(h["content"], 70))
+            marks = " (superseded)" if h.get("superseded_by") else ""
+            marks += " (in conflict)" if h.get("in_conflict") else ""
+            grid.add_row(f"{h['score']:.3f}", f"{h['relevance']:.3f}", h["tier"], str(h["occurred_at"])[:10],
+                         f"{h['warmth']:.2f}", h["id"], short(h["content"], 60) + marks)
         console.print(grid)
+        if explain:
+            for h in hits:
+                e = h["explain"]
+                legs = ", ".join(f"{k} {v:.3f}" for k, v in e["legs"]["features"].items())
+                ranks = ", ".join(f"{k} #{v}" for k, v in e["legs"]["ranks"].items()) or "none"
+                console.print(f"{h['id']}: score {e['score']:.4g} = relevance {e['relevance']:.3f}^e × decay "
+                              f"{e['decay']:.3f} × warmth {e['warmth_factor']:.2f} × gravity {e['gravity']:.2f}"
+                              f"{' × superseded' if e['superseded_by'] else ''}; legs: {ranks}; signals: {legs}",
+                              highlight=False, markup=False)
 
     emit(data, as_json, render)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Final
 
 from yak_pipeline.core.types import TIERS, Tier
@@ -29,6 +30,12 @@ class BlockMemory:
     id: str
     content: str
     tier: Tier
+    # When the memory was said: a model reading the block can tell old from current.
+    occurred_at: datetime | None = None
+    # A newer memory replaced it (a knowledge update): shown, so the model prefers the newer.
+    superseded: bool = False
+    # It contradicts another memory and nobody has resolved which is right yet.
+    in_conflict: bool = False
 
 
 @dataclass(frozen=True)
@@ -46,15 +53,30 @@ def neutralise_memory_text(text: str) -> str:
     return _LINE_BREAKS_RE.sub(" ", escaped).strip()
 
 
+def _label(memory: BlockMemory) -> str:
+    parts = [memory.tier]
+    if memory.occurred_at is not None:
+        parts.append(memory.occurred_at.date().isoformat())
+    if memory.superseded:
+        parts.append("superseded by a newer memory")
+    if memory.in_conflict:
+        parts.append("conflicts with another memory")
+    return ", ".join(parts)
+
+
 def render_memory_block(memories: Sequence[BlockMemory]) -> str:
-    """``<memories>`` with one ``- [tier] text`` line per memory, or "" when there are none."""
+    """``<memories>`` with one ``- [tier, date, status] text`` line per memory, or "" when there are none.
+
+    The date (when it was said) and the status marks (superseded, in conflict) let the model
+    reading the block tell what is current.
+    """
     if not memories:
         return ""
     lines = [BLOCK_OPEN]
     for memory in memories:
         if memory.tier not in TIERS:
             raise ValueError(f"memory {memory.id} has unknown tier {memory.tier!r}")
-        lines.append(f"- [{memory.tier}] {neutralise_memory_text(memory.content)}")
+        lines.append(f"- [{_label(memory)}] {neutralise_memory_text(memory.content)}")
     lines.append(BLOCK_CLOSE)
     return "\n".join(lines)
 

@@ -11,6 +11,13 @@ it came from and of any memory merged into it). ``k`` counts items, not turns.
 - **nDCG@k** — gain of an item = evidence turns it holds that no better-ranked item held;
   ``DCG = Σ gain_i / log2(i + 1)``, divided by the ideal (one new evidence turn per rank for
   ``min(|evidence|, k)`` ranks) and capped at 1 (one merged item can hold two evidence turns).
+
+Two per-question measures outside that set (the runner averages them over the questions they
+apply to):
+
+- **Current first** (:func:`current_first`, knowledge updates) — 1 when the newer statement is
+  in the top ``k`` and ranks above every item holding only the statement it superseded.
+- **Abstained** (:func:`abstained`, never-said questions) — 1 when nothing was returned.
 """
 
 from __future__ import annotations
@@ -54,6 +61,44 @@ def score_ranking(items: Sequence[Iterable[str]], evidence: Iterable[str], ks: S
         scores[f"ndcg@{k}"] = min(1.0, dcg / ideal)
     scores["mrr"] = 1.0 / first_hit if first_hit else 0.0
     return {name: scores[name] for name in metric_names(ks)}
+
+
+def current_first(items: Sequence[Iterable[str]], evidence: Iterable[str], superseded: Iterable[str],
+                  k: int = 5) -> float:
+    """1.0 when the current statement is recalled within the top ``k`` and ahead of the old one, else 0.0.
+
+    ``items`` is a ranked list as for :func:`score_ranking` (each item the turn ids it holds),
+    ``evidence`` the turns stating the current value, ``superseded`` the earlier turns stating
+    the value it replaced. The score is 1.0 when the first item holding an evidence turn is within
+    the top ``k`` and no item holding a superseded turn (and no evidence turn) ranks above it. An
+    item holding both (a consolidated memory, or one versioned over the old) counts as current;
+    a superseded turn that is not retrieved at all, or only below the first evidence item, does
+    no harm. With no superseded turns this is Hit@k. A turn listed in both is taken as evidence.
+    """
+    wanted = frozenset(evidence)
+    if not wanted:
+        raise ValueError("a question needs at least one evidence turn")
+    if k < 1:
+        raise ValueError(f"k must be positive, got {k}")
+    stale = frozenset(superseded) - wanted
+    for rank, item in enumerate(items, start=1):
+        if rank > k:
+            return 0.0
+        held = frozenset(item)
+        if held & wanted:
+            return 1.0
+        if held & stale:
+            return 0.0
+    return 0.0
+
+
+def abstained(items: Iterable[object]) -> float:
+    """1.0 when the ranked list is empty (the method returned nothing), else 0.0.
+
+    For a question about something never said, returning nothing is the right answer; an item
+    holding no turns is still something returned.
+    """
+    return 0.0 if any(True for _ in items) else 1.0
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,20 @@ def _category_table(report: dict[str, Any], rows: dict[str, dict], title: str) -
     return table
 
 
+def _measures_table(report: dict[str, Any]) -> Table:
+    """Knowledge updates and abstention per method (— where the file has no such questions)."""
+    table = Table(title="Knowledge updates and abstention", title_justify="left")
+    for column in ("method", "knowledge_update_current_first", "n", "abstention_empty", "n"):
+        table.add_column(column, justify="left" if column == "method" else "right")
+    rows = {**report["methods"], **report.get("ablations", {})}
+    for name, data in rows.items():
+        def shown(key: str) -> str:
+            return "—" if data.get(key) is None else f"{data[key]:.3f}"
+        table.add_row(name, shown("knowledge_update_current_first"), str(data.get("knowledge_update_n", 0)),
+                      shown("abstention_empty"), str(data.get("abstention_n", 0)))
+    return table
+
+
 def print_report(report: dict[str, Any], console: Console | None = None) -> None:
     """The overall table, the per-category table and the target verdict, for people."""
     # Tables this wide wrap into unreadable columns at a pipe's default 80 characters.
@@ -69,7 +83,7 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
                   f"{report['questions']['scored']} questions (categories 1-4); embedder {settings['embedder']}, "
                   f"LLM {settings['llm_provider']}, threshold {settings['threshold']}, "
                   f"half-life {settings['half_life_days']:g} d, decay {'on' if settings['decay_enabled'] else 'off'}, "
-                  f"RRF k {settings['hybrid_rrf_k']:g}, relevance exponent {settings['hybrid_relevance_exponent']:g}")
+                  f"relevance model {settings['relevance_model']}, relevance exponent {settings['relevance_exponent']:g}")
     console.print(_table("Overall (methods × metrics)", report["methods"], ks))
     console.print(_category_table(report, report["methods"], "Per category"))
     if report.get("ablations"):
@@ -78,6 +92,7 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
     console.print(f"Evidence turns held by an active distillation (the ceiling of Yak's Recall@k): "
                   f"{report['recallable_evidence']:.3f}; distillations by status: "
                   f"{report['pipeline']['counts'].get('distillations_by_status', {})}")
+    console.print(_measures_table(report))
     target = report["target"]
     verdict = "met" if target["met"] else "NOT met"
     console.print(f"Target {verdict}: {target['default_method']} (the default recall) {target['metric']} "

@@ -25,7 +25,7 @@ from yak_pipeline.llm.provider import LLMProvider
 from yak_pipeline.services.reports import StageReport
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.distillations import NewDistillation, add_version, insert_distillation
-from yak_pipeline.store.hybrid import set_exchange_embeddings
+from yak_pipeline.store.recall import set_exchange_embeddings
 from yak_pipeline.store.memories import mark_memory_distilled, record_memory_error
 from yak_pipeline.store.metrics import record_distillation_latency
 

@@ -1,11 +1,11 @@
-"""Recall for a query: embed it, run the store's recall, attach the memories' text.
+"""Recall for a query: embed it, run the one recall engine, attach the memories' text.
 
-With ``YAK_HYBRID_RECALL`` on (the default) recall is hybrid (``store.hybrid``): full text and
-vectors over distillations and their raw exchanges, fused by reciprocal rank, then the DESIGN §4
-score; off, it is the vector-only recall of ``store.recall``. Either way what comes back is the
-user's active distillations, best first. Exchange vectors are filled by
-:func:`embed_pending_exchanges` (recall itself never writes); until an exchange has one, it is a
-full-text candidate only.
+``store.recall.recall`` gathers the candidates (BM25 and vectors over distillations and their
+exchanges) and ``core.recall.rank_memories`` turns them into calibrated relevance, the tier gate,
+the score and the order (docs/RECALL.md). The API's context and search routes, the CLI and the
+evaluation all come through :func:`search_memories`. Exchange vectors are filled by
+:func:`embed_pending_exchanges` (recall itself never writes); until an exchange has one, it is
+found by its words and its distillation's vector only.
 """
 
 from __future__ import annotations
@@ -13,23 +13,31 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+
+import psycopg
 
 from yak_pipeline.core.memory_block import BlockMemory, PromptBuild, build_prompt_messages
+from yak_pipeline.core.recall import RankedMemory, RecallParams
+from yak_pipeline.core.relevance import RelevanceModel
 from yak_pipeline.embeddings import Embedder
+from yak_pipeline.recall_models import load_relevance_model
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database, connect
-from yak_pipeline.store.hybrid import (
-    HybridParams,
+from yak_pipeline.store.recall import (
+    USER_INDEX_MIN_ROWS,
+    ensure_user_indexes,
     exchanges_without_embedding,
-    hybrid_recall,
+    recall,
+    recall_candidates,
     set_exchange_embeddings,
 )
-from yak_pipeline.store.recall import USER_INDEX_MIN_ROWS, RecallParams, ensure_user_indexes, recall
 
 
 @dataclass(frozen=True)
 class RecallHit:
-    """One recalled distillation, with its score and what it says."""
+    """One recalled distillation: what it says, its date, and its score with every factor."""
 
     id: str
     memory_id: str
@@ -38,32 +46,40 @@ class RecallHit:
     tier: str
     warmth: float
     similarity: float
+    relevance: float
     score: float
+    occurred_at: datetime
+    superseded_by: str | None
+    in_conflict: bool
+    ranked: RankedMemory
 
     @property
     def is_core(self) -> bool:
         """Core memories get the wider gate and double gravity."""
         return self.tier == "core"
 
-
-def configured_hybrid_params(settings: Settings) -> HybridParams:
-    """The ``YAK_HYBRID_*`` fusion knobs, whether or not hybrid recall is switched on."""
-    return HybridParams(rrf_k=settings.hybrid_rrf_k, relevance_exponent=settings.hybrid_relevance_exponent,
-                        text_weight=settings.hybrid_text_weight, vector_weight=settings.hybrid_vector_weight,
-                        exchange_weight=settings.hybrid_exchange_weight,
-                        exchange_context=settings.hybrid_exchange_context)
-
-
-def hybrid_params(settings: Settings) -> HybridParams | None:
-    """The configured hybrid-recall knobs, or None when ``YAK_HYBRID_RECALL`` is off."""
-    return configured_hybrid_params(settings) if settings.hybrid_recall else None
+    def explain(self) -> dict[str, object]:
+        """The score breakdown (relevance and its legs, decay, warmth, gravity, supersession)."""
+        return self.ranked.explain()
 
 
 def recall_params(settings: Settings, *, threshold: float = 0.7, limit: int = 5) -> RecallParams:
     """Recall parameters: the request's threshold and limit, the configured scoring and search."""
     return RecallParams(threshold=threshold, limit=limit, half_life_days=settings.half_life_days,
                         decay_enabled=settings.decay_enabled, core_multiplier=settings.core_threshold_multiplier,
-                        hybrid=hybrid_params(settings))
+                        relevance_exponent=settings.recall_relevance_exponent,
+                        superseded_factor=settings.recall_superseded_factor,
+                        leg_size=settings.recall_leg_size, exchange_context=settings.recall_exchange_context)
+
+
+@lru_cache(maxsize=16)
+def _cached_model(embedding_model: str, home: Path) -> RelevanceModel:
+    return load_relevance_model(embedding_model, home=home)
+
+
+def relevance_model(settings: Settings, embedder: Embedder) -> RelevanceModel:
+    """The relevance model fitted for the configured embedder (read once per process)."""
+    return _cached_model(embedder.model_name, Path(settings.home))
 
 
 def search_memories(
@@ -73,30 +89,56 @@ def search_memories(
     user_id: str,
     query: str,
     params: RecallParams,
+    model: RelevanceModel,
     now: datetime | None = None,
+    as_of: datetime | None = None,
 ) -> list[RecallHit]:
-    """The user's best distillations for ``query``, best first (DESIGN §4)."""
+    """The user's best distillations for ``query``, best first; empty when nothing is relevant."""
     vector = embedder.embed_query(query)
     with db.connection() as conn:
-        if params.hybrid is not None:
-            ranked = [hit.as_scored_memory() for hit in hybrid_recall(
-                conn, user_id=user_id, query=query, query_embedding=vector, embedding_model=embedder.model_name,
-                params=params, hybrid=params.hybrid, now=now)]
-        else:
-            ranked = recall(conn, user_id=user_id, query_embedding=vector, embedding_model=embedder.model_name,
-                            params=params, now=now)
+        ranked = recall(conn, user_id=user_id, query=query, query_embedding=vector,
+                        embedding_model=embedder.model_name, params=params, model=model, now=now, as_of=as_of)
         if not ranked:
             return []
         rows = conn.execute(
-            "SELECT id, memory_id, content, confidence FROM distillations WHERE id = ANY(%s::uuid[])",
+            """SELECT d.id, d.memory_id, d.content, d.confidence, m.occurred_at,
+                      EXISTS (SELECT 1 FROM conflicts c WHERE c.status = 'open'
+                                AND (c.distillation_a = d.id OR c.distillation_b = d.id))
+               FROM distillations d JOIN memories m ON m.id = d.memory_id
+               WHERE d.id = ANY(%s::uuid[])""",
             ([r.id for r in ranked],),
         ).fetchall()
     by_id = {str(r[0]): r for r in rows}
     return [
         RecallHit(id=r.id, memory_id=str(by_id[r.id][1]), content=by_id[r.id][2], confidence=by_id[r.id][3],
-                  tier=r.tier, warmth=r.warmth, similarity=r.similarity, score=r.score)
+                  tier=r.tier, warmth=r.warmth, similarity=r.similarity, relevance=r.relevance, score=r.score,
+                  occurred_at=by_id[r.id][4], superseded_by=r.superseded_by, in_conflict=bool(by_id[r.id][5]),
+                  ranked=r)
         for r in ranked if r.id in by_id
     ]
+
+
+def memory_relevance(
+    conn: psycopg.Connection,
+    embedder: Embedder,
+    model: RelevanceModel,
+    *,
+    user_id: str,
+    distillation_id: str,
+    text: str,
+    params: RecallParams,
+) -> float:
+    """The calibrated relevance of one of the user's memories to ``text``, exactly as recall scores it.
+
+    The memory is scored among the candidates recall would gather for ``text`` (so its gaps are to
+    the user's best memories for it); a memory that no leg proposes is unrelated: 0.
+    """
+    candidates = recall_candidates(conn, user_id=user_id, query=text, query_embedding=embedder.embed_query(text),
+                                   embedding_model=embedder.model_name, params=params)
+    for candidate in candidates:
+        if candidate.id == distillation_id:
+            return model.relevance(candidate.signals)
+    return 0.0
 
 
 def build_context(
@@ -106,8 +148,10 @@ def build_context(
     user_id: str,
     query: str,
     params: RecallParams,
+    model: RelevanceModel,
     system_prompt: str = "",
     now: datetime | None = None,
+    as_of: datetime | None = None,
 ) -> tuple[str, PromptBuild]:
     """The memory block for ``query`` and the prompt messages around it; recall failures degrade.
 
@@ -115,8 +159,10 @@ def build_context(
     and ``PromptBuild.recall_error`` says why.
     """
     def _recall() -> list[BlockMemory]:
-        hits = search_memories(db, embedder, user_id=user_id, query=query, params=params, now=now)
-        return [BlockMemory(id=h.id, content=h.content, tier=h.tier) for h in hits]
+        hits = search_memories(db, embedder, user_id=user_id, query=query, params=params, model=model, now=now,
+                               as_of=as_of)
+        return [BlockMemory(id=h.id, content=h.content, tier=h.tier, occurred_at=h.occurred_at,
+                            superseded=h.superseded_by is not None, in_conflict=h.in_conflict) for h in hits]
 
     built = build_prompt_messages(system_prompt, query, _recall)
     block = next((m["content"] for m in built.messages[1:-1]), "")

@@ -3,6 +3,12 @@
 One function, :func:`evaluate_relevance`, serves the API's synchronous evaluation, the per-turn
 ``warmth`` asset and the nightly re-evaluation. Each (turn, memory) pair is evaluated once: a
 pair that already has a warmth event is skipped, so re-runs never count a turn twice.
+
+With an LLM configured, the LLM judges usefulness. Offline (the rules provider) the judge is
+recall's own calibrated relevance of the memory to the turn (:class:`OfflineJudge`): a memory the
+answer used is as relevant to the turn as a true paraphrase is to its question, so the same scale
+and the same 0.7 apply. The rules provider's word overlap only ever lowered warmth (a memory the
+answer used scored 0.67, under 0.7).
 """
 
 from __future__ import annotations
@@ -13,16 +19,43 @@ from datetime import date, datetime, timedelta, timezone
 import psycopg
 
 from yak_pipeline.alerts import NULL_ALERTER, Alerter
+from yak_pipeline.core.recall import RecallParams
+from yak_pipeline.core.relevance import RelevanceModel
+from yak_pipeline.embeddings import Embedder
 from yak_pipeline.core.exchanges import format_exchange
 from yak_pipeline.llm.errors import LLMError
 from yak_pipeline.llm.provider import LLMProvider
+from yak_pipeline.llm.rules import RULES_PROVIDER_NAME
+from yak_pipeline.services.recall import memory_relevance, recall_params, relevance_model
 from yak_pipeline.services.reports import StageReport
+from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.distillations import get_distillation
 from yak_pipeline.store.turns import mark_turn
 from yak_pipeline.store.warmth import WarmthUpdate, apply_relevance
 
 MAX_TURN_ATTEMPTS = 5
+
+
+@dataclass(frozen=True)
+class OfflineJudge:
+    """Usefulness without an LLM: the calibrated relevance of the memory to the turn (module docstring)."""
+
+    embedder: Embedder
+    model: RelevanceModel
+    params: RecallParams
+
+    def usefulness(self, conn: psycopg.Connection, *, user_id: str, distillation_id: str, context: str) -> float:
+        """The memory's calibrated relevance to the turn's text."""
+        return memory_relevance(conn, self.embedder, self.model, user_id=user_id, distillation_id=distillation_id,
+                                text=context, params=self.params)
+
+
+def offline_judge(settings: Settings, llm: LLMProvider, embedder: Embedder) -> OfflineJudge | None:
+    """The judge to use with ``llm``: calibrated relevance when it is the offline rules provider, else None."""
+    if llm.name != RULES_PROVIDER_NAME:
+        return None
+    return OfflineJudge(embedder=embedder, model=relevance_model(settings, embedder), params=recall_params(settings))
 
 
 def evaluate_relevance(
@@ -36,19 +69,27 @@ def evaluate_relevance(
     turn_id: str | None = None,
     user_id: str | None = None,
     report: StageReport | None = None,
+    judge: OfflineJudge | None = None,
 ) -> WarmthUpdate | None:
     """Score one memory's usefulness for ``context`` and apply the warmth rule; None if not found.
 
-    Raises :class:`~yak_pipeline.llm.errors.LLMError` when the evaluator cannot answer.
+    ``judge`` (offline) scores by calibrated relevance instead of asking ``llm``. Raises
+    :class:`~yak_pipeline.llm.errors.LLMError` when the evaluator cannot answer.
     """
     distillation = get_distillation(conn, distillation_id, user_id=user_id)
     if distillation is None:
         return None
-    result = llm.relevance_score(distillation["content"], context)
-    if report is not None:
-        report.record_call(result.stats)
-    return apply_relevance(conn, distillation_id, relevance_score=result.score, reason=reason, turn_id=turn_id,
-                           evaluator=evaluator or llm.name, user_id=distillation["user_id"])
+    if judge is not None:
+        score = judge.usefulness(conn, user_id=distillation["user_id"], distillation_id=str(distillation_id),
+                                 context=context)
+        name = f"calibrated-relevance ({judge.model.version})"
+    else:
+        result = llm.relevance_score(distillation["content"], context)
+        if report is not None:
+            report.record_call(result.stats)
+        score, name = result.score, llm.name
+    return apply_relevance(conn, distillation_id, relevance_score=score, reason=reason, turn_id=turn_id,
+                           evaluator=evaluator or name, user_id=distillation["user_id"])
 
 
 @dataclass(frozen=True)
@@ -58,6 +99,8 @@ class WarmthJob:
     db: Database
     llm: LLMProvider
     alerter: Alerter = NULL_ALERTER
+    # Offline: calibrated relevance stands in for the LLM's judgement (see offline_judge).
+    judge: OfflineJudge | None = None
 
 
 def _turn_ids(db: Database, *, user_id: str | None, day: date | None, since: datetime | None, pending_only: bool) -> list[str]:
@@ -94,7 +137,8 @@ def evaluate_turn(job: WarmthJob, turn_id: str, *, reason: str) -> StageReport:
         try:
             for distillation_id in [str(r) for r in recalled if str(r) not in done]:
                 update = evaluate_relevance(conn, job.llm, distillation_id=distillation_id, context=context,
-                                            reason=reason, turn_id=turn_id, user_id=user_id, report=report)
+                                            reason=reason, turn_id=turn_id, user_id=user_id, report=report,
+                                            judge=job.judge)
                 if update is not None and update.change.delta != 0:
                     report.flagged += 1
         except LLMError as exc:

@@ -9,7 +9,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from yak_pipeline.store.audit import write_audit
-from yak_pipeline.store.distillations import flag_for_review
+from yak_pipeline.store.distillations import flag_for_review, mark_superseded_by_newer
 
 
 def record_conflict(
@@ -17,8 +17,9 @@ def record_conflict(
 ) -> UUID | None:
     """Store a conflict between two of a user's distillations and flag both for review.
 
-    The pair is stored in a fixed order so (a, b) and (b, a) are one conflict; returns None
-    when it was already recorded.
+    The one stated earlier is marked superseded by the later one (a knowledge update; both stay
+    recallable and flagged until a person resolves the conflict). The pair is stored in a fixed
+    order so (a, b) and (b, a) are one conflict; returns None when it was already recorded.
     """
     first, second = sorted((str(a), str(b)))
     if first == second:
@@ -31,6 +32,7 @@ def record_conflict(
     if row is None:
         return None
     flag_for_review(conn, [first, second])
+    mark_superseded_by_newer(conn, first, second, actor=actor, user_id=user_id)
     write_audit(conn, actor=actor, action="conflict", target_type="conflict", target_id=row[0], user_id=user_id,
                 detail={"a": first, "b": second, "score": score})
     return row[0]

@@ -157,6 +157,36 @@ def flag_for_review(conn: psycopg.Connection, distillation_ids: Sequence[UUID | 
     )
 
 
+def mark_superseded_by_newer(conn: psycopg.Connection, a: UUID | str, b: UUID | str, *, actor: str,
+                             user_id: str) -> str | None:
+    """Of two contradicting distillations, mark the one stated earlier as superseded by the later one.
+
+    A knowledge update ("I moved to Porto" after "I live in Lisbon"): the older stays, with its
+    versions, and recall ranks it below the newer and marks it in the memory block. Nothing is
+    marked when both were stated at the same moment (no way to tell which is current). Returns
+    the id of the superseded distillation, or None.
+    """
+    # When each was said (its exchange's time), not when it was last edited.
+    rows = conn.execute(
+        """SELECT d.id, m.occurred_at FROM distillations d JOIN memories m ON m.id = d.memory_id
+           WHERE d.id = ANY(%s::uuid[]) AND d.user_id = %s AND d.deleted_at IS NULL""",
+        ([str(a), str(b)], user_id),
+    ).fetchall()
+    if len(rows) != 2 or rows[0][1] == rows[1][1]:
+        return None
+    (older, _), (newer, _) = sorted(rows, key=lambda r: r[1])
+    updated = conn.execute(
+        """UPDATE distillations SET superseded_by = %s, superseded_at = now(), updated_at = now()
+           WHERE id = %s AND superseded_by IS DISTINCT FROM %s RETURNING id""",
+        (newer, older, newer),
+    ).fetchone()
+    if updated is None:
+        return None
+    write_audit(conn, actor=actor, action="supersede", target_type="distillation", target_id=older,
+                user_id=user_id, detail={"superseded_by": str(newer)})
+    return str(older)
+
+
 def get_distillation(
     conn: psycopg.Connection, distillation_id: UUID | str, *, user_id: str | None = None
 ) -> dict[str, Any] | None:

@@ -1,128 +1,116 @@
-"""The recall query (DESIGN §4): ANN candidates, fetched until provably enough, re-ranked exactly.
+"""Recall's candidates: every leg's query, in one place (DESIGN §4, docs/RECALL.md).
 
-The HNSW index only proposes candidates in similarity order. Because every multiplier of the
-score is bounded (decay ≤ 1, 1 + warmth ≤ 2, gravity ≤ 2 × max user weight), once the k-th
-best score so far beats the best score any not-yet-fetched row could reach, fetching stops
-(a threshold algorithm); otherwise the fetch size grows. The final order always comes from
-``core.scoring.rank_candidates``, the function the tests' reference ranking uses.
+One query makes four ranked candidate lists ("legs"), each over the user's rows only:
 
-Which index proposes the candidates:
+- **distillation text** — BM25 over ``distillations.content_tsv`` (PostgreSQL full text);
+- **distillation vector** — cosine similarity over ``distillations.embedding``;
+- **exchange text** — BM25 over ``memories.context_tsv``: each raw exchange together with the
+  exchanges just before and after it in the same conversation (sql/006; ``content_tsv``, the
+  exchange alone, with ``exchange_context`` off);
+- **exchange vector** — cosine similarity over ``memories.embedding``.
 
-- **the user's own index** — a partial HNSW index ``WHERE user_id = '<user>'``, built by
-  :func:`ensure_user_indexes` once a user has :data:`USER_INDEX_MIN_ROWS` rows. pgvector 0.6
-  has no iterative scan: a global index filtered to one user of ten returns about a tenth of its
-  beam, so for a heavy user it almost always comes up short. A partial index holds only that
-  user's rows, so its beam is all theirs. The user id is written into the SQL as a literal: the
-  planner can use a partial index only when it can prove the predicate at plan time, which a
-  bind parameter of a cached generic plan does not allow;
-- **the shared index** — for users without their own, when it can deliver enough rows (a user
-  who owns most of the table);
-- otherwise **an exact scan in SQL**: the server scores and gates every row of the user and
-  returns only the best few (:func:`_recall_exact_top`), which are then re-ranked in Python;
-  the margin between what SQL returned and what it left behind is checked, so floating-point
-  differences between SQL and Python can never change the result.
+What is recalled is an *active distillation of the active embedding model*: an exchange
+candidate stands for the distillation it became, following merges to the distillation that
+absorbed it; an exchange with no recallable distillation (pending, in review, rejected) is
+dropped, so the confidence gate keeps its meaning. For the union of the legs' rows,
+:func:`recall_candidates` reads what the relevance model needs (both cosines, both BM25 scores,
+the best of each leg) and what the score needs (tier, warmth, weight, age, supersession); there
+is no similarity pre-gate here. Relevance, the gate and the order are ``core.recall``'s:
+:func:`recall` is ``core.recall.rank_memories`` over these candidates.
+
+Why BM25 and not ``ts_rank``: ``ts_rank`` has no inverse document frequency, so in a person's
+history, where their own name and "User" are in every row, it ranks by the commonest words.
+BM25 here is computed in SQL from the stored ``tsvector``s (term frequency from the positions,
+document frequency and average length over the user's rows), with the query's terms OR-ed so a
+row need not contain every word of a question.
+
+The vector legs use the user's own partial HNSW index when they have one (heavy users, see
+:func:`ensure_user_indexes`: pgvector 0.6 has no iterative scan, so a global index filtered to
+one user of ten returns about a tenth of its beam), else the shared HNSW index when the user has
+many rows (with ``ef_search`` raised so enough of the user's rows survive the filter), and scan
+the user's rows exactly otherwise or when the index comes up short. ``exact=True`` scans
+everything exactly: the reference the benchmark and the tests compare the index path with.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Final, Literal
+from typing import Final, Literal
 
 import numpy as np
 import psycopg
 from psycopg import sql
 
-from yak_pipeline.core.scoring import (
-    GATE_EPSILON,
-    TIER_GRAVITY,
-    RecallCandidate,
-    ScoredMemory,
-    can_stop_fetching,
-    max_gate_distance,
-    rank_candidates,
-    tier_threshold_multiplier,
-)
+from yak_pipeline.core.recall import LEGS, Candidate, Leg, RankedMemory, RecallParams, rank_memories
+from yak_pipeline.core.relevance import RelevanceModel, RelevanceSignals
 
-if TYPE_CHECKING:
-    from yak_pipeline.store.hybrid import HybridParams
+RecallTable = Literal["distillations", "memories"]
 
-_MIN_FETCH = 40
+_MIN_FETCH: Final[int] = 40
 # The widest HNSW beam recall asks for; past it an exact scan is the better plan.
 MAX_EF_SEARCH: Final[int] = 1000
 # A user gets their own partial HNSW index (per table) from this many rows on; below it an
 # exact scan of their rows costs a few milliseconds and is exact.
 USER_INDEX_MIN_ROWS: Final[int] = 5_000
 # The beam is this many times the rows wanted: HNSW's recall of the true top-n at ef = n is
-# around 0.95 on 10k rows of 384 dimensions; at 2n it is ≥ 0.99 (measured by the benchmark).
+# around 0.95 on 10k rows of 384 dimensions; at 2n it is >= 0.99 (measured by the benchmark).
 _EF_PER_ROW: Final[float] = 2.0
-# The SQL exact scan returns this many rows beyond the limit, so that a row whose SQL score
-# and Python score differ in the last bits cannot be lost at the boundary.
-_EXACT_MARGIN: Final[int] = 16
-# Relative difference allowed between the SQL and the Python evaluation of the same score
-# (different multiplication order, libm exp): far above float8 rounding, far below real gaps.
-_SCORE_REL_TOLERANCE: Final[float] = 1e-9
+# Okapi BM25's usual constants (Robertson & Zaragoza); not tuned to any data set.
+BM25_K1: Final[float] = 1.2
+BM25_B: Final[float] = 0.75
+# Below this many rows a user's rows are scanned exactly: it is as fast as the index and exact.
+EXACT_SCAN_MAX_ROWS: Final[int] = 2_000
+# HNSW returns the nearest rows of *all* users; the share that is the user's is estimated, and
+# the beam widened by this safety factor so that enough of them survive the user filter.
+_EF_SAFETY: Final[float] = 2.0
+# Merge chains longer than this are not followed (each merge is one hop).
+_MAX_MERGE_HOPS: Final[int] = 8
 
-RecallTable = Literal["distillations", "memories"]
+# ``as_of`` (recall as of a date) keeps only what had happened by then: an exchange by when it
+# occurred, a distillation by its source exchange's time.
+_TABLES: Final[dict[str, str]] = {
+    # Recall candidates are active distillations of the active embedding model (DESIGN §4).
+    "distillations": "t.user_id = %(user)s AND t.status = 'active' AND t.deleted_at IS NULL "
+                     "AND t.embedding_model = %(model)s AND (%(as_of)s::timestamptz IS NULL OR EXISTS ("
+                     "SELECT 1 FROM memories m WHERE m.id = t.memory_id AND m.occurred_at <= %(as_of)s))",
+    # Every live exchange of the user; its distillation is checked when it is mapped.
+    "memories": "t.user_id = %(user)s AND t.deleted_at IS NULL "
+                "AND (%(as_of)s::timestamptz IS NULL OR t.occurred_at <= %(as_of)s)",
+}
 
-_CANDIDATE_COLUMNS = "id, 1 - (embedding <=> %(q)s) AS similarity, tier, warmth, user_weight, refreshed_at"
-_CANDIDATE_FILTER = "status = 'active' AND deleted_at IS NULL AND embedding_model = %(model)s"
-_CANDIDATE_SQL = f"""
-    SELECT {_CANDIDATE_COLUMNS}
-    FROM distillations
-    WHERE user_id = %(user)s AND {_CANDIDATE_FILTER}
+# marks the query's lexemes with weight A (to_tsvector gives every position the default D) and
+# ts_filter keeps just those, so a row unnests its few matching lexemes instead of all of them.
+# The OR-ed tsquery and the lexeme array are computed once (the `q` CTE) rather than per row.
+_BM25_SQL: Final[str] = """
+WITH q AS MATERIALIZED (
+    SELECT replace(plainto_tsquery('english', %(text)s)::text, ' & ', ' | ')::tsquery AS query,
+           array(SELECT DISTINCT lexeme FROM unnest(to_tsvector('english', %(text)s))) AS lexemes
+), corpus AS (
+    -- {terms} = length({tsv}) (sql/005, 006): an index-only scan instead of every row.
+    SELECT count(*)::float8 AS n, avg(t.{terms})::float8 AS avgdl
+    FROM {table} t WHERE {where}
+), hits AS (
+    SELECT t.id, u.lexeme, greatest(cardinality(u.positions), 1)::float8 AS tf,
+           t.{terms}::float8 AS dl
+    FROM q, {table} t CROSS JOIN LATERAL unnest(ts_filter(setweight(t.{tsv}, 'A', q.lexemes), '{{a}}')) AS u
+    WHERE {where}
+      AND t.{tsv} @@ q.query
+), df AS (
+    SELECT lexeme, count(*)::float8 AS df FROM hits GROUP BY lexeme
+)
+SELECT h.id,
+       sum(ln(1 + (c.n - f.df + 0.5) / (f.df + 0.5))
+           * h.tf * (%(k1)s + 1) / (h.tf + %(k1)s * (1 - %(b)s + %(b)s * h.dl / greatest(c.avgdl, 1)))) AS score
+FROM hits h JOIN df f USING (lexeme) CROSS JOIN corpus c
+GROUP BY h.id
+ORDER BY score DESC, h.id
+LIMIT %(limit)s
 """
-# Every row gated and scored by the server; only the best few leave it. OFFSET 0 keeps the
-# subquery from being pulled up, which would compute the cosine distance once per reference.
-_EXACT_TOP_SQL = f"""
-    SELECT id, similarity, tier, warmth, user_weight, refreshed_at, score FROM (
-        SELECT *, similarity
-                  * CASE WHEN %(decay)s
-                         THEN exp(%(rate)s * greatest(extract(epoch FROM %(now)s - refreshed_at)::float8, 0))
-                         ELSE 1 END
-                  * (1 + warmth)
-                  * CASE tier WHEN 'core' THEN %(g_core)s WHEN 'medium' THEN %(g_medium)s ELSE %(g_low)s END
-                  * user_weight AS score
-        FROM ({_CANDIDATE_SQL} OFFSET 0) scored
-        WHERE 1 - similarity <= CASE tier WHEN 'core' THEN %(gate_core)s WHEN 'medium' THEN %(gate_medium)s
-                                          ELSE %(gate_low)s END
-    ) gated
-    ORDER BY score DESC, similarity DESC, id
-    LIMIT %(n)s
-"""
 
-
-@dataclass(frozen=True)
-class RecallParams:
-    """The knobs of one recall (request threshold and limit, plus the configured scoring)."""
-
-    threshold: float = 0.7
-    limit: int = 5
-    half_life_days: float = 30.0
-    decay_enabled: bool = True
-    core_multiplier: float = 2.0
-    # Set: callers route through hybrid recall (store.hybrid) with these fusion knobs;
-    # recall() below is the vector-only path and ignores it.
-    hybrid: HybridParams | None = None
-
-
-def _candidates(rows: Sequence[tuple]) -> list[RecallCandidate]:
-    return [
-        RecallCandidate(id=str(r[0]), similarity=float(r[1]), tier=r[2], warmth=float(r[3]),
-                        user_weight=float(r[4]), refreshed_at=r[5])
-        for r in rows
-    ]
-
-
-def _rank(candidates: list[RecallCandidate], params: RecallParams, now: datetime) -> list[ScoredMemory]:
-    return rank_candidates(
-        candidates, threshold=params.threshold, limit=params.limit, now=now,
-        half_life_days=params.half_life_days, decay_enabled=params.decay_enabled,
-        core_multiplier=params.core_multiplier,
-    )
 
 
 # --- per-user indexes -----------------------------------------------------------------------------
@@ -195,151 +183,376 @@ def beam_for(rows_wanted: int) -> int:
     return max(math.ceil(rows_wanted * _EF_PER_ROW), _MIN_FETCH)
 
 
-# --- recall ---------------------------------------------------------------------------------------
+# --- the legs -------------------------------------------------------------------------------------
 
 
-_ITERATIVE_SCAN_SUPPORT: dict[tuple[str, str, str], bool] = {}
+@dataclass(frozen=True)
+class LegHit:
+    """One row of one leg: its id and the leg's own score (BM25 or cosine similarity)."""
+
+    id: str
+    score: float
 
 
-def _supports_iterative_scan(conn: psycopg.Connection) -> bool:
-    """Whether the server's pgvector (0.8+) can keep scanning HNSW past filtered-out rows."""
-    key = (conn.info.host, str(conn.info.port), conn.info.dbname)
-    if key not in _ITERATIVE_SCAN_SUPPORT:
-        version = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
-        parts = tuple(int(p) for p in version[0].split(".")[:2]) if version else (0, 0)
-        _ITERATIVE_SCAN_SUPPORT[key] = parts >= (0, 8)
-    return _ITERATIVE_SCAN_SUPPORT[key]
+def bm25_search(
+    conn: psycopg.Connection,
+    *,
+    table: Literal["memories", "distillations"],
+    user_id: str,
+    query: str,
+    limit: int,
+    embedding_model: str | None = None,
+    context: bool = False,
+    as_of: datetime | None = None,
+) -> list[LegHit]:
+    """The user's rows of ``table`` best matching ``query`` by Okapi BM25 over ``content_tsv``.
+
+    Query words are stemmed and stop words dropped by PostgreSQL's ``english`` configuration;
+    any of them may match (OR). ``embedding_model`` is required for distillations (only the
+    active model's rows are recall candidates). With ``context`` (memories only) each exchange
+    is searched together with its neighbours in the conversation (``context_tsv``, sql/006).
+    """
+    if table == "distillations" and embedding_model is None:
+        raise ValueError("bm25_search over distillations needs the active embedding_model")
+    if context and table != "memories":
+        raise ValueError("only exchanges (memories) have a conversation context")
+    if limit <= 0 or not query.strip():
+        return []
+    column = "context" if context else "content"
+    statement = _BM25_SQL.format(table=table, where=_TABLES[table], tsv=f"{column}_tsv", terms=f"{column}_terms")
+    rows = conn.execute(statement, {"text": query, "user": user_id, "model": embedding_model, "limit": limit,
+                                    "k1": BM25_K1, "b": BM25_B, "as_of": as_of}).fetchall()
+    return [LegHit(id=str(r[0]), score=float(r[1])) for r in rows]
 
 
-def _max_user_weight(conn: psycopg.Connection, user_id: str, embedding_model: str) -> float:
-    row = conn.execute(
-        f"SELECT max(user_weight) FROM distillations WHERE user_id = %(user)s AND {_CANDIDATE_FILTER}",
-        {"user": user_id, "model": embedding_model},
-    ).fetchone()
-    return float(row[0]) if row and row[0] is not None else 0.0
+def vector_search(
+    conn: psycopg.Connection,
+    *,
+    table: Literal["memories", "distillations"],
+    user_id: str,
+    query_embedding: Sequence[float],
+    embedding_model: str,
+    limit: int,
+    exact: bool = False,
+    as_of: datetime | None = None,
+) -> list[LegHit]:
+    """The user's ``limit`` rows of ``table`` most similar to the query (cosine), most similar first.
+
+    With ``exact`` every row of the user is scored; otherwise the HNSW index proposes them when
+    that is cheaper, and an exact scan stands in when the index cannot deliver ``limit`` rows.
+    """
+    if limit <= 0:
+        return []
+    where = _TABLES[table] + " AND t.embedding IS NOT NULL AND t.embedding_model = %(model)s"
+    args = {"q": np.asarray(query_embedding, dtype=np.float32), "user": user_id, "model": embedding_model,
+            "n": limit, "as_of": as_of}
+    if not exact:
+        own_index = has_user_index(conn, table, user_id)
+        ef = beam_for(limit) if own_index else _index_beam(conn, table=table, where=where, args=args, limit=limit)
+        if ef is not None:
+            set_beam(conn, ef)
+            # The user's own partial index is usable only when the planner sees the user id as
+            # a literal (module docstring); the parameter stays for the shared index.
+            mine = sql.SQL(" AND t.user_id = {}").format(sql.Literal(user_id)) if own_index else sql.SQL("")
+            rows = conn.execute(
+                sql.SQL(f"SELECT t.id, 1 - (t.embedding <=> %(q)s) FROM {table} t WHERE {where}{{mine}} "  # noqa: S608
+                        "ORDER BY t.embedding <=> %(q)s LIMIT %(n)s").format(mine=mine),
+                args,
+            ).fetchall()
+            if len(rows) >= limit:
+                return [LegHit(id=str(r[0]), score=float(r[1])) for r in rows]
+    # Ordering by the similarity expression (not by `embedding <=> q`) keeps the planner off the
+    # index: this is the exact scan of the user's rows.
+    rows = conn.execute(
+        f"SELECT t.id, 1 - (t.embedding <=> %(q)s) AS similarity FROM {table} t WHERE {where} "  # noqa: S608
+        "ORDER BY similarity DESC, t.id LIMIT %(n)s",
+        args,
+    ).fetchall()
+    return [LegHit(id=str(r[0]), score=float(r[1])) for r in rows]
+
+
+def _index_beam(conn: psycopg.Connection, *, table: str, where: str, args: dict, limit: int) -> int | None:
+    """The HNSW ``ef_search`` to use, or None when an exact scan is the better plan.
+
+    The index is worth it only when the user has many rows; its beam must be wide enough that
+    ``limit`` of the user's rows remain after the filter, which depends on the user's share.
+    """
+    mine = conn.execute(f"SELECT count(*) FROM {table} t WHERE {where}", args).fetchone()[0]  # noqa: S608
+    if mine <= max(EXACT_SCAN_MAX_ROWS, limit):
+        return None
+    # The planner's row estimate is free, and close enough to size a beam.
+    estimate = conn.execute("SELECT reltuples FROM pg_class WHERE oid = %s::regclass", (table,)).fetchone()[0]
+    total = max(float(estimate), float(mine))
+    beam = math.ceil(limit * (total / mine) * _EF_SAFETY)
+    if beam > MAX_EF_SEARCH:
+        return None
+    return max(beam, 40)
+
+
+# --- from exchanges to distillations --------------------------------------------------------------
+
+
+def recallable_distillations(
+    conn: psycopg.Connection, *, user_id: str, memory_ids: Iterable[str], embedding_model: str
+) -> dict[str, str]:
+    """For each memory, the active distillation of the active model that now holds what it said.
+
+    That is the memory's own distillation when active, or — when it was merged — the distillation
+    it was merged into (following further merges). Memories with none are left out.
+    """
+    wanted = list(dict.fromkeys(memory_ids))
+    if not wanted:
+        return {}
+    rows = conn.execute(
+        """SELECT memory_id, id, status, embedding_model FROM distillations
+           WHERE user_id = %s AND memory_id = ANY(%s::uuid[]) AND deleted_at IS NULL
+             AND status IN ('active', 'merged')
+           ORDER BY created_at, id""",
+        (user_id, wanted),
+    ).fetchall()
+    result: dict[str, str] = {}
+    # memory id -> the merged distillation it is waiting to resolve
+    following: dict[str, str] = {}
+    for memory_id, distillation_id, status, model in rows:
+        memory_id, distillation_id = str(memory_id), str(distillation_id)
+        if memory_id in result:
+            continue
+        if status == "active":
+            if model == embedding_model:
+                result[memory_id] = distillation_id
+                following.pop(memory_id, None)
+        else:
+            following.setdefault(memory_id, distillation_id)
+    for _ in range(_MAX_MERGE_HOPS):
+        if not following:
+            break
+        merged_ids = list(set(following.values()))
+        targets = conn.execute(
+            """SELECT DISTINCT ON (m.merged) m.merged, d.id, d.status, d.embedding_model
+               FROM unnest(%s::uuid[]) AS m(merged)
+               JOIN distillation_versions v ON v.merged_from @> ARRAY[m.merged] AND v.deleted_at IS NULL
+               JOIN distillations d ON d.id = v.distillation_id AND d.deleted_at IS NULL AND d.user_id = %s
+               ORDER BY m.merged, v.created_at DESC""",
+            (merged_ids, user_id),
+        ).fetchall()
+        target_of = {str(r[0]): (str(r[1]), r[2], r[3]) for r in targets}
+        still: dict[str, str] = {}
+        for memory_id, merged in following.items():
+            target = target_of.get(merged)
+            if target is None:
+                continue
+            target_id, status, model = target
+            if status == "active" and model == embedding_model:
+                result[memory_id] = target_id
+            elif status == "merged":
+                still[memory_id] = target_id
+        following = still
+    return result
+
+
+def source_memories(conn: psycopg.Connection, *, distillation_ids: Iterable[str]) -> dict[str, set[str]]:
+    """For each distillation, the memories whose content it holds: its own and every merged one's."""
+    wanted = list(dict.fromkeys(distillation_ids))
+    if not wanted:
+        return {}
+    rows = conn.execute(
+        """WITH RECURSIVE held(root, distillation_id, depth) AS (
+               SELECT d.id, d.id, 0 FROM distillations d WHERE d.id = ANY(%s::uuid[])
+               UNION
+               SELECT h.root, merged.id, h.depth + 1
+               FROM held h
+               JOIN distillation_versions v ON v.distillation_id = h.distillation_id AND v.deleted_at IS NULL
+               CROSS JOIN LATERAL unnest(v.merged_from) AS merged(id)
+               WHERE h.depth < %s
+           )
+           SELECT h.root, d.memory_id FROM held h JOIN distillations d ON d.id = h.distillation_id""",
+        (wanted, _MAX_MERGE_HOPS),
+    ).fetchall()
+    result: dict[str, set[str]] = {d: set() for d in wanted}
+    for root, memory_id in rows:
+        result[str(root)].add(str(memory_id))
+    return result
+
+
+def _rank_leg(ids: Iterable[str]) -> dict[str, int]:
+    """1-based ranks of ids in order, keeping each id's first (best) position."""
+    ranks: dict[str, int] = {}
+    for distillation_id in ids:
+        if distillation_id not in ranks:
+            ranks[distillation_id] = len(ranks) + 1
+    return ranks
+
+
+def active_distillation_ids(conn: psycopg.Connection, *, user_id: str, embedding_model: str) -> list[str]:
+    """Every recall candidate of the user: active distillations of the active model."""
+    rows = conn.execute(
+        """SELECT id FROM distillations
+           WHERE user_id = %s AND status = 'active' AND deleted_at IS NULL AND embedding_model = %s""",
+        (user_id, embedding_model),
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+# --- candidates and recall -----------------------------------------------------------------------
+
+# Per candidate: the score's inputs, the cosine to the distillation and to its own exchange,
+# and the newer memory that replaced it (only if that one had happened by ``as_of``).
+_CANDIDATE_ROWS_SQL: Final[str] = """
+SELECT d.id, d.tier, d.warmth, d.user_weight, d.refreshed_at,
+       1 - (d.embedding <=> %(q)s) AS cos_distillation,
+       CASE WHEN m.embedding_model = %(model)s THEN 1 - (m.embedding <=> %(q)s) END AS cos_exchange,
+       CASE WHEN %(as_of)s::timestamptz IS NULL OR sm.occurred_at <= %(as_of)s THEN s.id END AS superseded_by
+FROM distillations d
+JOIN memories m ON m.id = d.memory_id
+LEFT JOIN distillations s ON s.id = d.superseded_by AND s.status = 'active' AND s.deleted_at IS NULL
+LEFT JOIN memories sm ON sm.id = s.memory_id
+WHERE d.id = ANY(%(ids)s::uuid[]) AND d.user_id = %(user)s AND d.status = 'active' AND d.deleted_at IS NULL
+  AND d.embedding_model = %(model)s AND (%(as_of)s::timestamptz IS NULL OR m.occurred_at <= %(as_of)s)
+"""
+
+
+def recall_candidates(
+    conn: psycopg.Connection,
+    *,
+    user_id: str,
+    query: str,
+    query_embedding: Sequence[float],
+    embedding_model: str,
+    params: RecallParams,
+    as_of: datetime | None = None,
+    exact: bool = False,
+) -> list[Candidate]:
+    """Run the four legs and return, per active distillation any of them proposed, its signals.
+
+    ``exact`` scans the vector legs exactly (the reference); ``as_of`` sees only what had
+    happened by then.
+    """
+    vector = np.asarray(query_embedding, dtype=np.float32)
+    size = params.leg_size
+    d_text = bm25_search(conn, table="distillations", user_id=user_id, query=query, limit=size,
+                         embedding_model=embedding_model, as_of=as_of)
+    d_vec = vector_search(conn, table="distillations", user_id=user_id, query_embedding=vector,
+                          embedding_model=embedding_model, limit=size, exact=exact, as_of=as_of)
+    # A stored context can hold words said after ``as_of`` (the next exchange's): as of a past
+    # moment each exchange is searched alone.
+    m_text = bm25_search(conn, table="memories", user_id=user_id, query=query, limit=size,
+                         context=params.exchange_context and as_of is None, as_of=as_of)
+    m_vec = vector_search(conn, table="memories", user_id=user_id, query_embedding=vector,
+                          embedding_model=embedding_model, limit=size, exact=exact, as_of=as_of)
+    held_by = recallable_distillations(conn, user_id=user_id, memory_ids=[h.id for h in m_text + m_vec],
+                                       embedding_model=embedding_model)
+    ids = sorted({h.id for h in d_text + d_vec} | set(held_by.values()))
+    if not ids:
+        return []
+    rows = conn.execute(_CANDIDATE_ROWS_SQL, {"q": vector, "ids": ids, "user": user_id, "model": embedding_model,
+                                              "as_of": as_of}).fetchall()
+
+    # An exchange's BM25 and cosine count for the distillation that holds it; a distillation
+    # holding several (merges) keeps the best of each.
+    bm25_exchange: dict[str, float] = {}
+    for hit in m_text:
+        target = held_by.get(hit.id)
+        if target is not None:
+            bm25_exchange[target] = max(bm25_exchange.get(target, 0.0), hit.score)
+    cos_exchange: dict[str, float] = {}
+    for hit in m_vec:
+        target = held_by.get(hit.id)
+        if target is not None:
+            cos_exchange[target] = max(cos_exchange.get(target, -1.0), hit.score)
+    bm25_distillation = {h.id: h.score for h in d_text}
+
+    def own_exchange_cos(row: tuple) -> float | None:
+        values = [v for v in (row[6], cos_exchange.get(str(row[0]))) if v is not None]
+        return max(float(v) for v in values) if values else None
+
+    exchange_cos = {str(r[0]): own_exchange_cos(r) for r in rows}
+    best_cos_d = max(([d_vec[0].score] if d_vec else []) + [float(r[5]) for r in rows])
+    known_x = [v for v in exchange_cos.values() if v is not None] + ([m_vec[0].score] if m_vec else [])
+    best_cos_x = max(known_x) if known_x else None
+    best_bm25_d = d_text[0].score if d_text else 0.0
+    best_bm25_x = m_text[0].score if m_text else 0.0
+
+    legs: dict[Leg, dict[str, int]] = {
+        "distillation_text": _rank_leg(h.id for h in d_text),
+        "distillation_vector": _rank_leg(h.id for h in d_vec),
+        "exchange_text": _rank_leg(held_by[h.id] for h in m_text if h.id in held_by),
+        "exchange_vector": _rank_leg(held_by[h.id] for h in m_vec if h.id in held_by),
+    }
+    candidates = []
+    for row in rows:
+        distillation_id = str(row[0])
+        signals = RelevanceSignals(
+            cos_distillation=float(row[5]), cos_exchange=exchange_cos[distillation_id],
+            bm25_distillation=bm25_distillation.get(distillation_id, 0.0),
+            bm25_exchange=bm25_exchange.get(distillation_id, 0.0),
+            best_cos_distillation=max(best_cos_d, float(row[5])), best_cos_exchange=best_cos_x,
+            best_bm25_distillation=best_bm25_d, best_bm25_exchange=best_bm25_x)
+        candidates.append(Candidate(
+            id=distillation_id, tier=row[1], warmth=float(row[2]), user_weight=float(row[3]), refreshed_at=row[4],
+            signals=signals, ranks={leg: ranked[distillation_id] for leg, ranked in legs.items()
+                                    if distillation_id in ranked},
+            superseded_by=str(row[7]) if row[7] is not None else None))
+    return candidates
 
 
 def recall(
     conn: psycopg.Connection,
     *,
     user_id: str,
+    query: str,
     query_embedding: Sequence[float],
     embedding_model: str,
-    params: RecallParams = RecallParams(),
+    params: RecallParams,
+    model: RelevanceModel,
     now: datetime | None = None,
-) -> list[ScoredMemory]:
-    """The user's best ``params.limit`` active distillations for a query embedding, best first."""
-    now = now or datetime.now(timezone.utc)
-    query = np.asarray(query_embedding, dtype=np.float32)
+    as_of: datetime | None = None,
+    exact: bool = False,
+) -> list[RankedMemory]:
+    """The user's best ``params.limit`` memories for ``query``, best first (``core.recall.rank_memories``).
+
+    ``as_of`` recalls as of that moment: only what had happened by then, aged from then.
+    """
+    if model.embedding_model != embedding_model:
+        raise ValueError(f"relevance model {model.version} was fitted for {model.embedding_model}, "
+                         f"not {embedding_model}: run `yak eval calibrate` for this embedder")
     if params.limit <= 0:
         return []
-    if has_user_index(conn, "distillations", user_id):
-        ranked = _recall_from_index(conn, user_id=user_id, query=query, embedding_model=embedding_model,
-                                    params=params, now=now, own_index=True, total=None)
-    else:
-        total = conn.execute(
-            f"SELECT count(*) FROM distillations WHERE user_id = %(user)s AND {_CANDIDATE_FILTER}",
-            {"user": user_id, "model": embedding_model},
-        ).fetchone()[0]
-        if total == 0:
-            return []
-        ranked = _recall_from_index(conn, user_id=user_id, query=query, embedding_model=embedding_model,
-                                    params=params, now=now, own_index=False, total=total)
-    if ranked is not None:
-        return ranked
-    return _recall_exact_top(conn, user_id=user_id, query=query, embedding_model=embedding_model,
-                             params=params, now=now)
+    now = as_of or now or datetime.now(timezone.utc)
+    candidates = recall_candidates(conn, user_id=user_id, query=query, query_embedding=query_embedding,
+                                   embedding_model=embedding_model, params=params, as_of=as_of, exact=exact)
+    return rank_memories(candidates, model=model, params=params, now=now)
 
 
-def _recall_from_index(
-    conn: psycopg.Connection, *, user_id: str, query: np.ndarray, embedding_model: str, params: RecallParams,
-    now: datetime, own_index: bool, total: int | None,
-) -> list[ScoredMemory] | None:
-    """The threshold algorithm over an HNSW index; None when an exact scan must decide."""
-    widest_gate = max_gate_distance(params.threshold, params.core_multiplier)
-    iterative = not own_index and _supports_iterative_scan(conn)
-    # With the user's own index the user id must be a literal for the planner to use it (see
-    # the module docstring); with the shared one it stays a parameter.
-    user = sql.Literal(user_id) if own_index else sql.SQL("%(user)s")
-    statement = sql.SQL(
-        "SELECT " + _CANDIDATE_COLUMNS + " FROM distillations WHERE user_id = {user} AND " + _CANDIDATE_FILTER
-        + " ORDER BY embedding <=> %(q)s LIMIT %(n)s"
-    ).format(user=user)
-    max_weight: float | None = None
-    fetch = max(params.limit * 4, _MIN_FETCH)
-    while (total is None or fetch < total) and fetch <= MAX_EF_SEARCH:
-        # HNSW returns at most ef_search rows; with pgvector 0.8+ relaxed_order lets it keep
-        # scanning past rows the user filter discards.
-        set_beam(conn, beam_for(fetch) if own_index else fetch)
-        if iterative:
-            conn.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true)")
-        rows = conn.execute(statement, {"q": query, "user": user_id, "model": embedding_model,
-                                        "n": fetch}).fetchall()
-        if len(rows) < fetch:
-            # The index gave up early (other users' rows filled its beam, or rows it holds are
-            # inactive or of another model): score exactly.
-            return None
-        candidates = _candidates(rows)
-        ranked = _rank(candidates, params, now)
-        last_similarity = min(c.similarity for c in candidates)
-        if 1.0 - last_similarity > widest_gate:
-            return ranked  # no row further away can pass even the core gate
-        if max_weight is None:
-            max_weight = _max_user_weight(conn, user_id, embedding_model)
-        if can_stop_fetching(ranked, params.limit, last_similarity, max_weight,
-                             threshold=params.threshold, core_multiplier=params.core_multiplier):
-            return ranked
-        fetch *= 4
-    return None
+# --- exchange vectors -----------------------------------------------------------------------------
 
 
-def _recall_exact_top(
-    conn: psycopg.Connection, *, user_id: str, query: np.ndarray, embedding_model: str, params: RecallParams,
-    now: datetime,
-) -> list[ScoredMemory]:
-    """Exact recall with the scoring done by the server: only the best rows come back to Python.
+def exchanges_without_embedding(conn: psycopg.Connection, *, embedding_model: str, user_id: str | None = None,
+                                limit: int = 256) -> list[tuple[str, str]]:
+    """Up to ``limit`` live exchanges with no vector of ``embedding_model``: (id, content), locked.
 
-    SQL gates (slightly wider than :func:`passes_tier_gate`) and scores every row, returns the
-    best ``limit + margin``; Python re-gates and re-scores those with ``rank_candidates``. When
-    the rows SQL left out could, within floating-point tolerance, still outscore the limit-th
-    row, every row is fetched instead (:func:`recall_exact`).
+    ``FOR UPDATE SKIP LOCKED`` lets several workers fill vectors at once without doing the same row twice.
     """
-    gate = (1.0 - params.threshold)
-    slack = GATE_EPSILON * 2  # wider than the Python gate; Python has the final word
-    n = params.limit + _EXACT_MARGIN
-    rows = conn.execute(_EXACT_TOP_SQL, {
-        "q": query, "user": user_id, "model": embedding_model, "now": now, "n": n,
-        "decay": params.decay_enabled,
-        "rate": -math.log(2.0) / (params.half_life_days * 86_400.0) if params.decay_enabled else 0.0,
-        "g_core": TIER_GRAVITY["core"], "g_medium": TIER_GRAVITY["medium"], "g_low": TIER_GRAVITY["low"],
-        "gate_core": gate * tier_threshold_multiplier("core", params.core_multiplier) + slack,
-        "gate_medium": gate * tier_threshold_multiplier("medium", params.core_multiplier) + slack,
-        "gate_low": gate * tier_threshold_multiplier("low", params.core_multiplier) + slack,
-    }).fetchall()
-    ranked = _rank(_candidates(rows), params, now)
-    if len(rows) < n:
-        return ranked  # every row that passes a gate came back
-    left_out_best = float(rows[-1][6])
-    bound = left_out_best + _SCORE_REL_TOLERANCE * max(abs(left_out_best), 1.0)
-    if len(ranked) >= params.limit and ranked[params.limit - 1].score > bound:
-        return ranked
-    return recall_exact(conn, user_id=user_id, query_embedding=query, embedding_model=embedding_model,
-                        params=params, now=now)
-
-
-def recall_exact(
-    conn: psycopg.Connection,
-    *,
-    user_id: str,
-    query_embedding: Sequence[float],
-    embedding_model: str,
-    params: RecallParams = RecallParams(),
-    now: datetime | None = None,
-) -> list[ScoredMemory]:
-    """Exact scoring of every candidate row in Python, no index: the reference recall is checked against."""
-    now = now or datetime.now(timezone.utc)
     rows = conn.execute(
-        _CANDIDATE_SQL,
-        {"q": np.asarray(query_embedding, dtype=np.float32), "user": user_id, "model": embedding_model},
+        """SELECT id, content FROM memories
+           WHERE deleted_at IS NULL AND (%(user)s::text IS NULL OR user_id = %(user)s)
+             AND (embedding IS NULL OR embedding_model IS DISTINCT FROM %(model)s)
+           ORDER BY occurred_at, id
+           LIMIT %(limit)s
+           FOR UPDATE SKIP LOCKED""",
+        {"user": user_id, "model": embedding_model, "limit": limit},
     ).fetchall()
-    return _rank(_candidates(rows), params, now)
+    return [(str(r[0]), r[1]) for r in rows]
+
+
+def set_exchange_embeddings(conn: psycopg.Connection, *, embedding_model: str,
+                            vectors: Mapping[str, Sequence[float]]) -> int:
+    """Store each exchange's vector (by memory id) with the model that made it; returns rows updated."""
+    if not vectors:
+        return 0
+    with conn.cursor() as cur:
+        cur.executemany(
+            "UPDATE memories SET embedding = %s, embedding_model = %s WHERE id = %s",
+            [(np.asarray(v, dtype=np.float32), embedding_model, memory_id) for memory_id, v in vectors.items()],
+        )
+    return len(vectors)
+

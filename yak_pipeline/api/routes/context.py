@@ -8,7 +8,7 @@ from fastapi import APIRouter
 
 from yak_pipeline.api.dependencies import Caller, Services
 from yak_pipeline.api.schemas import ContextOut, ContextRequest
-from yak_pipeline.services.recall import build_context, recall_params
+from yak_pipeline.services.recall import build_context, recall_params, relevance_model
 
 router = APIRouter(prefix="/api/context", tags=["recall"])
 
@@ -22,7 +22,8 @@ def context(body: ContextRequest, caller: Caller, services: Services) -> Context
     started = time.perf_counter()
     block, built = build_context(services.database, services.embedder, user_id=user_id, query=body.query,
                                  params=recall_params(services.settings, threshold=body.threshold, limit=body.limit),
-                                 system_prompt=body.system_prompt)
+                                 model=relevance_model(services.settings, services.embedder),
+                                 system_prompt=body.system_prompt, as_of=body.as_of)
     services.metrics.observe_recall((time.perf_counter() - started) * 1000)
     return ContextOut(block=block, recalled_ids=built.recalled_ids, messages=built.messages,
                       recall_error=built.recall_error)

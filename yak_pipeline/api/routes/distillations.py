@@ -22,7 +22,7 @@ from yak_pipeline.api.schemas import (
     VersionOut,
     rows_to,
 )
-from yak_pipeline.services.recall import recall_params, search_memories
+from yak_pipeline.services.recall import recall_params, relevance_model, search_memories
 from yak_pipeline.store.distillations import get_distillation, list_distillations, list_versions
 from yak_pipeline.store.database import Database
 
@@ -43,15 +43,19 @@ def _detail(db: Database, distillation_id: UUID, user_id: str | None) -> Distill
 
 @router.post("/search", response_model=list[SearchHit])
 def search(body: SearchRequest, caller: Caller, services: Services) -> list[SearchHit]:
-    """The user's best distillations for a query, ranked by DESIGN §4: similarity gated per tier,
-    times recency decay, (1 + warmth) and tier gravity."""
+    """The user's best distillations for a query (docs/RECALL.md): calibrated relevance gated per
+    tier, times recency decay, (1 + warmth) and tier gravity; empty when nothing is relevant.
+    ``as_of`` recalls as of a past moment; ``explain`` adds each hit's score breakdown."""
     user_id = caller.acting_for(body.user_id)
     started = time.perf_counter()
     hits = search_memories(services.database, services.embedder, user_id=user_id, query=body.query,
-                           params=recall_params(services.settings, threshold=body.threshold, limit=body.limit))
+                           params=recall_params(services.settings, threshold=body.threshold, limit=body.limit),
+                           model=relevance_model(services.settings, services.embedder), as_of=body.as_of)
     services.metrics.observe_recall((time.perf_counter() - started) * 1000)
     return [SearchHit(id=h.id, memory_id=h.memory_id, content=h.content, confidence=h.confidence, tier=h.tier,
-                      warmth=h.warmth, similarity=h.similarity, score=h.score, is_core=h.is_core) for h in hits]
+                      warmth=h.warmth, similarity=h.similarity, relevance=h.relevance, score=h.score,
+                      is_core=h.is_core, occurred_at=h.occurred_at, superseded_by=h.superseded_by,
+                      in_conflict=h.in_conflict, explain=h.explain() if body.explain else None) for h in hits]
 
 
 @router.get("", response_model=DistillationPage)

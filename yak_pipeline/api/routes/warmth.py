@@ -20,7 +20,7 @@ from yak_pipeline.api.schemas import (
 )
 from yak_pipeline.core.warmth import WARMTH_DEFAULT
 from yak_pipeline.llm.errors import LLMError
-from yak_pipeline.services.warmth import evaluate_relevance
+from yak_pipeline.services.warmth import evaluate_relevance, offline_judge
 from yak_pipeline.store.distillations import get_distillation
 from yak_pipeline.store.warmth import reset_warmth, warmth_history
 
@@ -34,7 +34,8 @@ def evaluate(body: WarmthEvaluate, caller: Caller, services: Services) -> Warmth
     try:
         with services.database.connection() as conn:
             update = evaluate_relevance(conn, services.llm, distillation_id=str(body.memory_id), context=body.context,
-                                        reason="manual", evaluator=body.evaluator, user_id=caller.scope)
+                                        reason="manual", evaluator=body.evaluator, user_id=caller.scope,
+                                        judge=offline_judge(services.settings, services.llm, services.embedder))
     except LLMError as exc:
         services.metrics.count_error("llm_unavailable")
         raise HTTPException(status.HTTP_502_BAD_GATEWAY, f"the evaluator failed: {one_line(exc.reason)}") from None

@@ -7,7 +7,8 @@ from yak_pipeline.defs.distillations.assets import distillations
 from yak_pipeline.defs.partitions import exchange_partitions, partition_parts
 from yak_pipeline.defs.resources import AlertsResource, EmbedderResource, LLMResource, PostgresResource
 from yak_pipeline.services.consolidate import ConsolidateJob, merge_near_duplicates, score_conflicts
-from yak_pipeline.services.warmth import WarmthJob, evaluate_pending_turns, reevaluate_recent
+from yak_pipeline.services.warmth import WarmthJob, evaluate_pending_turns, offline_judge, reevaluate_recent
+from yak_pipeline.settings import get_settings
 from yak_pipeline.store.distillations import partition_gate_passed
 
 
@@ -88,18 +89,22 @@ def warmth(
     config: WarmthConfig,
     postgres: PostgresResource,
     llm: LLMResource,
+    embedder: EmbedderResource,
     alerts: AlertsResource,
 ) -> dg.MaterializeResult:
     """How useful each recalled memory was, learnt from the turns of one user's day.
 
-    For every recalled memory of a pending turn the evaluator scores usefulness 0–1: above 0.7
+    For every recalled memory of a pending turn the evaluator (the LLM; offline, recall's
+    calibrated relevance of the memory to the turn) scores usefulness 0–1: above 0.7
     warms it by 0.1, below 0.3 cools it by 0.2, clamped to [0, 1]; every change is a
     ``warmth_events`` row. The nightly pass re-runs this over the last 7 days, catching memories
     recalled but never evaluated; a (turn, memory) pair is only ever counted once.
     """
     user_id, day = partition_parts(context.partition_key)
     with alerts.database_guard(f"evaluating warmth of {context.partition_key}"):
-        job = WarmthJob(db=postgres.database(), llm=llm.provider(), alerter=alerts.alerter())
+        provider = llm.provider()
+        job = WarmthJob(db=postgres.database(), llm=provider, alerter=alerts.alerter(),
+                        judge=offline_judge(get_settings(), provider, embedder.embedder()))
         if config.nightly:
             report = reevaluate_recent(job, user_id=user_id, day=day, days=config.days)
         else:

@@ -1,0 +1,180 @@
+"""The recall ranking (DESIGN §4 as refined in docs/RECALL.md): relevance, tier gate, score, order.
+
+This is the one definition of what recall returns. ``store.recall`` only gathers candidates and
+their signals (every leg: BM25 and vectors over distillations and exchanges); everything after
+that — calibrated relevance, the tier-scaled gate, the score and the order — happens here, in
+pure code that the tests use as the reference for the SQL path.
+
+For each candidate:
+
+1. ``relevance`` — the calibrated relevance in [0, 1] (``core.relevance``): the memory's
+   *standing* among the user's memories times the query's *answerability*;
+2. the gate, on each factor: the query must be answerable (``answerability ≥ t``: a question
+   nothing the user said comes close to is not answered by the least-bad memory), and the
+   memory's standing must pass its tier's gate, ``1 − standing ≤ (1 − t) × m_tier``
+   (``core.scoring.passes_tier_gate``: with the default ``t = 0.7`` a medium memory needs ≥ 0.7,
+   a core one ≥ 0.4, a low one ≥ 0.85). The tier widens or narrows what counts as *the answer*;
+   it does not make an unanswerable question answerable. Nothing passes → nothing is recalled;
+3. ``score = odds(relevance)^e × decay × (1 + warmth) × gravity × f_superseded`` with
+   ``odds(r) = r / (1 − r)``. Decay, warmth and gravity are *priors* on a memory's usefulness,
+   and priors multiply the odds of the evidence, not its probability (Bayes): on the
+   probability scale a relevance of 0.99 and one of 0.9 differ by 10 %, so a month of decay
+   (×0.5) would decide between them, while their odds differ elevenfold. ``e`` (the relevance
+   exponent, default 9) sets how much the query's evidence outweighs the priors: the smallest
+   value at which both dev files' Recall@10 is on its plateau, so that recency and warmth still
+   order memories of near-equal relevance (measured: docs/RECALL.md). ``f_superseded`` (default 0.5) puts a memory that a newer one replaced below
+   that newer one at equal relevance;
+4. order by score, then relevance, then id (stable).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Final, Literal
+
+from yak_pipeline.core.relevance import RelevanceModel, RelevanceSignals, relevance_features
+from yak_pipeline.core.scoring import DEFAULT_CORE_MULTIPLIER, GATE_EPSILON, decay_factor, gravity, passes_tier_gate
+from yak_pipeline.core.types import TIERS, Tier
+
+Leg = Literal["distillation_text", "distillation_vector", "exchange_text", "exchange_vector"]
+LEGS: Final[tuple[Leg, ...]] = ("distillation_text", "distillation_vector", "exchange_text", "exchange_vector")
+
+_SECONDS_PER_DAY: Final[float] = 86_400.0
+
+
+@dataclass(frozen=True)
+class RecallParams:
+    """The knobs of one recall: the request's threshold and limit, and the configured scoring."""
+
+    threshold: float = 0.7
+    limit: int = 5
+    half_life_days: float = 30.0
+    decay_enabled: bool = True
+    core_multiplier: float = DEFAULT_CORE_MULTIPLIER
+    relevance_exponent: float = 9.0
+    superseded_factor: float = 0.5
+    # How many rows each leg proposes; the union is what relevance is computed for.
+    leg_size: int = 50
+    # Search each exchange with its neighbours in the conversation (sql/006) in the text leg.
+    exchange_context: bool = True
+    # False: no gate (every candidate is ranked); for ablations and `--no-gate` diagnostics.
+    gate: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.threshold <= 1.0:
+            raise ValueError(f"threshold must be between 0 and 1, got {self.threshold!r}")
+        if self.limit < 0:
+            raise ValueError(f"limit must be >= 0, got {self.limit}")
+        if not self.relevance_exponent > 0 or math.isinf(self.relevance_exponent):
+            raise ValueError(f"relevance_exponent must be a positive finite number, got {self.relevance_exponent!r}")
+        if not 0.0 <= self.superseded_factor <= 1.0:
+            raise ValueError(f"superseded_factor must be between 0 and 1, got {self.superseded_factor!r}")
+        if self.leg_size < 1:
+            raise ValueError(f"leg_size must be >= 1, got {self.leg_size}")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An active distillation some leg proposed, with its signals and what the score needs."""
+
+    id: str
+    tier: Tier
+    warmth: float
+    user_weight: float
+    refreshed_at: datetime
+    signals: RelevanceSignals
+    ranks: Mapping[Leg, int] = field(default_factory=dict)
+    superseded_by: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.tier not in TIERS:
+            raise ValueError(f"unknown tier {self.tier!r}: use one of {', '.join(TIERS)}")
+        # A naive timestamp would make the age depend on the server's local time zone.
+        if self.refreshed_at.tzinfo is None or self.refreshed_at.utcoffset() is None:
+            raise ValueError(f"refreshed_at of {self.id} must be timezone-aware")
+
+
+@dataclass(frozen=True)
+class RankedMemory:
+    """A recalled distillation with its score and every factor of it (the ``explain`` breakdown)."""
+
+    id: str
+    tier: Tier
+    warmth: float
+    user_weight: float
+    refreshed_at: datetime
+    relevance: float
+    standing: float
+    answerability: float
+    decay: float
+    gravity: float
+    superseded_by: str | None
+    score: float
+    features: Mapping[str, float]
+    ranks: Mapping[Leg, int]
+
+    @property
+    def similarity(self) -> float:
+        """The best raw cosine of the query to the memory or its exchange (for display)."""
+        return max(self.features["cos_distillation"], self.features["cos_exchange"])
+
+    def explain(self) -> dict[str, object]:
+        """The score breakdown as plain data: relevance and its legs, decay, warmth, gravity."""
+        return {
+            "score": self.score,
+            "relevance": self.relevance,
+            "standing": self.standing,
+            "answerability": self.answerability,
+            "legs": {"ranks": dict(self.ranks), "features": dict(self.features)},
+            "decay": self.decay,
+            "warmth_factor": 1.0 + self.warmth,
+            "gravity": self.gravity,
+            "superseded_by": self.superseded_by,
+        }
+
+
+# Relevance 1.0 (possible in floating point) would have infinite odds; capped just below it.
+_MAX_RELEVANCE: Final[float] = 1.0 - 1e-12
+
+
+def relevance_odds(relevance: float) -> float:
+    """``r / (1 − r)``: the relevance as odds, the scale on which the priors multiply it."""
+    r = min(max(relevance, 0.0), _MAX_RELEVANCE)
+    return r / (1.0 - r)
+
+
+def ranking_key(memory: RankedMemory) -> tuple[float, float, str]:
+    """Recall order: best score, then most relevant, then id, so ties are stable."""
+    return (-memory.score, -memory.relevance, memory.id)
+
+
+def rank_memories(
+    candidates: Iterable[Candidate], *, model: RelevanceModel, params: RecallParams, now: datetime
+) -> list[RankedMemory]:
+    """The reference recall: relevance, tier gate, score, and the best ``params.limit`` (module docstring)."""
+    if now.tzinfo is None or now.utcoffset() is None:
+        raise ValueError("now must be timezone-aware")
+    ranked: list[RankedMemory] = []
+    for candidate in candidates:
+        features = relevance_features(candidate.signals)
+        standing = model.standing(candidate.signals)
+        answerability = model.answerability(candidate.signals)
+        if params.gate and not (answerability >= params.threshold - GATE_EPSILON and passes_tier_gate(
+                standing, params.threshold, candidate.tier, params.core_multiplier)):
+            continue
+        relevance = standing * answerability
+        age_days = (now - candidate.refreshed_at).total_seconds() / _SECONDS_PER_DAY
+        decay = decay_factor(age_days, params.half_life_days, params.decay_enabled)
+        weight = gravity(candidate.tier, candidate.user_weight)
+        replaced = params.superseded_factor if candidate.superseded_by is not None else 1.0
+        score = relevance_odds(relevance) ** params.relevance_exponent * decay * (1.0 + candidate.warmth) * weight * replaced
+        ranked.append(RankedMemory(
+            id=candidate.id, tier=candidate.tier, warmth=candidate.warmth, user_weight=candidate.user_weight,
+            refreshed_at=candidate.refreshed_at, relevance=relevance, standing=standing,
+            answerability=answerability, decay=decay, gravity=weight,
+            superseded_by=candidate.superseded_by, score=score, features=features, ranks=dict(candidate.ranks)))
+    ranked.sort(key=ranking_key)
+    return ranked[:params.limit]

@@ -1,0 +1,370 @@
+"""The pure recall ranking (core.recall) and the calibrated relevance model (core.relevance)."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta, timezone
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from yak_pipeline.core.recall import Candidate, RankedMemory, RecallParams, rank_memories, relevance_odds
+from yak_pipeline.core.relevance import (
+    FEATURES,
+    NON_NEGATIVE_FEATURES,
+    RelevanceModel,
+    RelevanceSignals,
+    relevance_features,
+)
+from yak_pipeline.core.scoring import TIER_GRAVITY
+from yak_pipeline.core.types import TIERS
+
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+# relevance = sigmoid(10 × cos_distillation): a candidate's relevance is set through its cosine.
+STEEP = RelevanceModel(embedding_model="test", version="test@1", bias=0.0, weights={"cos_distillation": 10.0})
+
+
+def _logit(p: float) -> float:
+    return math.log(p / (1 - p))
+
+
+def _odds(p: float) -> float:
+    return p / (1 - p)
+
+
+def _signals(cos: float = 0.5, *, cos_x: float | None = None, bm25_d: float = 0.0, bm25_x: float = 0.0,
+             best_cos: float | None = None, best_cos_x: float | None = None, best_bm25_d: float = 0.0,
+             best_bm25_x: float = 0.0) -> RelevanceSignals:
+    return RelevanceSignals(cos_distillation=cos, cos_exchange=cos_x, bm25_distillation=bm25_d, bm25_exchange=bm25_x,
+                            best_cos_distillation=cos if best_cos is None else best_cos, best_cos_exchange=best_cos_x,
+                            best_bm25_distillation=best_bm25_d, best_bm25_exchange=best_bm25_x)
+
+
+def _candidate(id: str, *, relevance: float | None = None, tier: str = "medium", warmth: float = 0.0,
+               user_weight: float = 1.0, age_days: float = 0.0, superseded_by: str | None = None,
+               signals: RelevanceSignals | None = None) -> Candidate:
+    """A candidate; ``relevance`` (under :data:`STEEP`) is set through the distillation cosine."""
+    if signals is None:
+        signals = _signals(_logit(relevance) / 10.0 if relevance is not None else 0.5)
+    return Candidate(id=id, tier=tier, warmth=warmth, user_weight=user_weight,  # type: ignore[arg-type]
+                     refreshed_at=NOW - timedelta(days=age_days), signals=signals,
+                     ranks={"distillation_vector": 1}, superseded_by=superseded_by)
+
+
+def _constant(relevance: float) -> RelevanceModel:
+    """A model giving every candidate the same relevance (no feature weighed)."""
+    return RelevanceModel(embedding_model="test", version="const", bias=_logit(relevance), weights={})
+
+
+# --- the gate -------------------------------------------------------------------------------------
+
+
+def test_relevance_one_half_passes_the_core_gate_and_fails_medium_and_low_at_t_0_7() -> None:
+    candidates = [_candidate("c", tier="core"), _candidate("m", tier="medium"), _candidate("l", tier="low")]
+    half = RelevanceModel(embedding_model="test", version="half", bias=0.0, weights={})
+    ranked = rank_memories(candidates, model=half, params=RecallParams(threshold=0.7), now=NOW)
+    assert [r.id for r in ranked] == ["c"]
+    assert ranked[0].relevance == pytest.approx(0.5)
+    # Without the gate every candidate is ranked (diagnostics, ablations).
+    ungated = rank_memories(candidates, model=half, params=RecallParams(threshold=0.7, gate=False), now=NOW)
+    assert {r.id for r in ungated} == {"c", "m", "l"}
+
+
+@pytest.mark.parametrize(("relevance", "passing"), [
+    (0.39, set()), (0.41, {"c"}), (0.71, {"c", "m"}), (0.84, {"c", "m"}), (0.86, {"c", "m", "l"})])
+def test_each_tier_has_its_own_relevance_bar(relevance: float, passing: set[str]) -> None:
+    # t = 0.7: core needs relevance >= 0.4, medium >= 0.7, low >= 0.85.
+    candidates = [_candidate("c", tier="core"), _candidate("m", tier="medium"), _candidate("l", tier="low")]
+    ranked = rank_memories(candidates, model=_constant(relevance), params=RecallParams(threshold=0.7), now=NOW)
+    assert {r.id for r in ranked} == passing
+
+
+def test_the_core_multiplier_widens_only_the_core_gate() -> None:
+    candidates = [_candidate("c", tier="core"), _candidate("m", tier="medium")]
+    params = RecallParams(threshold=0.7, core_multiplier=3.0)  # core needs relevance >= 0.1
+    assert [r.id for r in rank_memories(candidates, model=_constant(0.15), params=params, now=NOW)] == ["c"]
+    assert rank_memories(candidates, model=_constant(0.15), params=RecallParams(threshold=0.7), now=NOW) == []
+
+
+def test_nothing_relevant_means_nothing_is_recalled() -> None:
+    candidates = [_candidate(str(i), tier=tier, warmth=1.0, user_weight=10.0) for i, tier in enumerate(TIERS)]
+    # However warm and weighty, memories that do not answer the query are not recalled.
+    assert rank_memories(candidates, model=_constant(0.2), params=RecallParams(threshold=0.7), now=NOW) == []
+    assert rank_memories([], model=STEEP, params=RecallParams(), now=NOW) == []
+
+
+# --- the score and the order ----------------------------------------------------------------------
+
+
+def test_the_score_multiplies_the_odds_to_the_exponent_decay_warmth_gravity_and_supersession() -> None:
+    params = RecallParams(threshold=0.0, half_life_days=30.0, relevance_exponent=6.0, superseded_factor=0.5)
+    c = _candidate("x", relevance=0.9, tier="core", warmth=0.5, user_weight=1.5, age_days=30, superseded_by="y")
+    [r] = rank_memories([c], model=STEEP, params=params, now=NOW)
+    assert isinstance(r, RankedMemory)
+    assert r.relevance == pytest.approx(0.9)
+    assert r.decay == pytest.approx(0.5)
+    assert r.gravity == pytest.approx(TIER_GRAVITY["core"] * 1.5)
+    assert r.score == pytest.approx(_odds(0.9) ** 6 * 0.5 * 1.5 * 3.0 * 0.5)
+    undecayed = rank_memories([c], model=STEEP, params=RecallParams(threshold=0.0, decay_enabled=False), now=NOW)
+    assert undecayed[0].decay == 1.0
+
+
+def test_the_relevance_exponent_lets_relevance_outweigh_the_priors() -> None:
+    # "top" answers better (0.75, odds 3) but is a month old (decay 0.5); "fresh" merely passes
+    # (0.7, odds 7/3), today.
+    top = _candidate("top", relevance=0.75, age_days=30)
+    fresh = _candidate("fresh", relevance=0.7)
+    linear = rank_memories([top, fresh], model=STEEP, params=RecallParams(relevance_exponent=1.0), now=NOW)
+    assert [r.id for r in linear] == ["fresh", "top"]  # 7/3 > 3 × 0.5
+    steep = rank_memories([top, fresh], model=STEEP, params=RecallParams(relevance_exponent=10.0), now=NOW)
+    assert [r.id for r in steep] == ["top", "fresh"]  # 3^10 × 0.5 > (7/3)^10
+    assert steep[0].score / steep[1].score == pytest.approx((3 / (7 / 3)) ** 10 * 0.5)
+
+
+def test_the_odds_keep_growing_near_certainty_and_stay_finite() -> None:
+    assert relevance_odds(0.5) == 1.0 and relevance_odds(0.0) == 0.0
+    assert relevance_odds(0.99) / relevance_odds(0.9) == pytest.approx(11.0)
+    assert math.isfinite(relevance_odds(1.0)) and relevance_odds(1.0) > relevance_odds(1 - 1e-9)
+    certain = RelevanceModel(embedding_model="test", version="sure", bias=100.0, weights={})
+    [r] = rank_memories([_candidate("x")], model=certain, params=RecallParams(relevance_exponent=20.0), now=NOW)
+    assert r.relevance == 1.0 and math.isfinite(r.score)
+
+
+def test_a_superseded_memory_ranks_below_the_one_that_replaced_it_at_equal_relevance() -> None:
+    # Same relevance, age, tier and warmth; the old one would win the id tie-break.
+    old = _candidate("a-old", relevance=0.8, superseded_by="b-new")
+    new = _candidate("b-new", relevance=0.8)
+    ranked = rank_memories([old, new], model=STEEP, params=RecallParams(), now=NOW)
+    assert [r.id for r in ranked] == ["b-new", "a-old"]
+    assert ranked[1].score == pytest.approx(0.5 * ranked[0].score)
+    assert ranked[1].superseded_by == "b-new" and ranked[0].superseded_by is None
+    # Still recalled (a question about the past may need it), and with factor 1 only the id decides.
+    even = rank_memories([old, new], model=STEEP, params=RecallParams(superseded_factor=1.0), now=NOW)
+    assert [r.id for r in even] == ["a-old", "b-new"]
+
+
+def test_ties_break_by_relevance_then_id_and_the_limit_keeps_the_best() -> None:
+    # Equal scores: core gravity 2 × odds(0.8) against medium 1 × (1 + warmth 1) × odds(0.8).
+    params = RecallParams(threshold=0.0, relevance_exponent=1.0, limit=3)
+    tied = [_candidate("b", relevance=0.8, tier="core"), _candidate("a", relevance=0.8, tier="core"),
+            _candidate("c", relevance=0.8, warmth=1.0)]
+    assert [r.id for r in rank_memories(tied, model=STEEP, params=params, now=NOW)] == ["a", "b", "c"]
+    # Equal score, different relevance: odds(0.5) = 1 = odds(0.2) × 2 (core) × 2 (warmth 1):
+    # the more relevant first.
+    pair = [_candidate("z", relevance=0.5), _candidate("y", relevance=0.2, tier="core", warmth=1.0)]
+    assert len({r.score for r in rank_memories(pair, model=STEEP, params=params, now=NOW)}) == 1
+    assert [r.id for r in rank_memories(pair, model=STEEP, params=params, now=NOW)] == ["z", "y"]
+    many = [_candidate(f"m{i}", relevance=0.5 + i / 100) for i in range(10)]
+    top = rank_memories(many, model=STEEP, params=RecallParams(threshold=0.0, limit=3), now=NOW)
+    assert [r.id for r in top] == ["m9", "m8", "m7"]
+    assert rank_memories(many, model=STEEP, params=RecallParams(threshold=0.0, limit=0), now=NOW) == []
+
+
+def test_explain_carries_every_factor_of_the_score() -> None:
+    signals = _signals(0.2, cos_x=0.3, bm25_d=2.0, bm25_x=4.0, best_cos=0.4, best_cos_x=0.5, best_bm25_d=4.0,
+                       best_bm25_x=4.0)
+    c = Candidate(id="x", tier="core", warmth=0.25, user_weight=2.0, refreshed_at=NOW - timedelta(days=15),
+                  signals=signals, ranks={"exchange_text": 1, "distillation_vector": 3}, superseded_by="n")
+    [r] = rank_memories([c], model=STEEP, params=RecallParams(threshold=0.0, relevance_exponent=6.0), now=NOW)
+    explained = r.explain()
+    assert explained["relevance"] == r.relevance == pytest.approx(1 / (1 + math.exp(-2.0)))
+    assert explained["decay"] == pytest.approx(2 ** -0.5)
+    assert explained["warmth_factor"] == pytest.approx(1.25)
+    assert explained["gravity"] == pytest.approx(4.0)
+    assert explained["superseded_by"] == "n"
+    assert explained["score"] == pytest.approx(_odds(r.relevance) ** 6 * 2 ** -0.5 * 1.25 * 4.0 * 0.5)
+    legs = explained["legs"]
+    assert legs["ranks"] == {"exchange_text": 1, "distillation_vector": 3}  # type: ignore[index]
+    assert legs["features"] == relevance_features(signals)  # type: ignore[index]
+    assert r.similarity == pytest.approx(0.3)  # the better of the two cosines
+
+
+def test_params_candidates_and_now_are_validated() -> None:
+    for bad in ({"threshold": 1.5}, {"threshold": -0.1}, {"limit": -1}, {"relevance_exponent": 0},
+                {"relevance_exponent": math.inf}, {"superseded_factor": 1.5}, {"leg_size": 0}):
+        with pytest.raises(ValueError):
+            RecallParams(**bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="timezone-aware"):
+        Candidate(id="x", tier="core", warmth=0.0, user_weight=1.0, refreshed_at=datetime(2026, 1, 1),
+                  signals=_signals())
+    with pytest.raises(ValueError, match="unknown tier"):
+        _candidate("x", tier="high")
+    with pytest.raises(ValueError, match="timezone-aware"):
+        rank_memories([], model=STEEP, params=RecallParams(), now=NOW.replace(tzinfo=None))
+
+
+candidate_lists = st.lists(
+    st.builds(
+        _candidate,
+        id=st.text("abcdef", min_size=1, max_size=4),
+        relevance=st.sampled_from([0.3, 0.4, 0.5, 0.7, 0.85, 0.9]) | st.floats(0.01, 0.99),
+        tier=st.sampled_from(TIERS),
+        warmth=st.sampled_from([0.0, 0.5, 1.0]) | st.floats(0.0, 1.0),
+        user_weight=st.sampled_from([1.0, 2.0]) | st.floats(0.1, 10.0),
+        age_days=st.sampled_from([0.0, 30.0]) | st.floats(-10.0, 400.0),
+        superseded_by=st.none() | st.just("newer"),
+    ),
+    max_size=30,
+    unique_by=lambda c: c.id,
+)
+
+
+@settings(max_examples=200)
+@given(candidates=candidate_lists, threshold=st.floats(0.0, 1.0), limit=st.integers(0, 8), decay=st.booleans(),
+       core=st.sampled_from([0.5, 1.0, 2.0, 3.0]), exponent=st.sampled_from([1.0, 2.5, 6.0]),
+       superseded=st.sampled_from([0.0, 0.5, 1.0]))
+def test_rank_memories_equals_brute_force(candidates: list[Candidate], threshold: float, limit: int, decay: bool,
+                                          core: float, exponent: float, superseded: float) -> None:
+    params = RecallParams(threshold=threshold, limit=limit, decay_enabled=decay, core_multiplier=core,
+                          relevance_exponent=exponent, superseded_factor=superseded)
+    expected = []
+    for c in candidates:
+        relevance = 1 / (1 + math.exp(-10.0 * c.signals.cos_distillation))
+        if 1 - relevance > (1 - threshold) * {"core": core, "medium": 1.0, "low": 0.5}[c.tier] + 1e-9:
+            continue
+        age = max((NOW - c.refreshed_at).total_seconds() / 86400, 0.0)
+        decay_value = math.exp(-math.log(2) * age / 30.0) if decay else 1.0
+        score = (_odds(relevance) ** exponent * decay_value * (1 + c.warmth) * TIER_GRAVITY[c.tier] * c.user_weight
+                 * (superseded if c.superseded_by else 1.0))
+        expected.append((-score, -relevance, c.id))
+    expected.sort()
+    ranked = rank_memories(candidates, model=STEEP, params=params, now=NOW)
+    assert [m.id for m in ranked] == [e[2] for e in expected[:limit]]
+    assert all(m.score == pytest.approx(-e[0]) for m, e in zip(ranked, expected))
+
+
+# --- relevance features ---------------------------------------------------------------------------
+
+
+def test_features_are_cosines_gaps_to_the_best_and_bm25_relative_to_the_best() -> None:
+    features = relevance_features(_signals(0.6, cos_x=0.5, bm25_d=3.0, bm25_x=0.0, best_cos=0.8, best_cos_x=0.9,
+                                           best_bm25_d=6.0, best_bm25_x=2.0))
+    assert set(features) == set(FEATURES)
+    assert features == pytest.approx({"cos_distillation": 0.6, "cos_exchange": 0.5, "gap_distillation": -0.2,
+                                      "gap_exchange": -0.4, "text_distillation": 0.5, "text_exchange": 0.0})
+    # The best memory of a leg has gap 0 and text ratio 1; a leg nobody matched gives 0.
+    best = relevance_features(_signals(0.8, cos_x=0.9, bm25_d=6.0, best_cos=0.8, best_cos_x=0.9, best_bm25_d=6.0))
+    assert best["gap_distillation"] == 0.0 and best["gap_exchange"] == 0.0
+    assert best["text_distillation"] == 1.0 and best["text_exchange"] == 0.0
+
+
+def test_a_missing_exchange_cosine_falls_back_to_the_distillations() -> None:
+    # The exchange has no vector of the active model yet: its cosine is the distillation's.
+    features = relevance_features(_signals(0.6, cos_x=None, best_cos=0.7, best_cos_x=None))
+    assert features["cos_exchange"] == 0.6
+    assert features["gap_exchange"] == pytest.approx(-0.1) == features["gap_distillation"]
+    # Other memories' exchanges do have vectors: the gap is to their best.
+    mixed = relevance_features(_signals(0.6, cos_x=None, best_cos=0.7, best_cos_x=0.9))
+    assert mixed["cos_exchange"] == 0.6 and mixed["gap_exchange"] == pytest.approx(-0.3)
+
+
+finite = st.floats(-1e6, 1e6, allow_nan=False)
+cosine = st.floats(-1.0, 1.0)
+bm25 = st.floats(0.0, 50.0) | st.just(0.0)
+
+
+@given(cos=cosine, cos_x=st.none() | cosine, best=cosine, best_x=st.none() | cosine, bm25_d=bm25, bm25_x=bm25,
+       best_bm25_d=bm25, best_bm25_x=bm25)
+def test_gaps_are_never_positive_and_text_ratios_stay_in_the_unit_interval(
+        cos: float, cos_x: float | None, best: float, best_x: float | None, bm25_d: float, bm25_x: float,
+        best_bm25_d: float, best_bm25_x: float) -> None:
+    # Even inconsistent inputs (a "best" below the value, as float noise can make) stay in range.
+    features = relevance_features(RelevanceSignals(cos, cos_x, bm25_d, bm25_x, best, best_x, best_bm25_d, best_bm25_x))
+    assert features["gap_distillation"] <= 0.0 and features["gap_exchange"] <= 0.0
+    assert 0.0 <= features["text_distillation"] <= 1.0 and 0.0 <= features["text_exchange"] <= 1.0
+    assert all(math.isfinite(v) for v in features.values())
+
+
+# --- the relevance model --------------------------------------------------------------------------
+
+
+def test_relevance_is_the_sigmoid_of_the_weighted_features() -> None:
+    model = RelevanceModel(embedding_model="m", version="v", bias=-1.0,
+                           weights={"cos_distillation": 2.0, "gap_exchange": 3.0, "text_exchange": 1.5})
+    signals = _signals(0.5, cos_x=0.4, bm25_x=2.0, best_cos_x=0.6, best_bm25_x=4.0)
+    logit = -1.0 + 2.0 * 0.5 + 3.0 * (0.4 - 0.6) + 1.5 * 0.5
+    assert model.logit(relevance_features(signals)) == pytest.approx(logit)
+    assert model.relevance(signals) == pytest.approx(1 / (1 + math.exp(-logit)))
+    # Extreme logits neither overflow nor leave [0, 1].
+    assert RelevanceModel(embedding_model="m", version="v", bias=-1e4, weights={}).relevance(signals) == 0.0
+    assert RelevanceModel(embedding_model="m", version="v", bias=1e4, weights={}).relevance(signals) == 1.0
+
+
+@pytest.mark.parametrize("feature", sorted(NON_NEGATIVE_FEATURES))
+def test_a_negative_lexical_weight_is_refused(feature: str) -> None:
+    with pytest.raises(ValueError, match=f"weight of {feature} must be >= 0"):
+        RelevanceModel(embedding_model="m", version="v", bias=0.0, weights={feature: -0.1})
+    # Semantic features may weigh either way (the hashing embedder's fit has a negative cosine weight).
+    RelevanceModel(embedding_model="m", version="v", bias=0.0, weights={"cos_distillation": -0.7, feature: 0.0})
+
+
+def test_unknown_features_and_non_finite_parameters_are_refused() -> None:
+    with pytest.raises(ValueError, match="unknown features"):
+        RelevanceModel(embedding_model="m", version="v", bias=0.0, weights={"rrf": 1.0})
+    with pytest.raises(ValueError, match="finite"):
+        RelevanceModel(embedding_model="m", version="v", bias=math.nan, weights={})
+    with pytest.raises(ValueError, match="finite"):
+        RelevanceModel(embedding_model="m", version="v", bias=0.0, weights={"cos_exchange": math.inf})
+
+
+def test_the_json_form_round_trips_and_malformed_files_are_named() -> None:
+    model = RelevanceModel(embedding_model="feature-hashing-384", version="v@1", bias=-0.25,
+                           weights={name: 0.5 for name in FEATURES}, fitted_on={"files": {"dev.json": {"n": 3}}})
+    data = model.to_dict()
+    assert RelevanceModel.from_dict(data) == model
+    assert RelevanceModel.from_dict(data).to_dict() == data
+    assert RelevanceModel.from_dict({**data, "fitted_on": None}).fitted_on == {}
+    missing = {k: v for k, v in data.items() if k != "bias"}
+    with pytest.raises(ValueError, match="missing field 'bias'"):
+        RelevanceModel.from_dict(missing)
+    with pytest.raises(ValueError, match="'weights' must be an object"):
+        RelevanceModel.from_dict({**data, "weights": [1, 2]})
+    with pytest.raises(ValueError, match="relevance model"):
+        RelevanceModel.from_dict({**data, "bias": "high"})
+    with pytest.raises(ValueError, match="must be >= 0"):
+        RelevanceModel.from_dict({**data, "weights": {"text_exchange": -1}})
+
+
+# --- answerability --------------------------------------------------------------------------------
+
+# answerability = sigmoid(20 × (best cosine − 0.2)): 0.5 at a best cosine of 0.2, ≥ 0.7 from ~0.243.
+ANSWERING = RelevanceModel(embedding_model="test", version="answering", bias=5.0, weights={},
+                           answerable_bias=-4.0, answerable_weights={"best_cos_distillation": 20.0})
+
+
+def test_an_unanswerable_query_recalls_nothing_not_even_a_core_memory() -> None:
+    # The best of the user's memories is far from the query (best cosine 0.05): the least-bad
+    # memory stands out among the others (standing ≈ 1), but nothing answers the question.
+    far = [_candidate("core", tier="core", signals=_signals(0.05)),
+           _candidate("medium", tier="medium", signals=_signals(0.02, best_cos=0.05))]
+    assert ANSWERING.answerability(far[0].signals) < 0.4
+    assert rank_memories(far, model=ANSWERING, params=RecallParams(), now=NOW) == []
+    # The same memories for a query the user's memories come close to are recalled.
+    near = [_candidate("core", tier="core", signals=_signals(0.45)),
+            _candidate("medium", tier="medium", signals=_signals(0.40, best_cos=0.45))]
+    ranked = rank_memories(near, model=ANSWERING, params=RecallParams(), now=NOW)
+    assert {r.id for r in ranked} == {"core", "medium"}
+    top = ranked[0]
+    assert top.relevance == pytest.approx(top.standing * top.answerability)
+    assert top.explain()["answerability"] == pytest.approx(ANSWERING.answerability(near[0].signals))
+    assert top.explain()["standing"] == pytest.approx(ANSWERING.standing(near[0].signals))
+
+
+def test_answerability_gate_is_not_widened_by_the_tier() -> None:
+    # Answerability 0.5: a core memory's standing bar is 0.4, but the query must still be answerable (>= t).
+    borderline = [_candidate("core", tier="core", signals=_signals(0.2))]
+    assert ANSWERING.answerability(borderline[0].signals) == pytest.approx(0.5)
+    assert rank_memories(borderline, model=ANSWERING, params=RecallParams(), now=NOW) == []
+    assert [r.id for r in rank_memories(borderline, model=ANSWERING, params=RecallParams(threshold=0.5),
+                                        now=NOW)] == ["core"]
+
+
+def test_answerable_weights_must_be_positive_and_known() -> None:
+    with pytest.raises(ValueError, match="answerable weights"):
+        RelevanceModel(embedding_model="t", version="v", bias=0.0, weights={}, answerable_weights={
+            "best_cos_distillation": -1.0})
+    with pytest.raises(ValueError, match="unknown features"):
+        RelevanceModel(embedding_model="t", version="v", bias=0.0, weights={}, answerable_weights={"cos": 1.0})
+    model = RelevanceModel.from_dict(ANSWERING.to_dict())
+    assert model == ANSWERING

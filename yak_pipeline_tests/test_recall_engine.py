@@ -1,0 +1,352 @@
+"""The recall engine (store.recall): BM25 in SQL, the legs, merges, as_of, and the production path."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from datetime import datetime, timedelta, timezone
+
+import numpy as np
+import psycopg
+import pytest
+
+from yak_pipeline.core.recall import RecallParams, rank_memories, relevance_odds
+from yak_pipeline.core.relevance import RelevanceModel
+from yak_pipeline.core.scoring import decay_factor
+from yak_pipeline.recall_models import RelevanceModelMissing, load_relevance_model
+from yak_pipeline.services.recall import embed_pending_exchanges, recall_params, relevance_model, search_memories
+from yak_pipeline.settings import Settings
+from yak_pipeline.store.database import Database
+from yak_pipeline.store.distillations import add_version, mark_superseded_by_newer, set_distillation_status
+from yak_pipeline.store.recall import (
+    BM25_B,
+    BM25_K1,
+    bm25_search,
+    recall,
+    recall_candidates,
+    recallable_distillations,
+    source_memories,
+    vector_search,
+)
+from yak_pipeline_tests.store_helpers import EMBEDDER, seed_memory_with_distillation
+
+NOW = datetime(2026, 6, 1, tzinfo=timezone.utc)
+MODEL = EMBEDDER.model_name
+FITTED = load_relevance_model(MODEL)  # the shipped model for the hashing embedder
+
+FACTS = [
+    ("I adopted a grey kitten called Miso last spring.", "User adopted a grey kitten called Miso."),
+    ("My sister Anna teaches chemistry in Leeds.", "User's sister Anna teaches chemistry in Leeds."),
+    ("I run along the canal every Sunday morning.", "User runs along the canal on Sundays."),
+    ("I'm allergic to peanuts, badly.", "User is allergic to peanuts."),
+    ("We went camping by the lake with the kids.", "User went camping by a lake with the kids."),
+    ("I bake sourdough bread most weekends.", "User bakes sourdough bread on weekends."),
+]
+
+
+def _seed(conn: psycopg.Connection, user_id: str, facts=FACTS, *, days_ago: float = 10.0) -> list[tuple[str, str]]:
+    ids = []
+    for i, (said, fact) in enumerate(facts):
+        memory_id, distillation_id = seed_memory_with_distillation(
+            conn, user_id=user_id, exchange=f"User: {said}\nAssistant: Noted.", distillation=fact,
+            occurred_at=NOW - timedelta(days=days_ago + i))
+        ids.append((str(memory_id), str(distillation_id)))
+    conn.execute("UPDATE memories SET embedding = NULL")  # exchange vectors come from _embed_exchanges
+    return ids
+
+
+def _embed_exchanges(conn: psycopg.Connection) -> None:
+    rows = conn.execute("SELECT id, content FROM memories WHERE embedding IS NULL").fetchall()
+    for memory_id, content in rows:
+        conn.execute("UPDATE memories SET embedding = %s, embedding_model = %s WHERE id = %s",
+                     (np.asarray(EMBEDDER.embed_documents([content])[0], dtype=np.float32), MODEL, memory_id))
+
+
+def _content(conn: psycopg.Connection, distillation_id: str) -> str:
+    return conn.execute("SELECT content FROM distillations WHERE id = %s", (distillation_id,)).fetchone()[0]
+
+
+def reference_bm25(conn: psycopg.Connection, table: str, user_id: str, query: str, *, column: str = "content_tsv",
+                   model: str | None = None, as_of: datetime | None = None) -> dict[str, float]:
+    """BM25 computed in Python from the stored tsvectors, to check the SQL's arithmetic.
+
+    The corpus is the user's live rows of ``table`` (for distillations: active ones of ``model``),
+    as of ``as_of`` (an exchange by when it occurred, a distillation by its exchange's time).
+    """
+    terms = {r[0] for r in conn.execute("SELECT lexeme FROM unnest(to_tsvector('english', %s))", (query,))}
+    where = "t.user_id = %(user)s AND t.deleted_at IS NULL"
+    if table == "distillations":
+        where += (" AND t.status = 'active' AND t.embedding_model = %(model)s AND (%(as_of)s::timestamptz IS NULL "
+                  "OR (SELECT m.occurred_at FROM memories m WHERE m.id = t.memory_id) <= %(as_of)s)")
+    else:
+        where += " AND (%(as_of)s::timestamptz IS NULL OR t.occurred_at <= %(as_of)s)"
+    args = {"user": user_id, "model": model, "as_of": as_of}
+    docs: dict[str, dict[str, int]] = {
+        str(r[0]): {} for r in conn.execute(f"SELECT t.id FROM {table} t WHERE {where}", args)}  # noqa: S608
+    lexemes = f"SELECT t.id, u.lexeme, u.positions FROM {table} t, unnest(t.{column}) u WHERE {where}"  # noqa: S608
+    for row_id, lexeme, positions in conn.execute(lexemes, args):
+        docs[str(row_id)][lexeme] = max(len(positions or ()), 1)
+    if not docs:
+        return {}
+    n = len(docs)
+    avgdl = sum(len(d) for d in docs.values()) / n
+    df = Counter(t for d in docs.values() for t in d if t in terms)
+    scores = {}
+    for row_id, tf in docs.items():
+        matched = [t for t in tf if t in terms]
+        if not matched:
+            continue
+        scores[row_id] = sum(
+            math.log(1 + (n - df[t] + 0.5) / (df[t] + 0.5))
+            * tf[t] * (BM25_K1 + 1) / (tf[t] + BM25_K1 * (1 - BM25_B + BM25_B * len(tf) / max(avgdl, 1)))
+            for t in matched)
+    return scores
+
+
+# --- the legs -------------------------------------------------------------------------------------
+
+
+def test_bm25_in_sql_equals_the_reference_formula_and_any_word_may_match(conn: psycopg.Connection) -> None:
+    _seed(conn, "alice")
+    _seed(conn, "bob", FACTS[:2])
+    query = "Who teaches chemistry, and what is the kitten called?"
+    hits = bm25_search(conn, table="memories", user_id="alice", query=query, limit=10)
+    reference = reference_bm25(conn, "memories", "alice", query)
+    assert {h.id for h in hits} == set(reference)
+    assert len(hits) == 2  # OR semantics: neither row holds every word of the question
+    for hit in hits:
+        assert hit.score == pytest.approx(reference[hit.id], rel=1e-9)
+    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+    # The same over distillations (active rows of the active model) and over exchanges in context.
+    conn.execute("UPDATE distillations SET status = 'review', confidence = 0.5 "
+                 "WHERE content LIKE '%%kitten%%' AND user_id = 'alice'")
+    for table, column, context in (("distillations", "content_tsv", False), ("memories", "context_tsv", True)):
+        hits = bm25_search(conn, table=table, user_id="alice", query=query, limit=10,  # type: ignore[arg-type]
+                           embedding_model=MODEL if table == "distillations" else None, context=context)
+        reference = reference_bm25(conn, table, "alice", query, column=column, model=MODEL)
+        assert {h.id for h in hits} == set(reference) and hits
+        for hit in hits:
+            assert hit.score == pytest.approx(reference[hit.id], rel=1e-9)
+    assert len(bm25_search(conn, table="distillations", user_id="alice", query=query, limit=10,
+                           embedding_model=MODEL)) == 1  # the kitten in review is no candidate
+
+
+def test_bm25_sees_only_the_users_rows_and_nothing_for_stop_words(conn: psycopg.Connection) -> None:
+    _seed(conn, "alice")
+    bob = _seed(conn, "bob", FACTS[:1])
+    hits = bm25_search(conn, table="memories", user_id="alice", query="kitten Miso", limit=10)
+    assert hits and bob[0][0] not in {h.id for h in hits}
+    mine = {str(r[0]) for r in conn.execute("SELECT id FROM memories WHERE user_id = 'alice'")}
+    assert {h.id for h in hits} <= mine
+    d_hits = bm25_search(conn, table="distillations", user_id="alice", query="kitten Miso", limit=10,
+                         embedding_model=MODEL)
+    assert d_hits and bob[0][1] not in {h.id for h in d_hits}
+    assert bm25_search(conn, table="memories", user_id="alice", query="what is the", limit=10) == []
+    assert bm25_search(conn, table="memories", user_id="alice", query="kitten", limit=0) == []
+    with pytest.raises(ValueError):
+        bm25_search(conn, table="distillations", user_id="alice", query="kitten", limit=5)
+
+
+def test_vector_search_index_path_agrees_with_the_exact_scan(conn: psycopg.Connection,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(7)
+    with conn.cursor() as cur:
+        for i in range(600):
+            v = rng.normal(size=384).astype(np.float32)
+            cur.execute(
+                """INSERT INTO memories (user_id, content, source, content_sha256, embedding, embedding_model)
+                   VALUES (%s, %s, 'import', encode(sha256(convert_to(%s, 'UTF8')), 'hex'), %s, %s)""",
+                (f"user{i % 3}", f"User: row {i}\nAssistant: ok", f"row {i}", v / np.linalg.norm(v), MODEL))
+    conn.execute("ANALYZE memories")
+    import yak_pipeline.store.recall as recall_module
+
+    # Force the index path on this small table (it scans exactly below the threshold).
+    monkeypatch.setattr(recall_module, "EXACT_SCAN_MAX_ROWS", 10)
+    mine = {str(r[0]) for r in conn.execute("SELECT id FROM memories WHERE user_id = 'user1'")}
+    overlaps = []
+    for _ in range(10):
+        q = rng.normal(size=384)
+        approx = vector_search(conn, table="memories", user_id="user1", query_embedding=q, embedding_model=MODEL,
+                               limit=10)
+        exact = vector_search(conn, table="memories", user_id="user1", query_embedding=q, embedding_model=MODEL,
+                              limit=10, exact=True)
+        assert len(approx) == 10 and {h.id for h in approx} <= mine
+        assert [h.score for h in exact] == sorted((h.score for h in exact), reverse=True)
+        overlaps.append(len({h.id for h in approx} & {h.id for h in exact}) / 10)
+    assert sum(overlaps) / len(overlaps) >= 0.9
+
+
+def test_exchanges_stand_for_their_active_distillation_following_merges(conn: psycopg.Connection) -> None:
+    ids = _seed(conn, "alice")
+    (m_kitten, d_kitten), (m_sister, d_sister), (m_run, d_run), _, (m_camp, d_camp), _ = ids
+    add_version(conn, d_kitten, content="User adopted a kitten called Miso; User's sister Anna teaches chemistry.",
+                embedding=EMBEDDER.embed_query("kitten sister"), embedding_model=MODEL, reason="merged",
+                merged_from=[d_sister], refreshed_at=NOW - timedelta(days=9))
+    set_distillation_status(conn, d_sister, status="merged", action="merge")
+    set_distillation_status(conn, d_run, status="review", action="review")
+    mapping = recallable_distillations(conn, user_id="alice", memory_ids=[m_kitten, m_sister, m_run],
+                                       embedding_model=MODEL)
+    assert mapping == {m_kitten: d_kitten, m_sister: d_kitten}  # the one in review is never recalled
+    assert source_memories(conn, distillation_ids=[d_kitten])[d_kitten] == {m_kitten, m_sister}
+    assert recallable_distillations(conn, user_id="bob", memory_ids=[m_kitten], embedding_model=MODEL) == {}
+    assert recallable_distillations(conn, user_id="alice", memory_ids=[m_kitten], embedding_model="other") == {}
+
+    # A second merge: the chain is followed to the distillation that holds everything now.
+    add_version(conn, d_camp, content="User went camping; has a kitten; sister teaches chemistry.",
+                embedding=EMBEDDER.embed_query("camping kitten sister"), embedding_model=MODEL, reason="merged",
+                merged_from=[d_kitten], refreshed_at=NOW - timedelta(days=9))
+    set_distillation_status(conn, d_kitten, status="merged", action="merge")
+    mapping = recallable_distillations(conn, user_id="alice", memory_ids=[m_kitten, m_sister, m_camp],
+                                       embedding_model=MODEL)
+    assert mapping == {m_kitten: d_camp, m_sister: d_camp, m_camp: d_camp}
+    assert source_memories(conn, distillation_ids=[d_camp])[d_camp] == {m_camp, m_kitten, m_sister}
+
+    # Recall: the words only the sister's exchange has find the distillation that absorbed it.
+    query = "What does Anna teach in Leeds?"
+    candidates = recall_candidates(conn, user_id="alice", query=query, query_embedding=EMBEDDER.embed_query(query),
+                                   embedding_model=MODEL, params=RecallParams(), exact=True)
+    by_id = {c.id: c for c in candidates}
+    assert d_sister not in by_id and d_kitten not in by_id and d_run not in by_id
+    assert by_id[d_camp].ranks.get("exchange_text") == 1
+    assert by_id[d_camp].signals.bm25_exchange == by_id[d_camp].signals.best_bm25_exchange > 0
+
+
+# --- recall ---------------------------------------------------------------------------------------
+
+
+def test_recall_finds_words_only_the_exchange_kept(conn: psycopg.Connection) -> None:
+    _seed(conn, "alice")
+    _seed(conn, "mallory", [("I adopted a kitten called Miso too.", "User adopted a kitten called Miso.")])
+    _embed_exchanges(conn)
+    # "Leeds" survives in both; "badly" only in the exchange of the peanut memory.
+    params = RecallParams(threshold=0.7, limit=3)
+    query = "Which thing affects me badly?"
+    vector = EMBEDDER.embed_query(query)
+    hits = recall(conn, user_id="alice", query=query, query_embedding=vector, embedding_model=MODEL,
+                  params=params, model=FITTED, now=NOW)
+    assert hits and _content(conn, hits[0].id) == "User is allergic to peanuts."
+    assert hits[0].ranks.get("exchange_text") == 1 and "distillation_text" not in hits[0].ranks
+    assert hits[0].features["text_exchange"] == 1.0 and hits[0].features["text_distillation"] == 0.0
+    owners = {conn.execute("SELECT user_id FROM distillations WHERE id = %s", (h.id,)).fetchone()[0] for h in hits}
+    assert owners == {"alice"}
+    exact = recall(conn, user_id="alice", query=query, query_embedding=vector, embedding_model=MODEL,
+                   params=params, model=FITTED, now=NOW, exact=True)
+    assert [h.id for h in exact] == [h.id for h in hits]
+    # Recall is rank_memories over the candidates, nothing more.
+    candidates = recall_candidates(conn, user_id="alice", query=query, query_embedding=vector,
+                                   embedding_model=MODEL, params=params, exact=True)
+    assert rank_memories(candidates, model=FITTED, params=params, now=NOW) == exact
+
+
+def test_recall_abstains_when_nothing_is_relevant(conn: psycopg.Connection) -> None:
+    _seed(conn, "alice")
+    _embed_exchanges(conn)
+    query = "quantum chromodynamics lattice gauge"
+    vector = EMBEDDER.embed_query(query)
+    never = RelevanceModel(embedding_model=MODEL, version="never", bias=-20.0, weights={})
+    assert recall(conn, user_id="alice", query=query, query_embedding=vector, embedding_model=MODEL,
+                  params=RecallParams(), model=never, now=NOW) == []
+    # The candidates were there: only the gate kept them out.
+    assert recall(conn, user_id="alice", query=query, query_embedding=vector, embedding_model=MODEL,
+                  params=RecallParams(gate=False), model=never, now=NOW)
+    assert recall(conn, user_id="alice", query=query, query_embedding=vector, embedding_model=MODEL,
+                  params=RecallParams(limit=0), model=FITTED, now=NOW) == []
+    assert recall(conn, user_id="nobody", query=query, query_embedding=vector, embedding_model=MODEL,
+                  params=RecallParams(gate=False), model=FITTED, now=NOW) == []
+
+
+def test_recall_refuses_a_relevance_model_of_another_embedder(conn: psycopg.Connection) -> None:
+    other = load_relevance_model("all-MiniLM-L6-v2")
+    with pytest.raises(ValueError, match="yak eval calibrate"):
+        recall(conn, user_id="alice", query="x", query_embedding=EMBEDDER.embed_query("x"), embedding_model=MODEL,
+               params=RecallParams(), model=other, now=NOW)
+    with pytest.raises(RelevanceModelMissing, match="yak eval calibrate"):
+        load_relevance_model("no-such-embedder")
+    assert FITTED.embedding_model == MODEL
+
+
+def test_production_recall_is_the_one_engine(settings: Settings, database: Database) -> None:
+    with database.connection() as conn:
+        _seed(conn, "alice")
+    assert embed_pending_exchanges(database, EMBEDDER) == len(FACTS)
+    assert embed_pending_exchanges(database, EMBEDDER) == 0  # nothing left to do
+    query = "What is my sister's job in Leeds?"
+    params = recall_params(settings, threshold=0.7, limit=3)
+    model = relevance_model(settings, EMBEDDER)
+    assert model == FITTED
+    assert (params.relevance_exponent, params.superseded_factor, params.leg_size, params.exchange_context) == (
+        settings.recall_relevance_exponent, settings.recall_superseded_factor, settings.recall_leg_size,
+        settings.recall_exchange_context)
+    hits = search_memories(database, EMBEDDER, user_id="alice", query=query, params=params, model=model, now=NOW)
+    assert hits and hits[0].content == "User's sister Anna teaches chemistry in Leeds."
+    with database.connection() as conn:
+        expected = recall(conn, user_id="alice", query=query, query_embedding=EMBEDDER.embed_query(query),
+                          embedding_model=MODEL, params=params, model=model, now=NOW)
+    assert [h.id for h in hits] == [r.id for r in expected]
+    assert [h.score for h in hits] == [r.score for r in expected]
+    assert hits[0].explain() == expected[0].explain() and hits[0].relevance >= 0.7
+
+
+# --- as_of ------------------------------------------------------------------------------------------
+
+LISBON = ("I live in Lisbon, in a flat by the river.", "User lives in Lisbon.")
+PORTO = ("I moved to Porto, my new flat is by the river too.", "User lives in Porto.")
+
+
+def _lisbon_then_porto(conn: psycopg.Connection) -> tuple[str, str]:
+    (_, lisbon), = _seed(conn, "alice", [LISBON], days_ago=30)
+    (_, porto), = _seed(conn, "alice", [PORTO], days_ago=5)
+    _embed_exchanges(conn)
+    assert mark_superseded_by_newer(conn, lisbon, porto, actor="test", user_id="alice") == lisbon
+    return lisbon, porto
+
+
+def _recall_as_of(conn: psycopg.Connection, as_of: datetime | None, query: str = "Where is my flat, which city?"):
+    return recall(conn, user_id="alice", query=query, query_embedding=EMBEDDER.embed_query(query),
+                  embedding_model=MODEL, params=RecallParams(gate=False, limit=10), model=FITTED, now=NOW,
+                  as_of=as_of, exact=True)
+
+
+def test_as_of_recalls_only_what_had_happened_by_then(conn: psycopg.Connection) -> None:
+    lisbon, porto = _lisbon_then_porto(conn)
+    assert {r.id for r in _recall_as_of(conn, None)} == {lisbon, porto}
+    before_porto = NOW - timedelta(days=10)
+    [only] = _recall_as_of(conn, before_porto)
+    assert only.id == lisbon
+    assert only.decay == pytest.approx(decay_factor(20, 30.0))  # aged from as_of, not from now
+    # Neither the distillation legs nor the exchange legs see the later memory.
+    query = "Porto"
+    for table in ("memories", "distillations"):
+        assert bm25_search(conn, table=table, user_id="alice", query=query, limit=5,  # type: ignore[arg-type]
+                           embedding_model=MODEL, as_of=before_porto) == []
+        hits = vector_search(conn, table=table, user_id="alice",  # type: ignore[arg-type]
+                             query_embedding=EMBEDDER.embed_query(query), embedding_model=MODEL, limit=5,
+                             as_of=before_porto, exact=True)
+        assert len(hits) == 1
+    assert _recall_as_of(conn, NOW - timedelta(days=60)) == []  # before anything happened
+
+
+def test_supersession_counts_only_once_the_newer_memory_had_happened(conn: psycopg.Connection) -> None:
+    lisbon, porto = _lisbon_then_porto(conn)
+    now = {r.id: r for r in _recall_as_of(conn, None)}
+    assert now[lisbon].superseded_by == porto and now[porto].superseded_by is None
+    after = {r.id: r for r in _recall_as_of(conn, NOW - timedelta(days=1))}
+    assert after[lisbon].superseded_by == porto
+    # As of a day when only Lisbon had been said, Lisbon was current: not marked, not halved.
+    [before] = _recall_as_of(conn, NOW - timedelta(days=10))
+    assert before.id == lisbon and before.superseded_by is None
+    assert before.score == pytest.approx(relevance_odds(before.relevance) ** RecallParams().relevance_exponent
+                                         * before.decay * (1 + before.warmth) * before.gravity)
+
+
+def test_supersession_as_of_goes_by_when_the_newer_memory_happened_not_when_it_was_refreshed(
+        conn: psycopg.Connection) -> None:
+    lisbon, porto = _lisbon_then_porto(conn)
+    # Porto's distillation is edited by hand later (api.curation.write_manual_version: refreshed_at
+    # becomes now()); it was *said* five days before NOW.
+    add_version(conn, porto, content="User lives in Porto, Portugal.",
+                embedding=EMBEDDER.embed_query("User lives in Porto, Portugal."), embedding_model=MODEL,
+                reason="manual")
+    as_of = {r.id: r for r in _recall_as_of(conn, NOW - timedelta(days=1))}
+    assert set(as_of) == {lisbon, porto}  # Porto had happened by then: it is recalled ...
+    assert as_of[lisbon].superseded_by == porto  # ... so Lisbon was no longer current

@@ -1,0 +1,140 @@
+"""Recall that understands, through a real ``yak serve`` with the default local embedder.
+
+The issue's check, as a user would meet it: a preference said in one set of words is found by a
+question in others, and a question about something never said gets an empty memory block (not
+the least-bad memories). The server runs as a subprocess on 127.0.0.1 with the packaged
+all-MiniLM-L6-v2 (offline) and its shipped relevance model, on a database of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from yak_pipeline.embeddings.local import LocalMiniLMEmbedder
+from yak_pipeline.llm import RulesProvider
+from yak_pipeline.services.distill import DistillJob, distill_memories
+from yak_pipeline.services.recall import embed_pending_exchanges
+from yak_pipeline.store.database import Database
+from yak_pipeline_tests.conftest import create_database, drop_database
+from yak_pipeline_tests.test_cli_serve import STARTUP_SECONDS, YAK, _free_port
+
+# A person's history: the preference under test among other facts, so that "best of the user's
+# memories" is not trivially the only one.
+HISTORY = [
+    ("I prefer strong black coffee over tea.", "Noted, black coffee it is."),
+    ("I work as a pediatric nurse at the city hospital.", "That sounds demanding and rewarding."),
+    ("We finally moved into a flat near the river in Porto.", "Congratulations on the new place!"),
+    ("I've been learning to play the cello on weekends.", "That's a lovely instrument."),
+    ("My sister Ines is visiting from Lisbon next week.", "Enjoy the time together."),
+    ("I'm training for a half marathon in the spring.", "Good luck with the training."),
+]
+
+
+@pytest.fixture
+def semantic_server(pg_server_url: str, tmp_path: Path) -> Iterator[tuple[str, str, Database]]:
+    """``yak serve`` with the local embedder on a new database; yields (url, admin key, pool)."""
+    name = f"yak_test_semantic_{uuid.uuid4().hex[:10]}"
+    db_url = create_database(pg_server_url, name)
+    home = tmp_path / "home"
+    env = {**os.environ, "YAK_DATABASE_URL": db_url, "YAK_EMBEDDER": "local", "YAK_HOME": str(home),
+           "YAK_ADMIN_API_KEY": "yak_test_admin_semantic"}
+    port = _free_port()
+    err = tmp_path / "serve.err"
+    with err.open("w") as stderr:
+        process = subprocess.Popen([str(YAK), "serve", "--host", "127.0.0.1", "--port", str(port)], env=env,
+                                   stdout=subprocess.DEVNULL, stderr=stderr)
+    url = f"http://127.0.0.1:{port}"
+    database: Database | None = None
+    try:
+        deadline = time.monotonic() + STARTUP_SECONDS * 2  # the server loads the embedder
+        while True:
+            assert process.poll() is None, err.read_text()
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, f"yak serve did not start: {err.read_text()}"
+            time.sleep(0.2)
+        database = Database(db_url, max_size=4).open()
+        yield url, "yak_test_admin_semantic", database
+    finally:
+        if database is not None:
+            database.close()
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        drop_database(pg_server_url, name)
+
+
+def test_a_paraphrase_is_recalled_and_a_never_said_fact_gives_an_empty_block(semantic_server) -> None:  # noqa: ANN001
+    url, key, database = semantic_server
+    headers = {"X-API-Key": key}
+    ids = []
+    for user, assistant in HISTORY:
+        response = httpx.post(f"{url}/api/memories/", headers=headers, timeout=30, json={
+            "user_id": "maya", "content": f"User: {user}\nAssistant: {assistant}"})
+        assert response.status_code in (200, 201), response.text
+        ids.append(response.json()["id"])
+    embedder = LocalMiniLMEmbedder()
+    report = distill_memories(DistillJob(database, llm=RulesProvider(), embedder=embedder, prompt_version="v1"), ids)
+    assert report.rows_out == len(HISTORY)
+    embed_pending_exchanges(database, embedder, user_id="maya")
+
+    drink = httpx.post(f"{url}/api/context", headers=headers, timeout=30,
+                       json={"user_id": "maya", "query": "what do I like to drink?"})
+    assert drink.status_code == 200, drink.text
+    assert "black coffee" in drink.json()["block"]
+    assert drink.json()["block"].startswith("<memories>")
+
+    search = httpx.post(f"{url}/api/distillations/search", headers=headers, timeout=30,
+                        json={"user_id": "maya", "query": "what do I like to drink?", "explain": True})
+    top = search.json()[0]
+    assert "coffee" in top["content"] and top["relevance"] >= 0.7
+    assert set(top["explain"]) >= {"relevance", "decay", "warmth_factor", "gravity", "legs"}
+
+    dog = httpx.post(f"{url}/api/context", headers=headers, timeout=30,
+                     json={"user_id": "maya", "query": "what is my dog called?"})
+    assert dog.status_code == 200, dog.text
+    assert dog.json()["block"] == "" and dog.json()["recalled_ids"] == []
+
+
+def test_offline_warmth_rewards_a_used_memory_and_never_an_unused_one(semantic_server) -> None:  # noqa: ANN001
+    """Without an LLM the warmth judge is recall's calibrated relevance: the rules provider's word
+    overlap only ever lowered warmth (a memory the answer used scored 0.67). A memory the answer
+    did not use is not warmed (on the recall-calibrated scale a loosely related one lands in the
+    rule's "unchanged" band, a clearly unrelated one is cooled)."""
+    url, key, database = semantic_server
+    headers = {"X-API-Key": key}
+    ids = []
+    for user, assistant in HISTORY:
+        response = httpx.post(f"{url}/api/memories/", headers=headers, timeout=30, json={
+            "user_id": "maya", "content": f"User: {user}\nAssistant: {assistant}"})
+        ids.append(response.json()["id"])
+    embedder = LocalMiniLMEmbedder()
+    distill_memories(DistillJob(database, llm=RulesProvider(), embedder=embedder, prompt_version="v1"), ids)
+    embed_pending_exchanges(database, embedder, user_id="maya")
+    with database.connection() as conn:
+        by_memory = {str(m): str(d) for d, m in conn.execute("SELECT id, memory_id FROM distillations").fetchall()}
+    coffee, nurse = by_memory[ids[0]], by_memory[ids[1]]
+    turn = "User: What should I order at the cafe?\nAssistant: A strong black coffee, since you prefer that to tea."
+
+    used = httpx.post(f"{url}/api/warmth/evaluate", headers=headers, timeout=30,
+                      json={"memory_id": coffee, "context": turn}).json()
+    unused = httpx.post(f"{url}/api/warmth/evaluate", headers=headers, timeout=30,
+                        json={"memory_id": nurse, "context": turn}).json()
+    assert used["relevance_score"] > 0.7 and used["warmth_change"] == pytest.approx(0.1)
+    assert unused["relevance_score"] < 0.7 and unused["warmth_change"] <= 0
+    assert unused["relevance_score"] < used["relevance_score"]
+
