@@ -44,40 +44,55 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def start_serve(env: dict[str, str], folder: Path, *, startup_seconds: float = STARTUP_SECONDS
+                ) -> tuple[subprocess.Popen, str, Path]:
+    """``yak serve`` on a free port of 127.0.0.1 with ``env``, once ``/health`` answers: (process, url, stdout file)."""
+    port = _free_port()
+    out, err = folder / "serve.out", folder / "serve.err"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        process = subprocess.Popen([str(YAK), "serve", "--host", "127.0.0.1", "--port", str(port)], env=env,
+                                   stdout=stdout, stderr=stderr)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + startup_seconds
+    try:
+        while True:
+            assert process.poll() is None, err.read_text()
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    return process, url, out
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, f"yak serve did not start: {err.read_text()}"
+            time.sleep(0.1)
+    except BaseException:
+        stop_serve(process)
+        raise
+
+
+def stop_serve(process: subprocess.Popen) -> None:
+    """Terminate a ``yak serve`` started by :func:`start_serve` (kill it if it does not stop)."""
+    process.terminate()
+    try:
+        process.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 @pytest.fixture
 def server(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Server]:
     """``yak serve`` on a free port, on the test database with the hashing embedder."""
     home = tmp_path / "serve-home"
     env = {**os.environ, "YAK_DATABASE_URL": db_url, "YAK_EMBEDDER": "hashing", "YAK_HOME": str(home)}
-    port = _free_port()
-    out, err = tmp_path / "serve.out", tmp_path / "serve.err"
-    with out.open("w") as stdout, err.open("w") as stderr:
-        process = subprocess.Popen([str(YAK), "serve", "--host", "127.0.0.1", "--port", str(port)], env=env,
-                                   stdout=stdout, stderr=stderr)
-    url = f"http://127.0.0.1:{port}"
+    process, url, out = start_serve(env, tmp_path)
     try:
-        deadline = time.monotonic() + STARTUP_SECONDS
-        while True:
-            assert process.poll() is None, err.read_text()
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, f"yak serve did not start: {err.read_text()}"
-            time.sleep(0.1)
         # The CLI in this process reads the same YAK_HOME (for the stored admin key).
         for name, value in (("YAK_DATABASE_URL", db_url), ("YAK_EMBEDDER", "hashing"), ("YAK_HOME", str(home))):
             monkeypatch.setenv(name, value)
         get_settings.cache_clear()
         yield Server(url, home, out)
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_serve(process)
 
 
 def _ok(result) -> object:  # noqa: ANN001

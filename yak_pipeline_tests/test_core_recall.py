@@ -173,7 +173,7 @@ def test_explain_carries_every_factor_of_the_score() -> None:
     assert explained["warmth_factor"] == pytest.approx(1.25)
     assert explained["gravity"] == pytest.approx(4.0)
     assert explained["superseded_by"] == "n"
-    assert explained["score"] == pytest.approx(_odds(r.relevance) ** 6 * 2 ** -0.5 * 1.25 * 4.0 * 0.5)
+    assert explained["score"] == pytest.approx(_odds(r.standing) ** 6 * 2 ** -0.5 * 1.25 * 4.0 * 0.5)
     legs = explained["legs"]
     assert legs["ranks"] == {"exchange_text": 1, "distillation_vector": 3}  # type: ignore[index]
     assert legs["features"] == relevance_features(signals)  # type: ignore[index]

@@ -218,8 +218,11 @@ def test_recall_finds_words_only_the_exchange_kept(conn: psycopg.Connection) -> 
     _seed(conn, "alice")
     _seed(conn, "mallory", [("I adopted a kitten called Miso too.", "User adopted a kitten called Miso.")])
     _embed_exchanges(conn)
-    # "Leeds" survives in both; "badly" only in the exchange of the peanut memory.
-    params = RecallParams(threshold=0.7, limit=3)
+    # "Leeds" survives in both; "badly" only in the exchange of the peanut memory. One shared word
+    # is weak evidence that the hashing embedder's memories answer the question at all (its
+    # answerability is under 0.7), so the query's threshold is lowered: this is about what the
+    # legs find and how it ranks.
+    params = RecallParams(threshold=0.5, limit=3)
     query = "Which thing affects me badly?"
     vector = EMBEDDER.embed_query(query)
     hits = recall(conn, user_id="alice", query=query, query_embedding=vector, embedding_model=MODEL,
@@ -335,7 +338,7 @@ def test_supersession_counts_only_once_the_newer_memory_had_happened(conn: psyco
     # As of a day when only Lisbon had been said, Lisbon was current: not marked, not halved.
     [before] = _recall_as_of(conn, NOW - timedelta(days=10))
     assert before.id == lisbon and before.superseded_by is None
-    assert before.score == pytest.approx(relevance_odds(before.relevance) ** RecallParams().relevance_exponent
+    assert before.score == pytest.approx(relevance_odds(before.standing) ** RecallParams().relevance_exponent
                                          * before.decay * (1 + before.warmth) * before.gravity)
 
 

@@ -9,8 +9,6 @@ all-MiniLM-L6-v2 (offline) and its shipped relevance model, on a database of its
 from __future__ import annotations
 
 import os
-import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +22,7 @@ from yak_pipeline.services.distill import DistillJob, distill_memories
 from yak_pipeline.services.recall import embed_pending_exchanges
 from yak_pipeline.store.database import Database
 from yak_pipeline_tests.conftest import create_database, drop_database
-from yak_pipeline_tests.test_cli_serve import STARTUP_SECONDS, YAK, _free_port
+from yak_pipeline_tests.test_cli_serve import STARTUP_SECONDS, start_serve, stop_serve
 
 # A person's history: the preference under test among other facts, so that "best of the user's
 # memories" is not trivially the only one.
@@ -39,48 +37,30 @@ HISTORY = [
 
 
 @pytest.fixture
-def semantic_server(pg_server_url: str, tmp_path: Path) -> Iterator[tuple[str, str, Database]]:
-    """``yak serve`` with the local embedder on a new database; yields (url, admin key, pool)."""
+def semantic_server(pg_server_url: str, tmp_path: Path) -> Iterator[tuple[str, dict[str, str], Database]]:
+    """``yak serve`` with the local embedder on a new database; yields (url, admin headers, pool)."""
     name = f"yak_test_semantic_{uuid.uuid4().hex[:10]}"
     db_url = create_database(pg_server_url, name)
-    home = tmp_path / "home"
-    env = {**os.environ, "YAK_DATABASE_URL": db_url, "YAK_EMBEDDER": "local", "YAK_HOME": str(home),
-           "YAK_ADMIN_API_KEY": "yak_test_admin_semantic"}
-    port = _free_port()
-    err = tmp_path / "serve.err"
-    with err.open("w") as stderr:
-        process = subprocess.Popen([str(YAK), "serve", "--host", "127.0.0.1", "--port", str(port)], env=env,
-                                   stdout=subprocess.DEVNULL, stderr=stderr)
-    url = f"http://127.0.0.1:{port}"
+    key = "yak_test_admin_semantic"
+    env = {**os.environ, "YAK_DATABASE_URL": db_url, "YAK_EMBEDDER": "local", "YAK_HOME": str(tmp_path / "home"),
+           "YAK_ADMIN_API_KEY": key}
     database: Database | None = None
+    process = None
     try:
-        deadline = time.monotonic() + STARTUP_SECONDS * 2  # the server loads the embedder
-        while True:
-            assert process.poll() is None, err.read_text()
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, f"yak serve did not start: {err.read_text()}"
-            time.sleep(0.2)
+        # The server loads the embedder before it answers.
+        process, url, _ = start_serve(env, tmp_path, startup_seconds=STARTUP_SECONDS * 2)
         database = Database(db_url, max_size=4).open()
-        yield url, "yak_test_admin_semantic", database
+        yield url, {"X-API-Key": key}, database
     finally:
         if database is not None:
             database.close()
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        if process is not None:
+            stop_serve(process)
         drop_database(pg_server_url, name)
 
 
-def test_a_paraphrase_is_recalled_and_a_never_said_fact_gives_an_empty_block(semantic_server) -> None:  # noqa: ANN001
-    url, key, database = semantic_server
-    headers = {"X-API-Key": key}
+def _remember_history(url: str, headers: dict[str, str], database: Database) -> dict[str, str]:
+    """Post :data:`HISTORY` as Maya's exchanges, distil and embed them; the distillation id of each exchange."""
     ids = []
     for user, assistant in HISTORY:
         response = httpx.post(f"{url}/api/memories/", headers=headers, timeout=30, json={
@@ -91,6 +71,14 @@ def test_a_paraphrase_is_recalled_and_a_never_said_fact_gives_an_empty_block(sem
     report = distill_memories(DistillJob(database, llm=RulesProvider(), embedder=embedder, prompt_version="v1"), ids)
     assert report.rows_out == len(HISTORY)
     embed_pending_exchanges(database, embedder, user_id="maya")
+    with database.connection() as conn:
+        by_memory = {str(m): str(d) for d, m in conn.execute("SELECT id, memory_id FROM distillations").fetchall()}
+    return {user: by_memory[memory_id] for (user, _), memory_id in zip(HISTORY, ids)}
+
+
+def test_a_paraphrase_is_recalled_and_a_never_said_fact_gives_an_empty_block(semantic_server) -> None:  # noqa: ANN001
+    url, headers, database = semantic_server
+    _remember_history(url, headers, database)
 
     drink = httpx.post(f"{url}/api/context", headers=headers, timeout=30,
                        json={"user_id": "maya", "query": "what do I like to drink?"})
@@ -102,7 +90,7 @@ def test_a_paraphrase_is_recalled_and_a_never_said_fact_gives_an_empty_block(sem
                         json={"user_id": "maya", "query": "what do I like to drink?", "explain": True})
     top = search.json()[0]
     assert "coffee" in top["content"] and top["relevance"] >= 0.7
-    assert set(top["explain"]) >= {"relevance", "decay", "warmth_factor", "gravity", "legs"}
+    assert set(top["explain"]) >= {"relevance", "standing", "answerability", "decay", "warmth_factor", "gravity", "legs"}
 
     dog = httpx.post(f"{url}/api/context", headers=headers, timeout=30,
                      json={"user_id": "maya", "query": "what is my dog called?"})
@@ -115,19 +103,9 @@ def test_offline_warmth_rewards_a_used_memory_and_never_an_unused_one(semantic_s
     overlap only ever lowered warmth (a memory the answer used scored 0.67). A memory the answer
     did not use is not warmed (on the recall-calibrated scale a loosely related one lands in the
     rule's "unchanged" band, a clearly unrelated one is cooled)."""
-    url, key, database = semantic_server
-    headers = {"X-API-Key": key}
-    ids = []
-    for user, assistant in HISTORY:
-        response = httpx.post(f"{url}/api/memories/", headers=headers, timeout=30, json={
-            "user_id": "maya", "content": f"User: {user}\nAssistant: {assistant}"})
-        ids.append(response.json()["id"])
-    embedder = LocalMiniLMEmbedder()
-    distill_memories(DistillJob(database, llm=RulesProvider(), embedder=embedder, prompt_version="v1"), ids)
-    embed_pending_exchanges(database, embedder, user_id="maya")
-    with database.connection() as conn:
-        by_memory = {str(m): str(d) for d, m in conn.execute("SELECT id, memory_id FROM distillations").fetchall()}
-    coffee, nurse = by_memory[ids[0]], by_memory[ids[1]]
+    url, headers, database = semantic_server
+    distillation_of = _remember_history(url, headers, database)
+    coffee, nurse = distillation_of[HISTORY[0][0]], distillation_of[HISTORY[1][0]]
     turn = "User: What should I order at the cafe?\nAssistant: A strong black coffee, since you prefer that to tea."
 
     used = httpx.post(f"{url}/api/warmth/evaluate", headers=headers, timeout=30,

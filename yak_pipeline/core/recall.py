@@ -15,8 +15,10 @@ For each candidate:
    (``core.scoring.passes_tier_gate``: with the default ``t = 0.7`` a medium memory needs ≥ 0.7,
    a core one ≥ 0.4, a low one ≥ 0.85). The tier widens or narrows what counts as *the answer*;
    it does not make an unanswerable question answerable. Nothing passes → nothing is recalled;
-3. ``score = odds(relevance)^e × decay × (1 + warmth) × gravity × f_superseded`` with
-   ``odds(r) = r / (1 − r)``. Decay, warmth and gravity are *priors* on a memory's usefulness,
+3. ``score = odds(standing)^e × decay × (1 + warmth) × gravity × f_superseded`` with
+   ``odds(r) = r / (1 − r)``: within one query the answerability is a constant, so the order
+   is the standing's (and moving the standing's operating point moves only the gate, never the
+   order). Decay, warmth and gravity are *priors* on a memory's usefulness,
    and priors multiply the odds of the evidence, not its probability (Bayes): on the
    probability scale a relevance of 0.99 and one of 0.9 differ by 10 %, so a month of decay
    (×0.5) would decide between them, while their odds differ elevenfold. ``e`` (the relevance
@@ -170,7 +172,10 @@ def rank_memories(
         decay = decay_factor(age_days, params.half_life_days, params.decay_enabled)
         weight = gravity(candidate.tier, candidate.user_weight)
         replaced = params.superseded_factor if candidate.superseded_by is not None else 1.0
-        score = relevance_odds(relevance) ** params.relevance_exponent * decay * (1.0 + candidate.warmth) * weight * replaced
+        # The answerability is the same for every candidate of the query, so the order among them
+        # is the standing's; on the odds scale a factor of it would not change the order anyway,
+        # and leaving it out keeps the product from flattening near 1.
+        score = relevance_odds(standing) ** params.relevance_exponent * decay * (1.0 + candidate.warmth) * weight * replaced
         ranked.append(RankedMemory(
             id=candidate.id, tier=candidate.tier, warmth=candidate.warmth, user_weight=candidate.user_weight,
             refreshed_at=candidate.refreshed_at, relevance=relevance, standing=standing,
