@@ -16,7 +16,7 @@ How it works:
   sentences without such a statement are left out. At most 4 sentences are kept (core facts
   first). Confidence: 0.9 for direct statements, 0.65 when any kept statement is hedged ("I
   think", "maybe", "probably" …). With no statement at all the content quotes the user: their
-  statements (not questions, with at least 5 content words in the message) as "User said: …" with
+  informative sentences (not questions, at least 5 content words) as "User said: …" with
   confidence 0.7 — the gate keeps it recallable but flags it for review, since a quote is faithful
   but not distilled — or else the start of their first sentence with confidence 0.5, which the
   gate sends to review. Tier by keywords: identity, location, occupation, family and health →
@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Final
 
@@ -466,20 +466,10 @@ def _valid_text(sentences: list[str], fallback_source: str) -> str:
     return f"User said: {quote.rstrip('.')}." if quote else "User sent a message without words."
 
 
-def _informative(sentences: Sequence[str]) -> list[str]:
-    """The message's statements (not questions), if together they report something; else none.
-
-    Judged over the whole message, not sentence by sentence: chat splits one piece of news into
-    short sentences ("Chioma had the baby on Saturday! A boy, they've named him Ebuka."), none
-    of which has five content words alone. Numbers and dates count as content.
-    """
-    def words(sentence: str) -> set[str]:
-        return {w for w in content_words(sentence) if any(c.isalnum() for c in w)}
-
-    # A one-word sentence ("Thanks!", "Local.") is chat around the news, not part of it.
-    statements = [s for s in sentences if not s.rstrip(" \"')").endswith("?") and len(words(s)) >= 2]
-    reported = set().union(*(words(s) for s in statements)) if statements else set()
-    return statements if len(reported) >= _QUOTE_MIN_CONTENT_WORDS else []
+def _informative(sentence: str) -> bool:
+    """A sentence that reports something: not a question, with enough content words to be more than chat."""
+    words = [w for w in content_words(sentence) if any(c.isalpha() for c in w)]
+    return not sentence.rstrip(" \"')").endswith("?") and len(words) >= _QUOTE_MIN_CONTENT_WORDS
 
 
 def _summary(user_text: str) -> tuple[str, bool]:
@@ -493,7 +483,7 @@ def _summary(user_text: str) -> tuple[str, bool]:
     sentences = [s for s in sentences if s]
     if not sentences:
         return "User sent an empty message.", False
-    informative = _informative(sentences)
+    informative = [s for s in sentences if _informative(s)]
     if informative:
         # Joined with semicolons so the quote stays one sentence of the distillation.
         quote = _clip("; ".join(_TRAILING_PUNCT.sub("", s) for s in informative), _SUMMARY_QUOTE_CHARS)
