@@ -368,3 +368,13 @@ def test_answerable_weights_must_be_positive_and_known() -> None:
         RelevanceModel(embedding_model="t", version="v", bias=0.0, weights={}, answerable_weights={"cos": 1.0})
     model = RelevanceModel.from_dict(ANSWERING.to_dict())
     assert model == ANSWERING
+
+
+def test_usefulness_undoes_the_standing_operating_point() -> None:
+    # Fitted at even odds with bias 0, then shifted by +2 for recall's lenient gate.
+    shifted = RelevanceModel(embedding_model="test", version="shifted", bias=2.0, weights={"gap_distillation": 10.0},
+                             standing_shift=2.0)
+    second_best = _signals(0.3, best_cos=0.4)  # gap -0.1: logit 2 - 1 = 1 for recall, -1 at even odds
+    assert shifted.relevance(second_best) == pytest.approx(1 / (1 + math.exp(-1.0)))
+    assert shifted.usefulness(second_best) == pytest.approx(1 / (1 + math.exp(1.0)))
+    assert RelevanceModel.from_dict(shifted.to_dict()).standing_shift == 2.0

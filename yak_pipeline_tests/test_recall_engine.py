@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from datetime import datetime, timedelta, timezone
@@ -353,3 +354,20 @@ def test_supersession_as_of_goes_by_when_the_newer_memory_happened_not_when_it_w
     as_of = {r.id: r for r in _recall_as_of(conn, NOW - timedelta(days=1))}
     assert set(as_of) == {lisbon, porto}  # Porto had happened by then: it is recalled ...
     assert as_of[lisbon].superseded_by == porto  # ... so Lisbon was no longer current
+
+
+def test_an_embedder_without_a_fitted_relevance_model_is_a_one_line_error(tmp_path) -> None:  # noqa: ANN001
+    from yak_pipeline.recall_models import RelevanceModelMissing, load_relevance_model, model_file_name, user_models_dir
+
+    with pytest.raises(RelevanceModelMissing, match="yak eval calibrate") as refused:
+        load_relevance_model("nomic-embed-text", home=tmp_path)
+    assert "\n" not in str(refused.value)
+    # A user's own fit for that embedder is found in $YAK_HOME/recall_models and wins.
+    mine = FITTED.to_dict() | {"embedding_model": "nomic-embed-text", "version": "nomic-embed-text@mine"}
+    user_models_dir(tmp_path).mkdir()
+    (user_models_dir(tmp_path) / model_file_name("nomic-embed-text")).write_text(json.dumps(mine))
+    assert load_relevance_model("nomic-embed-text", home=tmp_path).version == "nomic-embed-text@mine"
+    # A malformed file is one line naming it.
+    (user_models_dir(tmp_path) / model_file_name("nomic-embed-text")).write_text("{not json")
+    with pytest.raises(ValueError, match="not a relevance model"):
+        load_relevance_model("nomic-embed-text", home=tmp_path)

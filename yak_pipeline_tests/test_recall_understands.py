@@ -98,11 +98,9 @@ def test_a_paraphrase_is_recalled_and_a_never_said_fact_gives_an_empty_block(sem
     assert dog.json()["block"] == "" and dog.json()["recalled_ids"] == []
 
 
-def test_offline_warmth_rewards_a_used_memory_and_never_an_unused_one(semantic_server) -> None:  # noqa: ANN001
-    """Without an LLM the warmth judge is recall's calibrated relevance: the rules provider's word
-    overlap only ever lowered warmth (a memory the answer used scored 0.67). A memory the answer
-    did not use is not warmed (on the recall-calibrated scale a loosely related one lands in the
-    rule's "unchanged" band, a clearly unrelated one is cooled)."""
+def test_offline_warmth_rewards_a_used_memory_and_cools_an_unused_one(semantic_server) -> None:  # noqa: ANN001
+    """Without an LLM the warmth judge is recall's relevance model on its even-odds scale: the
+    rules provider's word overlap only ever lowered warmth (a memory the answer used scored 0.67)."""
     url, headers, database = semantic_server
     distillation_of = _remember_history(url, headers, database)
     coffee, nurse = distillation_of[HISTORY[0][0]], distillation_of[HISTORY[1][0]]
@@ -113,6 +111,5 @@ def test_offline_warmth_rewards_a_used_memory_and_never_an_unused_one(semantic_s
     unused = httpx.post(f"{url}/api/warmth/evaluate", headers=headers, timeout=30,
                         json={"memory_id": nurse, "context": turn}).json()
     assert used["relevance_score"] > 0.7 and used["warmth_change"] == pytest.approx(0.1)
-    assert unused["relevance_score"] < 0.7 and unused["warmth_change"] <= 0
-    assert unused["relevance_score"] < used["relevance_score"]
+    assert unused["relevance_score"] < 0.3 and unused["warmth_change"] == pytest.approx(-0.2)
 

@@ -19,6 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from yak_pipeline.core.types import InvalidUserId
+from yak_pipeline.recall_models import RelevanceModelMissing
 from yak_pipeline.store.errors import DatabaseUnavailable, StoreError
 
 logger = logging.getLogger("yak.api")
@@ -140,6 +141,12 @@ def install_error_handlers(app: FastAPI) -> None:
         # Schema or pgvector mismatches: the operator must fix the configuration.
         logger.error("store error: %s", exc)
         return JSONResponse({"detail": one_line(exc)}, status_code=500)
+
+    @app.exception_handler(RelevanceModelMissing)
+    async def _relevance_model_missing(request: Request, exc: RelevanceModelMissing) -> JSONResponse:
+        # An embedder nobody calibrated: recall will not guess what its cosines mean.
+        logger.error("%s", exc)
+        return JSONResponse({"detail": one_line(exc)}, status_code=503)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

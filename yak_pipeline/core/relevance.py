@@ -15,7 +15,7 @@ same for every candidate of a query, says whether the user's memories answer the
 from how close the best of them comes (``best_*``); it is fitted on answerable questions against
 never-said ones and against questions asked of another person's memories (which cannot answer
 "my" question). Each factor's scale is placed so that the default threshold 0.7 keeps a fixed
-share of the dev files' true cases: 95 % of true evidence has standing ≥ 0.7, 99 % of answerable
+share of the dev files' true cases: 99 % of true evidence has standing ≥ 0.7, 99 % of answerable
 questions have answerability ≥ 0.7 (``eval.calibrate``). ``core.recall`` gates each factor.
 The parameters belong to one embedding model (they are fitted on its cosines) and carry a
 version; recall refuses an embedder they were not fitted for.
@@ -118,6 +118,9 @@ class RelevanceModel:
     # The query-level factor (module docstring); no weights: every query counts as answerable.
     answerable_bias: float = 0.0
     answerable_weights: Mapping[str, float] = field(default_factory=dict)
+    # How far the operating point moved ``bias`` from the equal-weights fit (eval.calibrate):
+    # recall's gate wants the lenient scale, a usefulness judgement the unshifted one.
+    standing_shift: float = 0.0
     # Where the parameters came from (data files, counts, measures): shown, never used.
     fitted_on: Mapping[str, object] = field(default_factory=dict)
 
@@ -130,7 +133,8 @@ class RelevanceModel:
                 raise ValueError(f"relevance model {self.version}: weight of {name} must be >= 0")
         if any(v < 0 for v in self.answerable_weights.values()):
             raise ValueError(f"relevance model {self.version}: answerable weights must be >= 0")
-        values = [self.bias, self.answerable_bias, *self.weights.values(), *self.answerable_weights.values()]
+        values = [self.bias, self.answerable_bias, self.standing_shift, *self.weights.values(),
+                  *self.answerable_weights.values()]
         if not all(math.isfinite(v) for v in values):
             raise ValueError(f"relevance model {self.version}: parameters must be finite numbers")
 
@@ -153,11 +157,21 @@ class RelevanceModel:
         """The calibrated relevance in [0, 1] of one candidate: its standing × the query's answerability."""
         return self.standing(signals) * self.answerability(signals)
 
+    def usefulness(self, signals: RelevanceSignals) -> float:
+        """The relevance on the equal-weights scale (the standing's operating point undone).
+
+        Recall's operating point is lenient on purpose (it keeps 99 in 100 true answers and lets
+        the order decide); judging whether a memory was *used* (warmth) needs the even-odds
+        probability, on which a loosely related memory scores low.
+        """
+        return _sigmoid(self.logit(relevance_features(signals)) - self.standing_shift) * self.answerability(signals)
+
     def to_dict(self) -> dict[str, object]:
         """The JSON form (``recall_models/*.json``)."""
         return {"embedding_model": self.embedding_model, "version": self.version, "bias": self.bias,
                 "weights": dict(self.weights), "answerable_bias": self.answerable_bias,
-                "answerable_weights": dict(self.answerable_weights), "fitted_on": dict(self.fitted_on)}
+                "answerable_weights": dict(self.answerable_weights), "standing_shift": self.standing_shift,
+                "fitted_on": dict(self.fitted_on)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> RelevanceModel:
@@ -174,6 +188,7 @@ class RelevanceModel:
                        weights={str(k): float(v) for k, v in weights.items()},
                        answerable_bias=float(data.get("answerable_bias", 0.0)),  # type: ignore[arg-type]
                        answerable_weights={str(k): float(v) for k, v in answerable.items()},
+                       standing_shift=float(data.get("standing_shift", 0.0)),  # type: ignore[arg-type]
                        fitted_on=dict(data.get("fitted_on") or {}))  # type: ignore[arg-type]
         except KeyError as exc:
             raise ValueError(f"relevance model: missing field {exc.args[0]!r}") from None

@@ -20,7 +20,7 @@ import psycopg
 
 from yak_pipeline.core.memory_block import BlockMemory, PromptBuild, build_prompt_messages
 from yak_pipeline.core.recall import RankedMemory, RecallParams
-from yak_pipeline.core.relevance import RelevanceModel
+from yak_pipeline.core.relevance import RelevanceModel, RelevanceSignals
 from yak_pipeline.embeddings import Embedder
 from yak_pipeline.recall_models import load_relevance_model
 from yak_pipeline.settings import Settings
@@ -118,27 +118,23 @@ def search_memories(
     ]
 
 
-def memory_relevance(
+def memory_signals(
     conn: psycopg.Connection,
     embedder: Embedder,
-    model: RelevanceModel,
     *,
     user_id: str,
     distillation_id: str,
     text: str,
     params: RecallParams,
-) -> float:
-    """The calibrated relevance of one of the user's memories to ``text``, exactly as recall scores it.
+) -> RelevanceSignals | None:
+    """One of the user's memories' signals for ``text``, exactly as recall gathers them.
 
-    The memory is scored among the candidates recall would gather for ``text`` (so its gaps are to
-    the user's best memories for it); a memory that no leg proposes is unrelated: 0.
+    The memory is seen among the candidates recall would gather for ``text`` (so its gaps are to
+    the user's best memories for it); None when no leg proposes it (it is unrelated).
     """
     candidates = recall_candidates(conn, user_id=user_id, query=text, query_embedding=embedder.embed_query(text),
                                    embedding_model=embedder.model_name, params=params)
-    for candidate in candidates:
-        if candidate.id == distillation_id:
-            return model.relevance(candidate.signals)
-    return 0.0
+    return next((c.signals for c in candidates if c.id == distillation_id), None)
 
 
 def build_context(

@@ -5,9 +5,9 @@ One function, :func:`evaluate_relevance`, serves the API's synchronous evaluatio
 pair that already has a warmth event is skipped, so re-runs never count a turn twice.
 
 With an LLM configured, the LLM judges usefulness. Offline (the rules provider) the judge is
-recall's own calibrated relevance of the memory to the turn (:class:`OfflineJudge`): a memory the
-answer used is as relevant to the turn as a true paraphrase is to its question, so the same scale
-and the same 0.7 apply. The rules provider's word overlap only ever lowered warmth (a memory the
+recall's own relevance model applied to the memory and the turn (:class:`OfflineJudge`), on its
+even-odds scale (``RelevanceModel.usefulness``: recall's gate is lenient on purpose, a judgement
+of use must not be), with the warmth rule's 0.7 and 0.3. The rules provider's word overlap only ever lowered warmth (a memory the
 answer used scored 0.67, under 0.7).
 """
 
@@ -26,7 +26,7 @@ from yak_pipeline.core.exchanges import format_exchange
 from yak_pipeline.llm.errors import LLMError
 from yak_pipeline.llm.provider import LLMProvider
 from yak_pipeline.llm.rules import RULES_PROVIDER_NAME
-from yak_pipeline.services.recall import memory_relevance, recall_params, relevance_model
+from yak_pipeline.services.recall import memory_signals, recall_params, relevance_model
 from yak_pipeline.services.reports import StageReport
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
@@ -46,9 +46,10 @@ class OfflineJudge:
     params: RecallParams
 
     def usefulness(self, conn: psycopg.Connection, *, user_id: str, distillation_id: str, context: str) -> float:
-        """The memory's calibrated relevance to the turn's text."""
-        return memory_relevance(conn, self.embedder, self.model, user_id=user_id, distillation_id=distillation_id,
-                                text=context, params=self.params)
+        """The memory's relevance to the turn's text on the even-odds scale (0 when no leg proposes it)."""
+        signals = memory_signals(conn, self.embedder, user_id=user_id, distillation_id=distillation_id,
+                                 text=context, params=self.params)
+        return 0.0 if signals is None else self.model.usefulness(signals)
 
 
 def offline_judge(settings: Settings, llm: LLMProvider, embedder: Embedder) -> OfflineJudge | None:
