@@ -127,8 +127,9 @@ def search_command(
                 e = h["explain"]
                 legs = ", ".join(f"{k} {v:.3f}" for k, v in e["legs"]["features"].items())
                 ranks = ", ".join(f"{k} #{v}" for k, v in e["legs"]["ranks"].items()) or "none"
-                console.print(f"{h['id']}: score {e['score']:.4g} = relevance {e['relevance']:.3f}^e × decay "
-                              f"{e['decay']:.3f} × warmth {e['warmth_factor']:.2f} × gravity {e['gravity']:.2f}"
+                console.print(f"{h['id']}: relevance {e['relevance']:.3f} = standing {e['standing']:.3f} × "
+                              f"answerability {e['answerability']:.3f}; score {e['score']:.4g} = odds(standing)^e × "
+                              f"decay {e['decay']:.3f} × warmth {e['warmth_factor']:.2f} × gravity {e['gravity']:.2f}"
                               f"{' × superseded' if e['superseded_by'] else ''}; legs: {ranks}; signals: {legs}",
                               highlight=False, markup=False)
 
