@@ -13,7 +13,6 @@ from yak_pipeline.core.scoring import (
     decay_factor,
     gravity,
     passes_tier_gate,
-    recall_score,
     tier_threshold_multiplier,
 )
 
@@ -66,9 +65,3 @@ def test_decay_halves_every_half_life_and_ignores_the_future() -> None:
         decay_factor(1, 0)
 
 
-def test_recall_score_multiplies_all_factors() -> None:
-    score = recall_score(0.9, age_days=30, warmth=0.5, tier="core", user_weight=1.5, half_life_days=30)
-    assert score == pytest.approx(0.9 * 0.5 * 1.5 * 2.0 * 1.5)
-    undecayed = recall_score(0.9, age_days=30, warmth=0.5, tier="core", user_weight=1.5, half_life_days=30,
-                             decay_enabled=False)
-    assert undecayed == pytest.approx(2 * score)

@@ -11,10 +11,7 @@ from yak_pipeline.eval.locomo import (
     parse_locomo,
 )
 from yak_pipeline.eval.metrics import abstained, current_first, score_ranking
-
-
-def _turn(speaker: str, dia_id: str, text: str) -> dict:
-    return {"speaker": speaker, "dia_id": dia_id, "text": text}
+from yak_pipeline_tests.test_eval_locomo import _turn
 
 
 def knowledge_update_locomo() -> list[dict]:

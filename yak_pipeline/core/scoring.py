@@ -55,18 +55,3 @@ def decay_factor(age_days: float, half_life_days: float, enabled: bool = True) -
 def gravity(tier: Tier, user_weight: float) -> float:
     """The tier's gravity times the user's own weight for the memory."""
     return TIER_GRAVITY[_check_tier(tier)] * user_weight
-
-
-def recall_score(
-    similarity: float,
-    *,
-    age_days: float,
-    warmth: float,
-    tier: Tier,
-    user_weight: float,
-    half_life_days: float,
-    decay_enabled: bool = True,
-) -> float:
-    """``similarity × decay × (1 + warmth) × gravity`` (DESIGN §4)."""
-    decay = decay_factor(age_days, half_life_days, decay_enabled)
-    return similarity * decay * (1.0 + warmth) * gravity(tier, user_weight)

@@ -71,8 +71,6 @@ class Examples:
     features: np.ndarray
     labels: np.ndarray
     files: np.ndarray
-    # Which question each example belongs to (a running number across files).
-    queries: np.ndarray
     # Query-level examples for the answerability factor: the best cosines (ANSWERABLE_FEATURES
     # order), whether the memories asked answer the question, and the file.
     query_features: np.ndarray
@@ -88,8 +86,6 @@ def collect_examples(settings: Settings, datasets: Sequence[tuple[str, Sequence[
     rows: list[list[float]] = []
     labels: list[int] = []
     files: list[str] = []
-    queries: list[int] = []
-    asked = 0
     q_rows: list[list[float]] = []
     q_labels: list[int] = []
     q_files: list[str] = []
@@ -99,6 +95,7 @@ def collect_examples(settings: Settings, datasets: Sequence[tuple[str, Sequence[
             return None
         features = answerable_features(candidates[0].signals)  # the best_* are the same for all
         return [features[name] for name in ANSWERABLE_FEATURES]
+
     for label, conversations in datasets:
         with evaluation_database(settings, progress=progress) as db:
             ingested, _ = _ingest(db, settings, embedder, conversations, progress)
@@ -120,8 +117,6 @@ def collect_examples(settings: Settings, datasets: Sequence[tuple[str, Sequence[
                             rows.append([features[name] for name in FEATURES])
                             labels.append(is_relevant)
                             files.append(label)
-                            queries.append(asked)
-                        asked += 1
                         best = best_of(candidates)
                         # An answerable question whose evidence no leg found teaches nothing here.
                         if best is not None and (any(relevant) or not question.evidence):
@@ -139,7 +134,7 @@ def collect_examples(settings: Settings, datasets: Sequence[tuple[str, Sequence[
             progress(f"{label}: {sum(1 for f in files if f == label)} candidate examples, "
                      f"{sum(l for l, f in zip(labels, files) if f == label)} relevant")
     return Examples(np.asarray(rows, dtype=np.float64), np.asarray(labels, dtype=np.float64), np.asarray(files),
-                    np.asarray(queries), np.asarray(q_rows, dtype=np.float64), np.asarray(q_labels, dtype=np.float64),
+                    np.asarray(q_rows, dtype=np.float64), np.asarray(q_labels, dtype=np.float64),
                     np.asarray(q_files))
 
 
@@ -197,23 +192,16 @@ def operating_point_shift(logits: np.ndarray, positive: np.ndarray, files: np.nd
 
 
 def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float | None:
-    """Area under the ROC curve (ties count half); None without both classes."""
+    """Area under the ROC curve (ties count half); None without both classes.
+
+    It is the Mann-Whitney U of the relevant scores against the others, over the pairs.
+    """
+    from scipy.stats import mannwhitneyu
+
     positives, negatives = scores[labels == 1], scores[labels == 0]
     if len(positives) == 0 or len(negatives) == 0:
         return None
-    order = np.argsort(np.concatenate([positives, negatives]), kind="mergesort")
-    ranks = np.empty(len(order))
-    values = np.concatenate([positives, negatives])[order]
-    # average ranks over ties
-    i = 0
-    while i < len(values):
-        j = i
-        while j + 1 < len(values) and values[j + 1] == values[i]:
-            j += 1
-        ranks[order[i:j + 1]] = (i + j) / 2 + 1
-        i = j + 1
-    return float((ranks[:len(positives)].sum() - len(positives) * (len(positives) + 1) / 2)
-                 / (len(positives) * len(negatives)))
+    return float(mannwhitneyu(positives, negatives).statistic / (len(positives) * len(negatives)))
 
 
 def calibrate(settings: Settings, datasets: Sequence[tuple[str, Sequence[Conversation]]], *,
@@ -257,5 +245,5 @@ def calibrate(settings: Settings, datasets: Sequence[tuple[str, Sequence[Convers
                    "leg_size": settings.recall_leg_size, "exchange_context": settings.recall_exchange_context,
                    "l2_penalty": L2_PENALTY, "true_evidence_standing_at_least_0.7": TRUE_PASS_SHARE,
                    "answerable_questions_at_least_0.7": ANSWERABLE_PASS_SHARE,
-                   "bias_shift_from_equal_weights": round(shift, 6), "answerable_bias_shift": round(a_shift, 6),
+                   "answerable_bias_shift": round(a_shift, 6),
                    "command": "yak eval calibrate " + " ".join(f"--data {name}" for name, _ in datasets)})

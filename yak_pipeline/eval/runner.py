@@ -47,7 +47,7 @@ from yak_pipeline.alerts import NULL_ALERTER
 from yak_pipeline.core.exchange_files import ExchangeRecord
 from yak_pipeline.core.exchanges import content_sha256
 from yak_pipeline.embeddings import Embedder, get_embedder
-from yak_pipeline.eval.locomo import CATEGORY_NAMES, Conversation, Question
+from yak_pipeline.eval.locomo import CATEGORY_NAMES, KNOWLEDGE_UPDATE_CATEGORY, Conversation, Question
 from yak_pipeline.eval.metrics import ScoredQuestion, abstained, aggregate, current_first, score_ranking
 from yak_pipeline.llm import get_llm_provider
 from yak_pipeline.services.consolidate import ConsolidateJob, merge_near_duplicates, score_conflicts
@@ -67,9 +67,6 @@ MethodKind = Literal["bm25", "dense", "yak"]
 
 BASELINES = ("BM25", "dense")
 YAK = "Yak"
-# Knowledge-update questions (the paraphrase set's category 2; LoCoMo's own category 2 is
-# "temporal" and has no superseded statements, so the measure simply does not apply there).
-KNOWLEDGE_UPDATE_CATEGORY = 2
 _DISTIL_CHUNK = 100
 _USER_ID_UNSAFE = re.compile(r"[^A-Za-z0-9._@-]+")
 

@@ -39,19 +39,21 @@ from yak_pipeline.store.recall import (
 class RecallHit:
     """One recalled distillation: what it says, its date, and its score with every factor."""
 
-    id: str
+    ranked: RankedMemory
     memory_id: str
     content: str
     confidence: float
-    tier: str
-    warmth: float
-    similarity: float
-    relevance: float
-    score: float
     occurred_at: datetime
-    superseded_by: str | None
     in_conflict: bool
-    ranked: RankedMemory
+
+    # The ranking's own values, read through (one copy of each).
+    id = property(lambda self: self.ranked.id)
+    tier = property(lambda self: self.ranked.tier)
+    warmth = property(lambda self: self.ranked.warmth)
+    similarity = property(lambda self: self.ranked.similarity)
+    relevance = property(lambda self: self.ranked.relevance)
+    score = property(lambda self: self.ranked.score)
+    superseded_by = property(lambda self: self.ranked.superseded_by)
 
     @property
     def is_core(self) -> bool:
@@ -110,31 +112,28 @@ def search_memories(
         ).fetchall()
     by_id = {str(r[0]): r for r in rows}
     return [
-        RecallHit(id=r.id, memory_id=str(by_id[r.id][1]), content=by_id[r.id][2], confidence=by_id[r.id][3],
-                  tier=r.tier, warmth=r.warmth, similarity=r.similarity, relevance=r.relevance, score=r.score,
-                  occurred_at=by_id[r.id][4], superseded_by=r.superseded_by, in_conflict=bool(by_id[r.id][5]),
-                  ranked=r)
+        RecallHit(ranked=r, memory_id=str(by_id[r.id][1]), content=by_id[r.id][2], confidence=by_id[r.id][3],
+                  occurred_at=by_id[r.id][4], in_conflict=bool(by_id[r.id][5]))
         for r in ranked if r.id in by_id
     ]
 
 
-def memory_signals(
+def signals_for_text(
     conn: psycopg.Connection,
     embedder: Embedder,
     *,
     user_id: str,
-    distillation_id: str,
     text: str,
     params: RecallParams,
-) -> RelevanceSignals | None:
-    """One of the user's memories' signals for ``text``, exactly as recall gathers them.
+) -> dict[str, RelevanceSignals]:
+    """The signals of each of the user's memories that recall would gather for ``text``, by id.
 
-    The memory is seen among the candidates recall would gather for ``text`` (so its gaps are to
-    the user's best memories for it); None when no leg proposes it (it is unrelated).
+    A memory seen here has its gaps measured to the user's best memories for ``text``; one that
+    no leg proposes is absent (it is unrelated).
     """
     candidates = recall_candidates(conn, user_id=user_id, query=text, query_embedding=embedder.embed_query(text),
                                    embedding_model=embedder.model_name, params=params)
-    return next((c.signals for c in candidates if c.id == distillation_id), None)
+    return {c.id: c.signals for c in candidates}
 
 
 def build_context(

@@ -13,20 +13,20 @@ answer used scored 0.67, under 0.7).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date, datetime, timedelta, timezone
 
 import psycopg
 
 from yak_pipeline.alerts import NULL_ALERTER, Alerter
-from yak_pipeline.core.recall import RecallParams
-from yak_pipeline.core.relevance import RelevanceModel
-from yak_pipeline.embeddings import Embedder
 from yak_pipeline.core.exchanges import format_exchange
+from yak_pipeline.core.recall import RecallParams
+from yak_pipeline.core.relevance import RelevanceModel, RelevanceSignals
+from yak_pipeline.embeddings import Embedder
 from yak_pipeline.llm.errors import LLMError
 from yak_pipeline.llm.provider import LLMProvider
 from yak_pipeline.llm.rules import RULES_PROVIDER_NAME
-from yak_pipeline.services.recall import memory_signals, recall_params, relevance_model
+from yak_pipeline.services.recall import recall_params, relevance_model, signals_for_text
 from yak_pipeline.services.reports import StageReport
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
@@ -44,11 +44,17 @@ class OfflineJudge:
     embedder: Embedder
     model: RelevanceModel
     params: RecallParams
+    # The signals of the last (user, turn text) asked about: a turn's recalled memories are judged
+    # one after another against the same text, which needs embedding and searching once.
+    _last: dict[tuple[str, str], dict[str, RelevanceSignals]] = field(default_factory=dict, repr=False)
 
     def usefulness(self, conn: psycopg.Connection, *, user_id: str, distillation_id: str, context: str) -> float:
         """The memory's relevance to the turn's text on the even-odds scale (0 when no leg proposes it)."""
-        signals = memory_signals(conn, self.embedder, user_id=user_id, distillation_id=distillation_id,
-                                 text=context, params=self.params)
+        key = (user_id, context)
+        if key not in self._last:
+            self._last.clear()
+            self._last[key] = signals_for_text(conn, self.embedder, user_id=user_id, text=context, params=self.params)
+        signals = self._last[key].get(distillation_id)
         return 0.0 if signals is None else self.model.usefulness(signals)
 
 

@@ -82,6 +82,7 @@ _TABLES: Final[dict[str, str]] = {
                 "AND (%(as_of)s::timestamptz IS NULL OR t.occurred_at <= %(as_of)s)",
 }
 
+# Term frequencies come from the matched rows only, and from the query's lexemes only: setweight
 # marks the query's lexemes with weight A (to_tsvector gives every position the default D) and
 # ts_filter keeps just those, so a row unnests its few matching lexemes instead of all of them.
 # The OR-ed tsquery and the lexeme array are computed once (the `q` CTE) rather than per row.
@@ -411,6 +412,16 @@ WHERE d.id = ANY(%(ids)s::uuid[]) AND d.user_id = %(user)s AND d.status = 'activ
 """
 
 
+def _best_per_distillation(hits: Iterable[LegHit], held_by: Mapping[str, str]) -> dict[str, float]:
+    """The best score of an exchange leg for each distillation holding one of its exchanges."""
+    best: dict[str, float] = {}
+    for hit in hits:
+        target = held_by.get(hit.id)
+        if target is not None:
+            best[target] = max(best.get(target, hit.score), hit.score)
+    return best
+
+
 def recall_candidates(
     conn: psycopg.Connection,
     *,
@@ -449,16 +460,8 @@ def recall_candidates(
 
     # An exchange's BM25 and cosine count for the distillation that holds it; a distillation
     # holding several (merges) keeps the best of each.
-    bm25_exchange: dict[str, float] = {}
-    for hit in m_text:
-        target = held_by.get(hit.id)
-        if target is not None:
-            bm25_exchange[target] = max(bm25_exchange.get(target, 0.0), hit.score)
-    cos_exchange: dict[str, float] = {}
-    for hit in m_vec:
-        target = held_by.get(hit.id)
-        if target is not None:
-            cos_exchange[target] = max(cos_exchange.get(target, -1.0), hit.score)
+    bm25_exchange = _best_per_distillation(m_text, held_by)
+    cos_exchange = _best_per_distillation(m_vec, held_by)
     bm25_distillation = {h.id: h.score for h in d_text}
 
     def own_exchange_cos(row: tuple) -> float | None:
@@ -485,7 +488,7 @@ def recall_candidates(
             cos_distillation=float(row[5]), cos_exchange=exchange_cos[distillation_id],
             bm25_distillation=bm25_distillation.get(distillation_id, 0.0),
             bm25_exchange=bm25_exchange.get(distillation_id, 0.0),
-            best_cos_distillation=max(best_cos_d, float(row[5])), best_cos_exchange=best_cos_x,
+            best_cos_distillation=best_cos_d, best_cos_exchange=best_cos_x,
             best_bm25_distillation=best_bm25_d, best_bm25_exchange=best_bm25_x)
         candidates.append(Candidate(
             id=distillation_id, tier=row[1], warmth=float(row[2]), user_weight=float(row[3]), refreshed_at=row[4],
