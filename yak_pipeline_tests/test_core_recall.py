@@ -15,6 +15,7 @@ from yak_pipeline.core.relevance import (
     NON_NEGATIVE_FEATURES,
     RelevanceModel,
     RelevanceSignals,
+    answerable_features,
     relevance_features,
 )
 from yak_pipeline.core.scoring import TIER_GRAVITY
@@ -241,8 +242,10 @@ def test_features_are_cosines_gaps_to_the_best_and_bm25_relative_to_the_best() -
     features = relevance_features(_signals(0.6, cos_x=0.5, bm25_d=3.0, bm25_x=0.0, best_cos=0.8, best_cos_x=0.9,
                                            best_bm25_d=6.0, best_bm25_x=2.0))
     assert set(features) == set(FEATURES)
-    assert features == pytest.approx({"cos_distillation": 0.6, "cos_exchange": 0.5, "gap_distillation": -0.2,
-                                      "gap_exchange": -0.4, "text_distillation": 0.5, "text_exchange": 0.0})
+    # No context vectors: the context features read the exchange's (the best stand-in).
+    assert features == pytest.approx({"cos_distillation": 0.6, "cos_exchange": 0.5, "cos_context": 0.5,
+                                      "gap_distillation": -0.2, "gap_exchange": -0.4, "gap_context": -0.4,
+                                      "text_distillation": 0.5, "text_exchange": 0.0})
     # The best memory of a leg has gap 0 and text ratio 1; a leg nobody matched gives 0.
     best = relevance_features(_signals(0.8, cos_x=0.9, bm25_d=6.0, best_cos=0.8, best_cos_x=0.9, best_bm25_d=6.0))
     assert best["gap_distillation"] == 0.0 and best["gap_exchange"] == 0.0
@@ -259,6 +262,17 @@ def test_a_missing_exchange_cosine_falls_back_to_the_distillations() -> None:
     assert mixed["cos_exchange"] == 0.6 and mixed["gap_exchange"] == pytest.approx(-0.3)
 
 
+def test_context_features_are_the_cosine_in_context_and_its_gap_to_the_best() -> None:
+    signals = RelevanceSignals(0.6, 0.5, 0.0, 0.0, 0.8, 0.9, 0.0, 0.0, cos_context=0.55, best_cos_context=0.75)
+    features = relevance_features(signals)
+    assert features["cos_context"] == 0.55 and features["gap_context"] == pytest.approx(-0.2)
+    # The best context of the query is the answerability's third input.
+    assert answerable_features(signals)["best_cos_context"] == 0.75
+    # Some memories have context vectors, this one not yet: it reads its exchange's cosine.
+    pending = relevance_features(RelevanceSignals(0.6, 0.5, 0.0, 0.0, 0.8, 0.9, 0.0, 0.0, None, 0.75))
+    assert pending["cos_context"] == 0.5 and pending["gap_context"] == pytest.approx(-0.25)
+
+
 finite = st.floats(-1e6, 1e6, allow_nan=False)
 cosine = st.floats(-1.0, 1.0)
 bm25 = st.floats(0.0, 50.0) | st.just(0.0)
@@ -271,7 +285,7 @@ def test_gaps_are_never_positive_and_text_ratios_stay_in_the_unit_interval(
         best_bm25_d: float, best_bm25_x: float) -> None:
     # Even inconsistent inputs (a "best" below the value, as float noise can make) stay in range.
     features = relevance_features(RelevanceSignals(cos, cos_x, bm25_d, bm25_x, best, best_x, best_bm25_d, best_bm25_x))
-    assert features["gap_distillation"] <= 0.0 and features["gap_exchange"] <= 0.0
+    assert features["gap_distillation"] <= 0.0 and features["gap_exchange"] <= 0.0 and features["gap_context"] <= 0.0
     assert 0.0 <= features["text_distillation"] <= 1.0 and 0.0 <= features["text_exchange"] <= 1.0
     assert all(math.isfinite(v) for v in features.values())
 

@@ -1,15 +1,17 @@
-"""Exchange context (sql/006): each exchange searched with its conversation neighbours, kept by a trigger."""
+"""Exchange context (sql/006, 008): each exchange searched with its conversation neighbours, kept by a trigger."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
+import numpy as np
 import psycopg
 import pytest
 
-from yak_pipeline.services.recall import recall_params, relevance_model
+from yak_pipeline.services.recall import embed_pending_contexts, embed_pending_exchanges, recall_params, relevance_model
 from yak_pipeline.settings import Settings
+from yak_pipeline.store.database import Database
 from yak_pipeline.store.forget import forget_memories
 from yak_pipeline.store.memories import insert_memory
 from yak_pipeline.store.recall import bm25_search, recall, recall_candidates
@@ -142,3 +144,88 @@ def test_concurrent_writers_of_one_user_take_turns_and_see_each_others_exchanges
         # The second writer ran after the first committed: both contexts hold both exchanges.
         assert {"violin", "cello"} <= _lexemes(first, x)
         assert {"violin", "cello"} <= _lexemes(first, result["y"])
+
+
+# --- context vectors (sql/008) ----------------------------------------------------------------------
+
+
+def _context_vectors(database: Database) -> dict[str, np.ndarray | None]:
+    with database.connection() as c:
+        rows = c.execute("SELECT id, context_embedding FROM memories WHERE deleted_at IS NULL").fetchall()
+    return {str(i): (None if v is None else np.asarray(v.to_numpy() if hasattr(v, "to_numpy") else v)) for i, v in rows}
+
+
+def test_context_text_is_the_conversation_in_order_with_neighbours_cut_nearest_the_exchange(
+        conn: psycopg.Connection) -> None:
+    long_answer = "Of course. " + "x" * 600 + " END-OF-PREVIOUS"
+    first = _insert(conn, long_answer, T0)
+    second = _insert(conn, "In the bathroom, Aiko is very tolerant.", T0 + timedelta(minutes=1))
+    third = _insert(conn, "START-OF-NEXT " + "y" * 600, T0 + timedelta(minutes=2))
+    text = conn.execute("SELECT yak_exchange_context_text(%s)", (second,)).fetchone()[0]
+    before, own, after = text.split("\nUser: In the bathroom")[0], "In the bathroom", text.split("tolerant.")[1]
+    # Each neighbour gives at most its 400 characters nearest the exchange; the exchange is whole.
+    assert own in text and "END-OF-PREVIOUS" in before and "Of course" not in before and len(before) <= 400
+    assert "START-OF-NEXT" in after and len(after) <= 400 + len("\nAssistant: Noted.\n")
+    assert conn.execute("SELECT yak_exchange_context_text(%s)", (first,)).fetchone()[0].startswith("User: Of course")
+    assert "END-OF-PREVIOUS" not in conn.execute("SELECT yak_exchange_context_text(%s)", (third,)).fetchone()[0][400:]
+
+
+def test_context_vectors_are_filled_and_cleared_whenever_a_context_changes(database: Database) -> None:
+    with database.connection() as c:
+        ids = [_insert(c, text, T0 + timedelta(minutes=i)) for i, text in
+               enumerate(["How do you develop your film?", "In the bathroom, mostly.", "Nice, any tips?"])]
+    embed_pending_exchanges(database, EMBEDDER)
+    vectors = _context_vectors(database)
+    with database.connection() as c:
+        texts = {i: c.execute("SELECT yak_exchange_context_text(%s)", (i,)).fetchone()[0] for i in ids}
+    for memory_id in ids:  # each is the embedder's vector of its context text
+        assert np.allclose(vectors[memory_id], EMBEDDER.embed_documents([texts[memory_id]])[0], atol=1e-6)
+    assert embed_pending_contexts(database, EMBEDDER) == 0  # nothing left to do
+
+    # A new exchange joins the conversation: its own context and its neighbour's change.
+    with database.connection() as c:
+        newest = _insert(c, "Use a red safelight.", T0 + timedelta(minutes=3))
+    vectors = _context_vectors(database)
+    assert vectors[newest] is None and vectors[ids[2]] is None
+    assert vectors[ids[0]] is not None and vectors[ids[1]] is not None
+    assert embed_pending_contexts(database, EMBEDDER) == 2
+
+    # Forgetting one clears its neighbours' vectors at once: its words must stop counting.
+    with database.connection() as c:
+        forget_memories(c, user_id="ann", memory_ids=[ids[1]], actor="test", soft=True)
+    vectors = _context_vectors(database)
+    assert vectors[ids[0]] is None and vectors[ids[2]] is None and vectors[newest] is not None
+    assert embed_pending_contexts(database, EMBEDDER) == 2
+    with database.connection() as c:
+        assert "bathroom" not in c.execute("SELECT yak_exchange_context_text(%s)", (ids[0],)).fetchone()[0]
+
+
+def test_a_reply_is_found_by_the_meaning_of_the_question_it_answers(database: Database, settings: Settings) -> None:
+    with database.connection() as c:
+        seed_memory_with_distillation(
+            c, user_id="ann", exchange="User: How do you develop your film photos?\nAssistant: Tell me.",
+            distillation="User asked about photos.", occurred_at=T0)
+        _, reply_fact = seed_memory_with_distillation(
+            c, user_id="ann", exchange="User: In the bathroom, Aiko is very tolerant.\nAssistant: Ha.",
+            distillation="User uses the bathroom; Aiko is tolerant.", occurred_at=T0 + timedelta(minutes=1))
+        for i in range(6):
+            seed_memory_with_distillation(c, user_id="ann", exchange=f"User: Groceries list number {i}.\nAssistant: Ok.",
+                                          distillation=f"User keeps grocery list {i}.",
+                                          occurred_at=T0 - timedelta(days=i + 1))
+    embed_pending_exchanges(database, EMBEDDER)
+    params = recall_params(settings, threshold=0.0, limit=10)
+    query = "develop film photos"
+    args = {"user_id": "ann", "query": query, "query_embedding": EMBEDDER.embed_query(query),
+            "embedding_model": EMBEDDER.model_name}
+    with database.connection() as c:
+        on = {x.id: x for x in recall_candidates(c, **args, params=params)}
+        off = {x.id: x for x in recall_candidates(c, **args, params=replace(params, exchange_context=False))}
+        past = {x.id: x for x in recall_candidates(c, **args, params=params, as_of=T0 + timedelta(hours=1))}
+    reply = on[str(reply_fact)]
+    assert reply.ranks.get("context_vector") is not None
+    # The reply alone shares no word with the query; read with the question, it does.
+    assert reply.signals.cos_context > reply.signals.cos_exchange
+    assert "context_vector" not in off.get(str(reply_fact), reply).ranks or str(reply_fact) not in off
+    assert all(x.signals.cos_context is None for x in off.values())
+    # As of a past moment a context may hold later words: the leg is off then.
+    assert all(x.signals.cos_context is None and "context_vector" not in x.ranks for x in past.values())

@@ -224,16 +224,29 @@ def test_the_nightly_index_job_and_yak_db_index_build_indexes_for_heavy_users(da
     cli = CliRunner()
     built = cli.invoke(app, ["db", "index", "--min-rows", "10", "--json"])
     assert built.exit_code == 0, built.output
-    assert json.loads(built.output) == {"built": [user_index_name("distillations", "hal")], "contexts_rebuilt": None}
-    again = cli.invoke(app, ["db", "index", "--min-rows", "10"])
-    assert again.exit_code == 0 and "no user needs an index of their own" in again.output
-    # The repair of exchange contexts (sql/006) recomputes every live exchange's.
+    # The seeded exchanges had no vectors yet: the command embeds that backlog too, alone and in context.
     with database.connection() as conn:
         live = conn.execute("SELECT count(*) FROM memories WHERE deleted_at IS NULL").fetchone()[0]
+    report = json.loads(built.stdout)
+    assert report == {"built": report["built"], "contexts_rebuilt": None, "exchanges_embedded": live,
+                      "contexts_embedded": live}
+    # hal's distillation index was dropped; with their exchanges embedded now, heavy users get those indexed too.
+    assert user_index_name("distillations", "hal") in report["built"]
+    assert user_index_name("memories", "hal") in report["built"]
+    with database.connection() as conn:
+        assert conn.execute("SELECT count(*) FROM memories WHERE deleted_at IS NULL AND (embedding IS NULL "
+                            "OR context_embedding IS NULL)").fetchone()[0] == 0
+    again = cli.invoke(app, ["db", "index", "--min-rows", "10"])
+    assert again.exit_code == 0 and "no user needs an index of their own" in again.output
+    assert "embedded 0 exchanges and 0 exchange contexts" in again.output
+    # The repair of exchange contexts (sql/006) recomputes every live exchange's.
+    with database.connection() as conn:
         conn.execute("UPDATE memories SET context_tsv = NULL")
     repaired = cli.invoke(app, ["db", "index", "--min-rows", "10", "--rebuild-context", "--json"])
     assert repaired.exit_code == 0, repaired.output
-    assert json.loads(repaired.output) == {"built": [], "contexts_rebuilt": live} and live > 0
+    # Every context changed (from nothing), so every context vector is made again.
+    assert json.loads(repaired.stdout) == {"built": [], "contexts_rebuilt": live, "exchanges_embedded": 0,
+                                           "contexts_embedded": live} and live > 0
     with database.connection() as conn:
         assert conn.execute("SELECT count(*) FROM memories WHERE context_tsv IS NULL").fetchone()[0] == 0
     # Scheduled at 03:00 local time, one run a day.

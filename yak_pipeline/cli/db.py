@@ -92,12 +92,17 @@ def index_command(
                                          help="Also recompute every exchange's conversation context for hybrid recall."),
     as_json: bool = JsonOption,
 ) -> None:
-    """Build per-user vector indexes for users with many memories (the nightly job does this too).
+    """Build per-user vector indexes for users with many memories (the nightly job does this too),
+    and give every exchange the vectors recall reads that it still lacks.
 
-    With ``--rebuild-context``, also recompute the conversation context hybrid recall searches
-    each exchange with; writes keep it up to date, so this is a repair, not routine.
+    The vectors of each exchange, alone and read with its neighbours (sql/008), are normally
+    made by the pipeline's distillation runs; after an upgrade the existing history has none of
+    the new kind, and this embeds that backlog with progress (interrupt it at any time: what is
+    done is kept). With ``--rebuild-context``, also recompute the conversation context recall
+    searches each exchange with; writes keep it up to date, so this is a repair, not routine.
     """
-    from yak_pipeline.services.recall import maintain_recall_indexes
+    from yak_pipeline.embeddings import get_embedder
+    from yak_pipeline.services.recall import embed_pending_contexts, embed_pending_exchanges, maintain_recall_indexes
     from yak_pipeline.store.memories import rebuild_exchange_context
     from yak_pipeline.store.recall import USER_INDEX_MIN_ROWS
     from yak_pipeline.wiring import open_database
@@ -105,20 +110,29 @@ def index_command(
     settings = get_settings()
     db = open_database(settings)
     contexts = None
+    progress = Console(stderr=True)
     try:
         if not as_json:
             console.print("building indexes concurrently; recall and ingestion go on meanwhile …")
-        built = maintain_recall_indexes(db, min_rows=min_rows or USER_INDEX_MIN_ROWS)
         if rebuild_context:
             with db.connection() as conn:
                 contexts = rebuild_exchange_context(conn)
+        embedder = get_embedder(settings)
+        exchanges = embed_pending_exchanges(db, embedder, contexts=False,
+                                            on_progress=lambda n: progress.print(f"embedded {n} exchanges …"))
+        in_context = embed_pending_contexts(
+            db, embedder, on_progress=lambda n: progress.print(f"embedded {n} exchanges in their context …"))
+        # After the backlog, so the indexes cover the vectors just made.
+        built = maintain_recall_indexes(db, min_rows=min_rows or USER_INDEX_MIN_ROWS)
     finally:
         db.close()
     if as_json:
-        print(json.dumps({"built": built, "contexts_rebuilt": contexts}))
+        print(json.dumps({"built": built, "contexts_rebuilt": contexts, "exchanges_embedded": exchanges,
+                          "contexts_embedded": in_context}))
         return
     if contexts is not None:
         console.print(f"rebuilt the conversation context of {contexts} exchanges")
+    console.print(f"embedded {exchanges} exchanges and {in_context} exchange contexts")
     if built:
         for name in built:
             console.print(f"built {name}")

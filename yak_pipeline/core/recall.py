@@ -41,8 +41,9 @@ from yak_pipeline.core.relevance import RelevanceModel, RelevanceSignals, releva
 from yak_pipeline.core.scoring import DEFAULT_CORE_MULTIPLIER, GATE_EPSILON, decay_factor, gravity, passes_tier_gate
 from yak_pipeline.core.types import TIERS, Tier
 
-Leg = Literal["distillation_text", "distillation_vector", "exchange_text", "exchange_vector"]
-LEGS: Final[tuple[Leg, ...]] = ("distillation_text", "distillation_vector", "exchange_text", "exchange_vector")
+Leg = Literal["distillation_text", "distillation_vector", "exchange_text", "exchange_vector", "context_vector"]
+LEGS: Final[tuple[Leg, ...]] = ("distillation_text", "distillation_vector", "exchange_text", "exchange_vector",
+                                "context_vector")
 
 _SECONDS_PER_DAY: Final[float] = 86_400.0
 
@@ -60,7 +61,8 @@ class RecallParams:
     superseded_factor: float = 0.5
     # How many rows each leg proposes; the union is what relevance is computed for.
     leg_size: int = 50
-    # Search each exchange with its neighbours in the conversation (sql/006) in the text leg.
+    # Search each exchange with its neighbours in the conversation: by words (sql/006) and by
+    # meaning (sql/008, the context-vector leg and signal).
     exchange_context: bool = True
     # False: no gate (every candidate is ranked); for ablations and `--no-gate` diagnostics.
     gate: bool = True

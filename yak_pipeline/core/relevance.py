@@ -24,7 +24,10 @@ Features (all pure functions of :class:`RelevanceSignals`):
 
 - ``cos_distillation``, ``cos_exchange`` — cosine similarity of the query to the distillation
   and to the raw exchange it came from (the exchange keeps what the distillation dropped);
-- ``gap_distillation``, ``gap_exchange`` — how far that cosine is below the best of the user's
+- ``cos_context`` — cosine similarity to the exchange read together with its neighbours in the
+  conversation (sql/008): "In the bathroom." answers "where do I develop my photos?" only next
+  to the question it replied to;
+- ``gap_distillation``, ``gap_exchange``, ``gap_context`` — how far that cosine is below the best of the user's
   memories for this query (0 for the best): a memory that stands out among the user's own is
   likelier to answer than one that merely shares the topic of everything the user says;
 - ``text_distillation``, ``text_exchange`` — BM25 relative to the best BM25 of the query in
@@ -44,8 +47,10 @@ from typing import Final
 FEATURES: Final[tuple[str, ...]] = (
     "cos_distillation",
     "cos_exchange",
+    "cos_context",
     "gap_distillation",
     "gap_exchange",
+    "gap_context",
     "text_distillation",
     "text_exchange",
 )
@@ -53,7 +58,7 @@ FEATURES: Final[tuple[str, ...]] = (
 NON_NEGATIVE_FEATURES: Final[frozenset[str]] = frozenset({"text_distillation", "text_exchange"})
 # What says whether the query is answerable from the user's memories at all: how close the
 # best of them comes. Their weights may only be positive (closer is never worse).
-ANSWERABLE_FEATURES: Final[tuple[str, ...]] = ("best_cos_distillation", "best_cos_exchange")
+ANSWERABLE_FEATURES: Final[tuple[str, ...]] = ("best_cos_distillation", "best_cos_exchange", "best_cos_context")
 
 
 @dataclass(frozen=True)
@@ -61,8 +66,11 @@ class RelevanceSignals:
     """What the recall legs measured for one candidate memory and one query.
 
     ``cos_*`` are cosine similarities (the exchange's is None until it has a vector of the
-    active model); ``bm25_*`` are BM25 scores (0 when the leg did not match it). ``best_*`` are
-    the best values any of the user's memories reached for the same query in that leg.
+    active model; ``cos_context``, of the exchange read with its neighbours in the conversation
+    (sql/008), is None until that vector exists, and when recalling ``as_of`` a past moment,
+    since a context can hold later words); ``bm25_*`` are BM25 scores (0 when the leg did not
+    match it). ``best_*`` are the best values any of the user's memories reached for the same
+    query in that leg.
     """
 
     cos_distillation: float
@@ -73,6 +81,8 @@ class RelevanceSignals:
     best_cos_exchange: float | None
     best_bm25_distillation: float
     best_bm25_exchange: float
+    cos_context: float | None = None
+    best_cos_context: float | None = None
 
 
 def _ratio(value: float, best: float) -> float:
@@ -83,12 +93,17 @@ def relevance_features(signals: RelevanceSignals) -> dict[str, float]:
     """The model's inputs for one candidate (names as in :data:`FEATURES`)."""
     cos_x = signals.cos_exchange if signals.cos_exchange is not None else signals.cos_distillation
     best_x = signals.best_cos_exchange if signals.best_cos_exchange is not None else signals.best_cos_distillation
+    # A missing context vector reads as the exchange alone: the best stand-in, not a penalty.
+    cos_c = signals.cos_context if signals.cos_context is not None else cos_x
+    best_c = signals.best_cos_context if signals.best_cos_context is not None else best_x
     return {
         "cos_distillation": signals.cos_distillation,
         "cos_exchange": cos_x,
+        "cos_context": cos_c,
         # The best is taken over the same rows, so a gap is <= 0; max() guards float noise.
         "gap_distillation": min(0.0, signals.cos_distillation - signals.best_cos_distillation),
         "gap_exchange": min(0.0, cos_x - max(best_x, cos_x)),
+        "gap_context": min(0.0, cos_c - max(best_c, cos_c)),
         "text_distillation": _ratio(signals.bm25_distillation, signals.best_bm25_distillation),
         "text_exchange": _ratio(signals.bm25_exchange, signals.best_bm25_exchange),
     }
@@ -97,7 +112,9 @@ def relevance_features(signals: RelevanceSignals) -> dict[str, float]:
 def answerable_features(signals: RelevanceSignals) -> dict[str, float]:
     """The query-level inputs (names as in :data:`ANSWERABLE_FEATURES`): the best cosines of the user's memories."""
     best_x = signals.best_cos_exchange if signals.best_cos_exchange is not None else signals.best_cos_distillation
-    return {"best_cos_distillation": signals.best_cos_distillation, "best_cos_exchange": best_x}
+    best_c = signals.best_cos_context if signals.best_cos_context is not None else best_x
+    return {"best_cos_distillation": signals.best_cos_distillation, "best_cos_exchange": best_x,
+            "best_cos_context": best_c}
 
 
 def _sigmoid(x: float) -> float:

@@ -22,6 +22,7 @@ from yak_pipeline.embeddings import Embedder, EmbeddingError
 from yak_pipeline.llm.errors import LLMError
 from yak_pipeline.llm.prompts import OUTPUT_SCHEMA_VERSION
 from yak_pipeline.llm.provider import LLMProvider
+from yak_pipeline.services.recall import embed_pending_contexts
 from yak_pipeline.services.reports import StageReport
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.distillations import NewDistillation, add_version, insert_distillation
@@ -155,4 +156,11 @@ def distill_memories(job: DistillJob, memory_ids: Sequence[str], *, concurrency:
     with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="yak-distil") as pool:
         for report in pool.map(lambda memory_id: _distill_one(job, memory_id), memory_ids):
             total.merge(report)
+    # New exchanges gave themselves and their neighbours a new context (sql/008): recall's
+    # context vectors catch up here, in the same run, rather than waiting for another job.
+    try:
+        embed_pending_contexts(job.db, job.embedder)
+    except EmbeddingError as exc:
+        # Recall works without them (the exchange's own vector stands in); the next run retries.
+        logger.warning("context vectors not updated: %s", exc)
     return total

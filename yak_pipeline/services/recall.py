@@ -3,9 +3,10 @@
 ``store.recall.recall`` gathers the candidates (BM25 and vectors over distillations and their
 exchanges) and ``core.recall.rank_memories`` turns them into calibrated relevance, the tier gate,
 the score and the order (docs/RECALL.md). The API's context and search routes, the CLI and the
-evaluation all come through :func:`search_memories`. Exchange vectors are filled by
-:func:`embed_pending_exchanges` (recall itself never writes); until an exchange has one, it is
-found by its words and its distillation's vector only.
+evaluation all come through :func:`search_memories`. Exchange vectors, of each exchange alone
+and read with its neighbours (sql/008), are filled by :func:`embed_pending_exchanges` (recall
+itself never writes); until an exchange has them, it is found by its words and its
+distillation's vector only.
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ from yak_pipeline.store.database import Database, connect
 from yak_pipeline.store.recall import (
     USER_INDEX_MIN_ROWS,
     ensure_user_indexes,
+    exchanges_without_context_embedding,
     exchanges_without_embedding,
     recall,
     recall_candidates,
+    set_context_embeddings,
     set_exchange_embeddings,
 )
 
@@ -171,12 +174,14 @@ def embed_pending_exchanges(
     user_id: str | None = None,
     batch_size: int = 128,
     on_progress: Callable[[int], None] | None = None,
+    contexts: bool = True,
 ) -> int:
-    """Give every live exchange (of ``user_id``, or everyone) a vector of the active model.
+    """Give every live exchange (of ``user_id``, or everyone) a vector of the active model, then
+    (with ``contexts``) its context one (:func:`embed_pending_contexts`).
 
     Batches commit one by one, so an interrupted run keeps what it did and the next run goes
     on from there. ``on_progress`` gets the running count after each batch. Returns how many
-    exchanges were embedded.
+    exchanges got their own vector.
     """
     done = 0
     while True:
@@ -184,10 +189,35 @@ def embed_pending_exchanges(
             batch = exchanges_without_embedding(conn, embedding_model=embedder.model_name, user_id=user_id,
                                                 limit=batch_size)
             if not batch:
-                return done
+                break
             vectors = embedder.embed_documents([content for _, content in batch])
             done += set_exchange_embeddings(conn, embedding_model=embedder.model_name,
                                             vectors={memory_id: v for (memory_id, _), v in zip(batch, vectors)})
+        if on_progress is not None:
+            on_progress(done)
+    if contexts:
+        embed_pending_contexts(db, embedder, user_id=user_id, batch_size=batch_size)
+    return done
+
+
+def embed_pending_contexts(db: Database, embedder: Embedder, *, user_id: str | None = None,
+                           batch_size: int = 128, on_progress: Callable[[int], None] | None = None) -> int:
+    """Give every live exchange whose context changed (sql/008) a vector of it read with its neighbours.
+
+    A context changes when a neighbour arrives, moves or is forgotten, so this runs after every
+    batch of new exchanges (the distillation stage calls it). Batches commit one by one, as in
+    :func:`embed_pending_exchanges`. Returns how many were embedded.
+    """
+    done = 0
+    while True:
+        with db.connection() as conn:
+            batch = exchanges_without_context_embedding(conn, embedding_model=embedder.model_name,
+                                                        user_id=user_id, limit=batch_size)
+            if not batch:
+                return done
+            vectors = embedder.embed_documents([text for _, text in batch])
+            done += set_context_embeddings(conn, embedding_model=embedder.model_name,
+                                           vectors={memory_id: v for (memory_id, _), v in zip(batch, vectors)})
         if on_progress is not None:
             on_progress(done)
 

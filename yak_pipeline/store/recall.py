@@ -1,13 +1,16 @@
 """Recall's candidates: every leg's query, in one place (DESIGN §4, docs/RECALL.md).
 
-One query makes four ranked candidate lists ("legs"), each over the user's rows only:
+One query makes five ranked candidate lists ("legs"), each over the user's rows only:
 
 - **distillation text** — BM25 over ``distillations.content_tsv`` (PostgreSQL full text);
 - **distillation vector** — cosine similarity over ``distillations.embedding``;
 - **exchange text** — BM25 over ``memories.context_tsv``: each raw exchange together with the
   exchanges just before and after it in the same conversation (sql/006; ``content_tsv``, the
   exchange alone, with ``exchange_context`` off);
-- **exchange vector** — cosine similarity over ``memories.embedding``.
+- **exchange vector** — cosine similarity over ``memories.embedding``;
+- **context vector** — cosine similarity over ``memories.context_embedding``: each exchange
+  read with its neighbours in the conversation (sql/008; off with ``exchange_context``, and as
+  of a past moment, since a context can hold later words).
 
 What is recalled is an *active distillation of the active embedding model*: an exchange
 candidate stands for the distillation it became, following merges to the distillation that
@@ -236,19 +239,26 @@ def vector_search(
     limit: int,
     exact: bool = False,
     as_of: datetime | None = None,
+    context: bool = False,
 ) -> list[LegHit]:
     """The user's ``limit`` rows of ``table`` most similar to the query (cosine), most similar first.
 
     With ``exact`` every row of the user is scored; otherwise the HNSW index proposes them when
     that is cheaper, and an exact scan stands in when the index cannot deliver ``limit`` rows.
+    With ``context`` (memories only) each exchange is compared as read with its neighbours
+    (``context_embedding``, sql/008).
     """
+    if context and table != "memories":
+        raise ValueError("only exchanges (memories) have a conversation context")
     if limit <= 0:
         return []
-    where = _TABLES[table] + " AND t.embedding IS NOT NULL AND t.embedding_model = %(model)s"
+    column = "context_embedding" if context else "embedding"
+    where = _TABLES[table] + f" AND t.{column} IS NOT NULL AND t.{column}_model = %(model)s"
     args = {"q": np.asarray(query_embedding, dtype=np.float32), "user": user_id, "model": embedding_model,
             "n": limit, "as_of": as_of}
     if not exact:
-        own_index = has_user_index(conn, table, user_id)
+        # Per-user partial indexes cover the exchange's own vector only.
+        own_index = not context and has_user_index(conn, table, user_id)
         ef = beam_for(limit) if own_index else _index_beam(conn, table=table, where=where, args=args, limit=limit)
         if ef is not None:
             set_beam(conn, ef)
@@ -256,8 +266,8 @@ def vector_search(
             # a literal (module docstring); the parameter stays for the shared index.
             mine = sql.SQL(" AND t.user_id = {}").format(sql.Literal(user_id)) if own_index else sql.SQL("")
             rows = conn.execute(
-                sql.SQL(f"SELECT t.id, 1 - (t.embedding <=> %(q)s) FROM {table} t WHERE {where}{{mine}} "  # noqa: S608
-                        "ORDER BY t.embedding <=> %(q)s LIMIT %(n)s").format(mine=mine),
+                sql.SQL(f"SELECT t.id, 1 - (t.{column} <=> %(q)s) FROM {table} t WHERE {where}{{mine}} "  # noqa: S608
+                        f"ORDER BY t.{column} <=> %(q)s LIMIT %(n)s").format(mine=mine),
                 args,
             ).fetchall()
             if len(rows) >= limit:
@@ -265,7 +275,7 @@ def vector_search(
     # Ordering by the similarity expression (not by `embedding <=> q`) keeps the planner off the
     # index: this is the exact scan of the user's rows.
     rows = conn.execute(
-        f"SELECT t.id, 1 - (t.embedding <=> %(q)s) AS similarity FROM {table} t WHERE {where} "  # noqa: S608
+        f"SELECT t.id, 1 - (t.{column} <=> %(q)s) AS similarity FROM {table} t WHERE {where} "  # noqa: S608
         "ORDER BY similarity DESC, t.id LIMIT %(n)s",
         args,
     ).fetchall()
@@ -396,13 +406,15 @@ def active_distillation_ids(conn: psycopg.Connection, *, user_id: str, embedding
 
 # --- candidates and recall -----------------------------------------------------------------------
 
-# Per candidate: the score's inputs, the cosine to the distillation and to its own exchange,
-# and the newer memory that replaced it (only if that one had happened by ``as_of``).
+# Per candidate: the score's inputs, the cosine to the distillation, to its own exchange and to
+# that exchange in its context (when ``context``), and the newer memory that replaced it (only if that one had happened by ``as_of``).
 _CANDIDATE_ROWS_SQL: Final[str] = """
 SELECT d.id, d.tier, d.warmth, d.user_weight, d.refreshed_at,
        1 - (d.embedding <=> %(q)s) AS cos_distillation,
        CASE WHEN m.embedding_model = %(model)s THEN 1 - (m.embedding <=> %(q)s) END AS cos_exchange,
-       CASE WHEN %(as_of)s::timestamptz IS NULL OR sm.occurred_at <= %(as_of)s THEN s.id END AS superseded_by
+       CASE WHEN %(as_of)s::timestamptz IS NULL OR sm.occurred_at <= %(as_of)s THEN s.id END AS superseded_by,
+       CASE WHEN %(context)s AND m.context_embedding_model = %(model)s
+            THEN 1 - (m.context_embedding <=> %(q)s) END AS cos_context
 FROM distillations d
 JOIN memories m ON m.id = d.memory_id
 LEFT JOIN distillations s ON s.id = d.superseded_by AND s.status = 'active' AND s.deleted_at IS NULL
@@ -433,7 +445,7 @@ def recall_candidates(
     as_of: datetime | None = None,
     exact: bool = False,
 ) -> list[Candidate]:
-    """Run the four legs and return, per active distillation any of them proposed, its signals.
+    """Run the five legs and return, per active distillation any of them proposed, its signals.
 
     ``exact`` scans the vector legs exactly (the reference); ``as_of`` sees only what had
     happened by then.
@@ -450,28 +462,33 @@ def recall_candidates(
                          context=params.exchange_context and as_of is None, as_of=as_of)
     m_vec = vector_search(conn, table="memories", user_id=user_id, query_embedding=vector,
                           embedding_model=embedding_model, limit=size, exact=exact, as_of=as_of)
-    held_by = recallable_distillations(conn, user_id=user_id, memory_ids=[h.id for h in m_text + m_vec],
+    use_context = params.exchange_context and as_of is None
+    c_vec = vector_search(conn, table="memories", user_id=user_id, query_embedding=vector, context=True,
+                          embedding_model=embedding_model, limit=size, exact=exact) if use_context else []
+    held_by = recallable_distillations(conn, user_id=user_id, memory_ids=[h.id for h in m_text + m_vec + c_vec],
                                        embedding_model=embedding_model)
     ids = sorted({h.id for h in d_text + d_vec} | set(held_by.values()))
     if not ids:
         return []
     rows = conn.execute(_CANDIDATE_ROWS_SQL, {"q": vector, "ids": ids, "user": user_id, "model": embedding_model,
-                                              "as_of": as_of}).fetchall()
+                                              "as_of": as_of, "context": use_context}).fetchall()
 
     # An exchange's BM25 and cosine count for the distillation that holds it; a distillation
     # holding several (merges) keeps the best of each.
     bm25_exchange = _best_per_distillation(m_text, held_by)
     cos_exchange = _best_per_distillation(m_vec, held_by)
+    cos_context = _best_per_distillation(c_vec, held_by)
     bm25_distillation = {h.id: h.score for h in d_text}
 
-    def own_exchange_cos(row: tuple) -> float | None:
-        values = [v for v in (row[6], cos_exchange.get(str(row[0]))) if v is not None]
-        return max(float(v) for v in values) if values else None
+    def best_known(*values: float | None) -> float | None:
+        known = [float(v) for v in values if v is not None]
+        return max(known) if known else None
 
-    exchange_cos = {str(r[0]): own_exchange_cos(r) for r in rows}
+    exchange_cos = {str(r[0]): best_known(r[6], cos_exchange.get(str(r[0]))) for r in rows}
+    context_cos = {str(r[0]): best_known(r[8], cos_context.get(str(r[0]))) for r in rows}
     best_cos_d = max(([d_vec[0].score] if d_vec else []) + [float(r[5]) for r in rows])
-    known_x = [v for v in exchange_cos.values() if v is not None] + ([m_vec[0].score] if m_vec else [])
-    best_cos_x = max(known_x) if known_x else None
+    best_cos_x = best_known(*exchange_cos.values(), m_vec[0].score if m_vec else None)
+    best_cos_c = best_known(*context_cos.values(), c_vec[0].score if c_vec else None)
     best_bm25_d = d_text[0].score if d_text else 0.0
     best_bm25_x = m_text[0].score if m_text else 0.0
 
@@ -480,6 +497,7 @@ def recall_candidates(
         "distillation_vector": _rank_leg(h.id for h in d_vec),
         "exchange_text": _rank_leg(held_by[h.id] for h in m_text if h.id in held_by),
         "exchange_vector": _rank_leg(held_by[h.id] for h in m_vec if h.id in held_by),
+        "context_vector": _rank_leg(held_by[h.id] for h in c_vec if h.id in held_by),
     }
     candidates = []
     for row in rows:
@@ -489,7 +507,8 @@ def recall_candidates(
             bm25_distillation=bm25_distillation.get(distillation_id, 0.0),
             bm25_exchange=bm25_exchange.get(distillation_id, 0.0),
             best_cos_distillation=best_cos_d, best_cos_exchange=best_cos_x,
-            best_bm25_distillation=best_bm25_d, best_bm25_exchange=best_bm25_x)
+            best_bm25_distillation=best_bm25_d, best_bm25_exchange=best_bm25_x,
+            cos_context=context_cos[distillation_id], best_cos_context=best_cos_c)
         candidates.append(Candidate(
             id=distillation_id, tier=row[1], warmth=float(row[2]), user_weight=float(row[3]), refreshed_at=row[4],
             signals=signals, ranks={leg: ranked[distillation_id] for leg, ranked in legs.items()
@@ -559,3 +578,34 @@ def set_exchange_embeddings(conn: psycopg.Connection, *, embedding_model: str,
         )
     return len(vectors)
 
+
+
+def exchanges_without_context_embedding(conn: psycopg.Connection, *, embedding_model: str,
+                                        user_id: str | None = None, limit: int = 256) -> list[tuple[str, str]]:
+    """Up to ``limit`` live exchanges whose context has no vector of ``embedding_model``: (id, context text), locked.
+
+    The text is the exchange followed by its neighbours (``yak_exchange_context_text``, sql/008).
+    """
+    rows = conn.execute(
+        """SELECT id, yak_exchange_context_text(id) FROM memories
+           WHERE deleted_at IS NULL AND (%(user)s::text IS NULL OR user_id = %(user)s)
+             AND (context_embedding IS NULL OR context_embedding_model IS DISTINCT FROM %(model)s)
+           ORDER BY occurred_at, id
+           LIMIT %(limit)s
+           FOR UPDATE SKIP LOCKED""",
+        {"user": user_id, "model": embedding_model, "limit": limit},
+    ).fetchall()
+    return [(str(r[0]), r[1]) for r in rows]
+
+
+def set_context_embeddings(conn: psycopg.Connection, *, embedding_model: str,
+                           vectors: Mapping[str, Sequence[float]]) -> int:
+    """Store each exchange's context vector (by memory id) with the model that made it; returns rows given."""
+    if not vectors:
+        return 0
+    with conn.cursor() as cur:
+        cur.executemany(
+            "UPDATE memories SET context_embedding = %s, context_embedding_model = %s WHERE id = %s",
+            [(np.asarray(v, dtype=np.float32), embedding_model, memory_id) for memory_id, v in vectors.items()],
+        )
+    return len(vectors)
