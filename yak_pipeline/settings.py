@@ -101,7 +101,11 @@ class Settings(BaseSettings):
     )
     recall_exchange_context: bool = Field(
         default=True,
-        description="Recall's full-text leg searches each exchange's words together with the exchanges just before and after it in the same conversation (true/false).",
+        description="Recall reads each exchange together with the exchanges just before and after it in the same conversation, by its words and by its meaning (true/false).",
+    )
+    recall_present_newest_first: bool = Field(
+        default=True,
+        description="A question about the present (\"where do I live now?\") gets its first five recalled memories newest first, so the current value leads the block (true/false).",
     )
     recall_leg_size: int = Field(
         default=50, ge=1, le=1000, description="How many candidates each recall leg (BM25 and vectors, over distillations and exchanges) proposes for relevance scoring."

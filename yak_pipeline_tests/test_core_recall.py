@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from yak_pipeline.core.recall import Candidate, RankedMemory, RecallParams, rank_memories, relevance_odds
+from yak_pipeline.core.query_intent import asks_about_present
+from yak_pipeline.core.recall import PRESENT_WINDOW, Candidate, RankedMemory, RecallParams, rank_memories, relevance_odds
 from yak_pipeline.core.relevance import (
     FEATURES,
     NON_NEGATIVE_FEATURES,
@@ -160,6 +162,35 @@ def test_ties_break_by_relevance_then_id_and_the_limit_keeps_the_best() -> None:
     top = rank_memories(many, model=STEEP, params=RecallParams(threshold=0.0, limit=3), now=NOW)
     assert [r.id for r in top] == ["m9", "m8", "m7"]
     assert rank_memories(many, model=STEEP, params=RecallParams(threshold=0.0, limit=0), now=NOW) == []
+
+
+def test_a_question_about_the_present_gets_the_block_newest_first_and_the_rest_by_score() -> None:
+    # Seven answers, the most relevant the oldest: "old" said 200 days ago, "new" 5 days ago.
+    candidates = [_candidate(f"m{i}", relevance=0.99 - i * 0.01, age_days=age)
+                  for i, age in enumerate([200, 150, 5, 90, 40, 1, 300])]
+    params = RecallParams(threshold=0.0, limit=7, decay_enabled=False)
+    by_score = rank_memories(candidates, model=STEEP, params=params, now=NOW)
+    assert [m.id for m in by_score] == ["m0", "m1", "m2", "m3", "m4", "m5", "m6"]
+    assert not any(m.newest_first for m in by_score)
+    present = rank_memories(candidates, model=STEEP, params=params, now=NOW, about_present=True)
+    # The best PRESENT_WINDOW (5) by score are reordered by recency; the rest keep the score's order.
+    assert PRESENT_WINDOW == 5
+    assert [m.id for m in present] == ["m2", "m4", "m3", "m1", "m0", "m5", "m6"]
+    assert [m.newest_first for m in present] == [True] * 5 + [False] * 2
+    assert present[0].explain()["newest_first"] is True
+    # Which memories are recalled is relevance's choice alone; recency only orders them.
+    assert {m.id for m in present} == {m.id for m in by_score}
+    assert [m.id for m in rank_memories(candidates, model=STEEP, params=replace(params, limit=2), now=NOW,
+                                        about_present=True)] == ["m1", "m0"]
+
+
+def test_questions_about_the_present_are_read_from_their_words() -> None:
+    for question in ("Which town do I live in now?", "Who's my current partner?", "What do I drink these days?",
+                     "Do I still play bass?", "Where do I work at the moment?", "Is she vegan anymore?"):
+        assert asks_about_present(question), question
+    for question in ("Where did I grow up?", "When did I move to Porto?", "How long have I had my current job?",
+                     "What year did I start at the current school?", "What is my dog called?"):
+        assert not asks_about_present(question), question
 
 
 def test_explain_carries_every_factor_of_the_score() -> None:

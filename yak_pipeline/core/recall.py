@@ -26,14 +26,20 @@ For each candidate:
    value at which both dev files' Recall@10 is on its plateau, so that recency and warmth still
    order memories of near-equal relevance (measured: docs/RECALL.md). ``f_superseded`` (default 0.5) puts a memory that a newer one replaced below
    that newer one at equal relevance;
-4. order by score, then relevance, then id (stable).
+4. order by score, then relevance, then id (stable);
+5. for a question about the present (``core.query_intent``: "Which town do I live in now?"),
+   the first :data:`PRESENT_WINDOW` memories — the memory block's default size — are then
+   ordered newest first (by when each was last refreshed). Relevance chooses which memories
+   answer; the latest of them is the current value, and a model reading the block meets it
+   first (each line also carries its date, and a superseded one says so). Measured on the
+   paraphrase file's knowledge updates: docs/RECALL.md.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Final, Literal
 
@@ -46,6 +52,10 @@ LEGS: Final[tuple[Leg, ...]] = ("distillation_text", "distillation_vector", "exc
                                 "context_vector")
 
 _SECONDS_PER_DAY: Final[float] = 86_400.0
+# How many of the best memories a question about the present gets newest first: the memory
+# block's default size (``RecallParams.limit``), so the block a model reads starts with the
+# current value while the memories below it keep the score's order.
+PRESENT_WINDOW: Final[int] = 5
 
 
 @dataclass(frozen=True)
@@ -66,6 +76,8 @@ class RecallParams:
     exchange_context: bool = True
     # False: no gate (every candidate is ranked); for ablations and `--no-gate` diagnostics.
     gate: bool = True
+    # A question about the present gets its first PRESENT_WINDOW memories newest first (step 5).
+    present_newest_first: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.threshold <= 1.0:
@@ -119,6 +131,8 @@ class RankedMemory:
     score: float
     features: Mapping[str, float]
     ranks: Mapping[Leg, int]
+    # True when this memory's place was set by recency (a question about the present, step 5).
+    newest_first: bool = False
 
     @property
     def similarity(self) -> float:
@@ -137,6 +151,7 @@ class RankedMemory:
             "warmth_factor": 1.0 + self.warmth,
             "gravity": self.gravity,
             "superseded_by": self.superseded_by,
+            "newest_first": self.newest_first,
         }
 
 
@@ -155,10 +170,24 @@ def ranking_key(memory: RankedMemory) -> tuple[float, float, str]:
     return (-memory.score, -memory.relevance, memory.id)
 
 
+def newest_first(ranked: list[RankedMemory], window: int = PRESENT_WINDOW) -> list[RankedMemory]:
+    """The first ``window`` memories ordered by when they were refreshed, latest first; the rest as they were.
+
+    Ties keep their order (the sort is stable), so equal times stay in score order.
+    """
+    head = sorted(ranked[:window], key=lambda m: m.refreshed_at, reverse=True)
+    return [replace(m, newest_first=True) for m in head] + ranked[window:]
+
+
 def rank_memories(
-    candidates: Iterable[Candidate], *, model: RelevanceModel, params: RecallParams, now: datetime
+    candidates: Iterable[Candidate], *, model: RelevanceModel, params: RecallParams, now: datetime,
+    about_present: bool = False,
 ) -> list[RankedMemory]:
-    """The reference recall: relevance, tier gate, score, and the best ``params.limit`` (module docstring)."""
+    """The reference recall: relevance, tier gate, score, and the best ``params.limit`` (module docstring).
+
+    ``about_present`` (``core.query_intent.asks_about_present`` of the query) puts the first
+    :data:`PRESENT_WINDOW` of them newest first, unless ``params.present_newest_first`` is off.
+    """
     if now.tzinfo is None or now.utcoffset() is None:
         raise ValueError("now must be timezone-aware")
     ranked: list[RankedMemory] = []
@@ -184,4 +213,5 @@ def rank_memories(
             answerability=answerability, decay=decay, gravity=weight,
             superseded_by=candidate.superseded_by, score=score, features=features, ranks=dict(candidate.ranks)))
     ranked.sort(key=ranking_key)
-    return ranked[:params.limit]
+    ranked = ranked[:params.limit]
+    return newest_first(ranked) if about_present and params.present_newest_first else ranked

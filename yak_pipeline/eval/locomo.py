@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from yak_pipeline.core.exchanges import format_exchange
+from yak_pipeline.core.query_intent import PRESENT_CUE, asks_about_present
 
 SCORED_CATEGORIES: Final[tuple[int, ...]] = (1, 2, 3, 4)
 ADVERSARIAL_CATEGORY: Final[int] = 5
@@ -205,14 +206,8 @@ def _parse_turns(conversation: dict, where: str) -> list[Turn]:
 SUPERSEDED_FIELDS: Final[tuple[str, ...]] = ("superseded", "superseded_evidence", "old_evidence")
 KNOWLEDGE_UPDATE_CATEGORY: Final[int] = 2
 
-# Derivation of superseded turns (see derive_superseded). A question about the present...
-_PRESENT_CUE: Final = re.compile(
-    r"\b(now|nowadays|current|currently|these days|at the moment|at present|presently|lately|"
-    r"at this point|still|any ?more)\b", re.IGNORECASE)
-# ...but not one asking for a time or a duration (LoCoMo's "temporal" category 2).
-_TIME_QUESTION: Final = re.compile(
-    r"^\W*(when\b|how long\b|how many (minutes|hours|days|weeks|months|years)\b|"
-    r"(what|which) (year|month|week|day|date|time)\b)", re.IGNORECASE)
+# Derivation of superseded turns (see derive_superseded): only for a question about the present
+# (core.query_intent, the reading recall uses too; not LoCoMo's "When …?" temporal questions).
 # A question whether something still holds names the old value.
 _STILL: Final = re.compile(r"\b(still|any ?more|any longer)\b", re.IGNORECASE)
 # Ways of saying a value was given up; the words right after one name the old value.
@@ -313,15 +308,6 @@ def _names(text: str) -> frozenset[str]:
     return frozenset(found)
 
 
-def asks_about_present(question: str) -> bool:
-    """True for a question about the current value of something ("Which town do I live in now?").
-
-    A question asking for a time or duration ("How long has she had her current friends?") is not
-    one, even with a present word in it.
-    """
-    return bool(_PRESENT_CUE.search(question)) and not _TIME_QUESTION.search(question)
-
-
 def superseded_scores(turns: Sequence[Turn], evidence: Iterable[str], question: str = "",
                       answer: str = "") -> dict[str, float]:
     """How strongly each earlier turn looks like the statement a knowledge update replaced.
@@ -358,7 +344,7 @@ def superseded_scores(turns: Sequence[Turn], evidence: Iterable[str], question: 
     said = frozenset().union(*(stems[i] for i in positions))
     weak_in_evidence = frozenset().union(*(_weak_stems(turns[i].text) for i in positions))
     given_up = frozenset().union(*(given_up_stems(turns[i].text) for i in positions))
-    asked = content_stems(_PRESENT_CUE.sub(" ", question))
+    asked = content_stems(PRESENT_CUE.sub(" ", question))
     if _STILL.search(question):
         given_up |= asked
     new_value = (content_stems(answer) & frozenset().union(*(_names(turns[i].text) for i in positions))) - given_up

@@ -144,6 +144,7 @@ def build_methods(settings: Settings, options: EvalOptions) -> list[Method]:
               for e in (3.0, 6.0, 12.0, 24.0) if e != base.relevance_exponent],
             variant("Yak, supersession ignored", replace(base, superseded_factor=1.0)),
             variant("Yak, exchange context off", replace(base, exchange_context=False)),
+            variant("Yak, present questions by score", replace(base, present_newest_first=False)),
             variant("Yak, legs of 20", replace(base, leg_size=20)),
         ]
     return methods

@@ -74,7 +74,8 @@ def recall_params(settings: Settings, *, threshold: float = 0.7, limit: int = 5)
                         decay_enabled=settings.decay_enabled, core_multiplier=settings.core_threshold_multiplier,
                         relevance_exponent=settings.recall_relevance_exponent,
                         superseded_factor=settings.recall_superseded_factor,
-                        leg_size=settings.recall_leg_size, exchange_context=settings.recall_exchange_context)
+                        leg_size=settings.recall_leg_size, exchange_context=settings.recall_exchange_context,
+                        present_newest_first=settings.recall_present_newest_first)
 
 
 @lru_cache(maxsize=16)

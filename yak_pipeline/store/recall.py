@@ -48,6 +48,7 @@ import numpy as np
 import psycopg
 from psycopg import sql
 
+from yak_pipeline.core.query_intent import asks_about_present
 from yak_pipeline.core.recall import LEGS, Candidate, Leg, RankedMemory, RecallParams, rank_memories
 from yak_pipeline.core.relevance import RelevanceModel, RelevanceSignals
 
@@ -530,7 +531,8 @@ def recall(
     as_of: datetime | None = None,
     exact: bool = False,
 ) -> list[RankedMemory]:
-    """The user's best ``params.limit`` memories for ``query``, best first (``core.recall.rank_memories``).
+    """The user's best ``params.limit`` memories for ``query``, best first (``core.recall.rank_memories``;
+    a question about the present gets its first few newest first, ``core.query_intent``).
 
     ``as_of`` recalls as of that moment: only what had happened by then, aged from then.
     """
@@ -542,7 +544,7 @@ def recall(
     now = as_of or now or datetime.now(timezone.utc)
     candidates = recall_candidates(conn, user_id=user_id, query=query, query_embedding=query_embedding,
                                    embedding_model=embedding_model, params=params, as_of=as_of, exact=exact)
-    return rank_memories(candidates, model=model, params=params, now=now)
+    return rank_memories(candidates, model=model, params=params, now=now, about_present=asks_about_present(query))
 
 
 # --- exchange vectors -----------------------------------------------------------------------------

@@ -1,0 +1,33 @@
+"""What a recall query asks about, read from its words alone (deterministic, before any model).
+
+A question about the *present* ("Which town do I live in now?", "What's my usual drink these
+days?", "Do I still play bass?") is answered by the latest of the memories on its topic: people
+change jobs, homes, diets and partners, and each change is said once, after the old value was.
+Recall orders the memories it chose for such a question newest first (``core.recall``), and the
+evaluation uses the same reading to find the statement a knowledge update replaced
+(``eval.locomo``). A question asking *when* or *how long* is not one, even with a present word in
+it ("How long has she had her current friends?").
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+# Words that put a question in the present.
+PRESENT_CUE: Final = re.compile(
+    r"\b(now|nowadays|current|currently|these days|at the moment|at present|presently|lately|"
+    r"at this point|still|any ?more)\b", re.IGNORECASE)
+# ...but not one asking for a time or a duration.
+TIME_QUESTION: Final = re.compile(
+    r"^\W*(when\b|how long\b|how many (minutes|hours|days|weeks|months|years)\b|"
+    r"(what|which) (year|month|week|day|date|time)\b)", re.IGNORECASE)
+
+
+def asks_about_present(question: str) -> bool:
+    """True for a question about the current value of something ("Which town do I live in now?").
+
+    A question asking for a time or duration ("How long has she had her current friends?") is not
+    one, even with a present word in it.
+    """
+    return bool(PRESENT_CUE.search(question)) and not TIME_QUESTION.search(question)
