@@ -86,6 +86,8 @@ _WORDS = ("garden bicycle marathon violin sourdough chess kayak pottery python p
 INDEXES = {
     "distillations_embedding_hnsw": "CREATE INDEX distillations_embedding_hnsw ON distillations USING hnsw (embedding vector_cosine_ops)",
     "memories_embedding_hnsw": "CREATE INDEX memories_embedding_hnsw ON memories USING hnsw (embedding vector_cosine_ops)",
+    "memories_context_embedding_hnsw": "CREATE INDEX memories_context_embedding_hnsw ON memories "
+                                       "USING hnsw (context_embedding vector_cosine_ops)",
     "distillations_tsv_idx": "CREATE INDEX distillations_tsv_idx ON distillations USING gin (content_tsv)",
     "memories_tsv_idx": "CREATE INDEX memories_tsv_idx ON memories USING gin (content_tsv)",
     "memories_context_tsv_idx": "CREATE INDEX memories_context_tsv_idx ON memories USING gin (context_tsv)",
@@ -149,6 +151,9 @@ def load(url: str, n: int, users: int, seed: int) -> dict:
                                     vector, MODEL, "bench", when])
         conn.execute("ALTER TABLE memories ENABLE TRIGGER memories_context")
         conn.execute("SELECT yak_rebuild_exchange_context()")
+        # Context vectors (sql/008): the exchange's own vector stands in (synthetic text has no
+        # conversation to read), so the fifth leg searches an index of the same size and shape.
+        conn.execute("UPDATE memories SET context_embedding = embedding, context_embedding_model = embedding_model")
         progress(f"  loaded {n} distillations in {time.monotonic() - started:.0f}s; building indexes")
         conn.execute("SET maintenance_work_mem = '1GB'")
         for name, sql in INDEXES.items():
@@ -182,6 +187,8 @@ def _queries(rows: list, count: int, seed: int) -> list[tuple[str, str, np.ndarr
 OLD_RRF_K = 1.0
 OLD_RELEVANCE_EXPONENT = 6.0
 OLD_TEXT_WEIGHT, OLD_VECTOR_WEIGHT, OLD_EXCHANGE_WEIGHT = 1.0, 1.0, 2.0
+# The old engine had these four legs (the context-vector leg came later, sql/008).
+OLD_LEGS = ("distillation_text", "distillation_vector", "exchange_text", "exchange_vector")
 # The old engine's candidate-row query (``_candidate_rows``): the distillation's cosine only.
 OLD_CANDIDATE_ROWS_SQL = """SELECT id, 1 - (embedding <=> %s) AS similarity, tier, warmth, user_weight, refreshed_at
            FROM distillations
@@ -195,15 +202,15 @@ def _old_leg_weight(leg: str) -> float:
 
 def old_fuse(candidates: list, params, now: datetime) -> list[tuple[str, float, float]]:
     """The old ranking: weighted RRF relevance^6 × decay × (1 + warmth) × gravity; (id, score, relevance), best first."""
-    from yak_pipeline.core.recall import LEGS
     from yak_pipeline.core.scoring import decay_factor, gravity
 
-    best_possible = sum(_old_leg_weight(leg) for leg in LEGS) / (OLD_RRF_K + 1)
+    best_possible = sum(_old_leg_weight(leg) for leg in OLD_LEGS) / (OLD_RRF_K + 1)
     hits = []
     for candidate in candidates:
         if not candidate.ranks:
             continue
-        fused = sum(_old_leg_weight(leg) / (OLD_RRF_K + rank) for leg, rank in candidate.ranks.items())
+        fused = sum(_old_leg_weight(leg) / (OLD_RRF_K + rank) for leg, rank in candidate.ranks.items()
+                    if leg in OLD_LEGS)
         relevance = (fused / best_possible) ** OLD_RELEVANCE_EXPONENT
         age_days = (now - candidate.refreshed_at).total_seconds() / 86_400.0
         score = (relevance * decay_factor(age_days, params.half_life_days, params.decay_enabled)

@@ -113,3 +113,27 @@ def test_offline_warmth_rewards_a_used_memory_and_cools_an_unused_one(semantic_s
     assert used["relevance_score"] > 0.7 and used["warmth_change"] == pytest.approx(0.1)
     assert unused["relevance_score"] < 0.3 and unused["warmth_change"] == pytest.approx(-0.2)
 
+
+
+def test_a_question_about_the_present_gets_the_latest_statement_first(semantic_server) -> None:  # noqa: ANN001
+    """A knowledge update: the old home was said months before the move; "now" asks for the current one."""
+    url, headers, database = semantic_server
+    old = httpx.post(f"{url}/api/memories/", headers=headers, timeout=30, json={
+        "user_id": "maya", "occurred_at": "2025-01-10T09:00:00Z",
+        "content": "User: I live in a small flat in Lisbon, in the Alfama district.\nAssistant: A lovely old quarter."})
+    assert old.status_code in (200, 201), old.text
+    distill_memories(DistillJob(database, llm=RulesProvider(), embedder=LocalMiniLMEmbedder(), prompt_version="v1"),
+                     [old.json()["id"]])
+    _remember_history(url, headers, database)  # ...including the move to Porto, said today
+
+    now = httpx.post(f"{url}/api/distillations/search", headers=headers, timeout=30,
+                     json={"user_id": "maya", "query": "where do I live now?", "explain": True}).json()
+    texts = [h["content"] for h in now]
+    porto = next(i for i, t in enumerate(texts) if "Porto" in t)
+    lisbon_at = next((i for i, t in enumerate(texts) if "Lisbon" in t and "Alfama" in t), None)
+    assert lisbon_at is not None, texts  # both answer where Maya lives...
+    assert porto < lisbon_at and now[porto]["explain"]["newest_first"]  # ...the latest first
+    # Without "now" the order is the score's: nothing is placed by recency.
+    before = httpx.post(f"{url}/api/distillations/search", headers=headers, timeout=30,
+                        json={"user_id": "maya", "query": "where do I live?", "explain": True}).json()
+    assert not any(h["explain"]["newest_first"] for h in before)

@@ -130,7 +130,8 @@ def search_command(
                 console.print(f"{h['id']}: relevance {e['relevance']:.3f} = standing {e['standing']:.3f} × "
                               f"answerability {e['answerability']:.3f}; score {e['score']:.4g} = odds(standing)^e × "
                               f"decay {e['decay']:.3f} × warmth {e['warmth_factor']:.2f} × gravity {e['gravity']:.2f}"
-                              f"{' × superseded' if e['superseded_by'] else ''}; legs: {ranks}; signals: {legs}",
+                              f"{' × superseded' if e['superseded_by'] else ''}; legs: {ranks}; signals: {legs}"
+                              f"{'; placed newest first (a question about the present)' if e.get('newest_first') else ''}",
                               highlight=False, markup=False)
 
     emit(data, as_json, render)

@@ -229,7 +229,8 @@ def calibrate(settings: Settings, datasets: Sequence[tuple[str, Sequence[Convers
         per_file[Path(name).name] = {"examples": int(mask.sum()), "relevant": int(examples.labels[mask].sum()),
                                      "roc_auc": None if auc is None else round(auc, 4)}
     stamp = datetime.now(timezone.utc)
-    version = f"{embedder.model_name}@{stamp:%Y%m%d}"
+    # Minutes too: two fits on one day (a new feature, a new distiller) must not share a version.
+    version = f"{embedder.model_name}@{stamp:%Y%m%d-%H%M}"
     for name in sorted(set(examples.query_files.tolist())):
         mask = examples.query_files == name
         auc = roc_auc(a_logits[mask], examples.query_labels[mask])

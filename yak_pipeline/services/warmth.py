@@ -13,7 +13,7 @@ answer used scored 0.67, under 0.7).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timedelta, timezone
 
 import psycopg
@@ -62,7 +62,11 @@ def offline_judge(settings: Settings, llm: LLMProvider, embedder: Embedder) -> O
     """The judge to use with ``llm``: calibrated relevance when it is the offline rules provider, else None."""
     if llm.name != RULES_PROVIDER_NAME:
         return None
-    return OfflineJudge(embedder=embedder, model=relevance_model(settings, embedder), params=recall_params(settings))
+    # Whether *this* memory was used is about its own words: read in its conversation, a memory
+    # would share the credit of the neighbour the answer did use (the context features then
+    # read the exchange alone, their designed stand-in).
+    return OfflineJudge(embedder=embedder, model=relevance_model(settings, embedder),
+                        params=replace(recall_params(settings), exchange_context=False))
 
 
 def evaluate_relevance(
