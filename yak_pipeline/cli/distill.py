@@ -1,4 +1,4 @@
-"""``yak distill``: list and show distillations, write a version, merge two, re-embed one."""
+"""``yak distill``: list and show distillations, write a version, merge two, re-embed one or all."""
 
 from __future__ import annotations
 
@@ -94,10 +94,61 @@ def merge_command(
 @app.command("re-embed")
 @friendly_errors
 def reembed_command(
-    distillation_id: Annotated[str, typer.Argument(help="Distillation id.")],
+    distillation_id: Annotated[str | None, typer.Argument(help="Distillation id (or --all).")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Carry the whole database over to the configured "
+                                       "embedder: every distillation, exchange and context, with progress.")] = False,
     remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
 ) -> None:
-    """Embed a distillation's text again with the active embedding model."""
-    data = call_api(remote, api_key, "POST",
-                    f"/api/distillations/{parse_id(distillation_id, 'distillation id')}/re-embed")
-    emit(data, as_json, lambda d: console.print(f"re-embedded {d['id']} with {d['embedding_model']}"))
+    """Embed a distillation's text again with the active embedding model, or with ``--all`` every vector.
+
+    ``--all`` is what switching ``YAK_EMBEDDER`` needs: recall compares only vectors of the active
+    model, so until then memories are found by their words alone. It runs here, on the configured
+    database (not through a server), resizes the vector columns when the new model's size
+    differs, and can be interrupted: what is done is kept, and a second run goes on from there.
+    """
+    if all_ == (distillation_id is not None):
+        raise typer.BadParameter("give a distillation id or --all (not both)")
+    if distillation_id is not None:
+        data = call_api(remote, api_key, "POST",
+                        f"/api/distillations/{parse_id(distillation_id, 'distillation id')}/re-embed")
+        emit(data, as_json, lambda d: console.print(f"re-embedded {d['id']} with {d['embedding_model']}"))
+        return
+    if remote:
+        raise typer.BadParameter("--all runs on the configured database, not through --remote")
+    from yak_pipeline.embeddings import get_embedder
+    from yak_pipeline.recall_models import RelevanceModelMissing, load_relevance_model
+    from yak_pipeline.services.reembed import reembed_database, resize_for_embedder
+    from yak_pipeline.settings import get_settings
+    from yak_pipeline.store.database import resolve_database_url
+    from yak_pipeline.wiring import open_database
+
+    settings = get_settings()
+    embedder = get_embedder(settings)
+    progress = Console(stderr=True)
+    url = resolve_database_url(settings)
+    resized = resize_for_embedder(url, embedder)
+    if resized:
+        progress.print(f"vector columns resized to {embedder.dimensions} dimensions: {', '.join(resized)}")
+    db = open_database(settings, url=url)
+    try:
+        report = reembed_database(db, embedder, resized=resized,
+                                  on_progress=lambda kind, n: progress.print(f"embedded {n} {kind} …"))
+    finally:
+        db.close()
+    try:
+        load_relevance_model(embedder.model_name, home=settings.home)
+        calibrated = True
+    except RelevanceModelMissing:
+        calibrated = False
+    data = {"embedding_model": report.embedding_model, "resized": report.resized,
+            "distillations": report.distillations, "exchanges": report.exchanges, "contexts": report.contexts,
+            "relevance_model": calibrated}
+
+    def render(d: dict) -> None:
+        console.print(f"re-embedded {d['distillations']} distillations, {d['exchanges']} exchanges and "
+                      f"{d['contexts']} exchange contexts with {d['embedding_model']}")
+        if not d["relevance_model"]:
+            console.print(f"no relevance model is fitted for {d['embedding_model']}: recall answers once "
+                          "`yak eval calibrate --data FILE` has made one (docs/RECALL.md)")
+
+    emit(data, as_json, render)

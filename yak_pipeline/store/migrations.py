@@ -104,8 +104,9 @@ def check_embedding_compatibility(meta: dict[str, str], *, dimensions: int, mode
     if stored is not None and int(stored) != dimensions:
         raise SchemaMismatch(
             f"YAK_EMBEDDER gives {dimensions}-dimensional vectors ({model_name}) but this database "
-            f"holds {stored}-dimensional ones ({meta.get('embedding_model', '?')}): switch YAK_EMBEDDER "
-            "back, or point YAK_DATABASE_URL/YAK_HOME at a new database"
+            f"holds {stored}-dimensional ones ({meta.get('embedding_model', '?')}): carry it over with "
+            "`yak distill re-embed --all`, switch YAK_EMBEDDER back, or point YAK_DATABASE_URL/YAK_HOME "
+            "at a new database"
         )
 
 
