@@ -168,6 +168,32 @@ def build_context(
     return block, built
 
 
+def embed_in_batches(
+    db: Database,
+    embedder: Embedder,
+    *,
+    pending: Callable[[psycopg.Connection, int], list[tuple[str, str]]],
+    store: Callable[[psycopg.Connection, dict[str, list[float]]], int],
+    batch_size: int = 128,
+    on_progress: Callable[[int], None] | None = None,
+) -> int:
+    """Embed what ``pending`` returns, ``(id, text)`` rows locked for this batch, and ``store`` the vectors, until none are left.
+
+    Batches commit one by one, so an interrupted run keeps what it did and the next run goes
+    on from there. ``on_progress`` gets the running count after each batch. Returns the count.
+    """
+    done = 0
+    while True:
+        with db.connection() as conn:
+            batch = pending(conn, batch_size)
+            if not batch:
+                return done
+            vectors = embedder.embed_documents([text for _, text in batch])
+            done += store(conn, {row_id: v for (row_id, _), v in zip(batch, vectors)})
+        if on_progress is not None:
+            on_progress(done)
+
+
 def embed_pending_exchanges(
     db: Database,
     embedder: Embedder,
@@ -180,22 +206,14 @@ def embed_pending_exchanges(
     """Give every live exchange (of ``user_id``, or everyone) a vector of the active model, then
     (with ``contexts``) its context one (:func:`embed_pending_contexts`).
 
-    Batches commit one by one, so an interrupted run keeps what it did and the next run goes
-    on from there. ``on_progress`` gets the running count after each batch. Returns how many
-    exchanges got their own vector.
+    Batches commit one by one (:func:`embed_in_batches`). Returns how many exchanges got their
+    own vector.
     """
-    done = 0
-    while True:
-        with db.connection() as conn:
-            batch = exchanges_without_embedding(conn, embedding_model=embedder.model_name, user_id=user_id,
-                                                limit=batch_size)
-            if not batch:
-                break
-            vectors = embedder.embed_documents([content for _, content in batch])
-            done += set_exchange_embeddings(conn, embedding_model=embedder.model_name,
-                                            vectors={memory_id: v for (memory_id, _), v in zip(batch, vectors)})
-        if on_progress is not None:
-            on_progress(done)
+    model = embedder.model_name
+    done = embed_in_batches(
+        db, embedder, batch_size=batch_size, on_progress=on_progress,
+        pending=lambda conn, n: exchanges_without_embedding(conn, embedding_model=model, user_id=user_id, limit=n),
+        store=lambda conn, vectors: set_exchange_embeddings(conn, embedding_model=model, vectors=vectors))
     if contexts:
         embed_pending_contexts(db, embedder, user_id=user_id, batch_size=batch_size)
     return done
@@ -206,21 +224,15 @@ def embed_pending_contexts(db: Database, embedder: Embedder, *, user_id: str | N
     """Give every live exchange whose context changed (sql/008) a vector of it read with its neighbours.
 
     A context changes when a neighbour arrives, moves or is forgotten, so this runs after every
-    batch of new exchanges (the distillation stage calls it). Batches commit one by one, as in
-    :func:`embed_pending_exchanges`. Returns how many were embedded.
+    batch of new exchanges (the distillation stage calls it). Batches commit one by one
+    (:func:`embed_in_batches`). Returns how many were embedded.
     """
-    done = 0
-    while True:
-        with db.connection() as conn:
-            batch = exchanges_without_context_embedding(conn, embedding_model=embedder.model_name,
-                                                        user_id=user_id, limit=batch_size)
-            if not batch:
-                return done
-            vectors = embedder.embed_documents([text for _, text in batch])
-            done += set_context_embeddings(conn, embedding_model=embedder.model_name,
-                                           vectors={memory_id: v for (memory_id, _), v in zip(batch, vectors)})
-        if on_progress is not None:
-            on_progress(done)
+    model = embedder.model_name
+    return embed_in_batches(
+        db, embedder, batch_size=batch_size, on_progress=on_progress,
+        pending=lambda conn, n: exchanges_without_context_embedding(conn, embedding_model=model, user_id=user_id,
+                                                                    limit=n),
+        store=lambda conn, vectors: set_context_embeddings(conn, embedding_model=model, vectors=vectors))
 
 
 def maintain_recall_indexes(db: Database, *, min_rows: int = USER_INDEX_MIN_ROWS) -> list[str]:

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from yak_pipeline.embeddings import Embedder
-from yak_pipeline.services.recall import embed_pending_contexts, embed_pending_exchanges
+from yak_pipeline.services.recall import embed_in_batches, embed_pending_contexts, embed_pending_exchanges
 from yak_pipeline.store.audit import write_audit
 from yak_pipeline.store.database import Database, connect
 from yak_pipeline.store.migrations import read_meta
@@ -71,16 +71,11 @@ def reembed_database(db: Database, embedder: Embedder, *, batch_size: int = 128,
         if on_progress is not None:
             on_progress(kind, count)
 
-    while True:
-        with db.connection() as conn:
-            batch = distillations_to_reembed(conn, embedding_model=embedder.model_name, limit=batch_size)
-            if not batch:
-                break
-            vectors = embedder.embed_documents([content for _, content in batch])
-            report.distillations += set_distillation_embeddings(
-                conn, embedding_model=embedder.model_name,
-                vectors={distillation_id: v for (distillation_id, _), v in zip(batch, vectors)})
-        tell("distillations", report.distillations)
+    model = embedder.model_name
+    report.distillations = embed_in_batches(
+        db, embedder, batch_size=batch_size, on_progress=lambda n: tell("distillations", n),
+        pending=lambda conn, n: distillations_to_reembed(conn, embedding_model=model, limit=n),
+        store=lambda conn, vectors: set_distillation_embeddings(conn, embedding_model=model, vectors=vectors))
     report.exchanges = embed_pending_exchanges(db, embedder, batch_size=batch_size, contexts=False,
                                                on_progress=lambda n: tell("exchanges", n))
     report.contexts = embed_pending_contexts(db, embedder, batch_size=batch_size,
