@@ -209,8 +209,8 @@ def test_a_reply_is_found_by_the_meaning_of_the_question_it_answers(database: Da
             c, user_id="ann", exchange="User: In the bathroom, Aiko is very tolerant.\nAssistant: Ha.",
             distillation="User uses the bathroom; Aiko is tolerant.", occurred_at=T0 + timedelta(minutes=1))
         for i in range(6):
-            seed_memory_with_distillation(c, user_id="ann", exchange=f"User: Groceries list number {i}.\nAssistant: Ok.",
-                                          distillation=f"User keeps grocery list {i}.",
+            seed_memory_with_distillation(c, user_id="ann", distillation=f"User keeps grocery list {i}.",
+                                          exchange=f"User: Groceries list number {i}.\nAssistant: Ok.",
                                           occurred_at=T0 - timedelta(days=i + 1))
     embed_pending_exchanges(database, EMBEDDER)
     params = recall_params(settings, threshold=0.0, limit=10)

@@ -29,11 +29,9 @@ from yak_pipeline.store.database import Database, connect
 from yak_pipeline.store.recall import (
     USER_INDEX_MIN_ROWS,
     ensure_user_indexes,
-    exchanges_without_context_embedding,
     exchanges_without_embedding,
     recall,
     recall_candidates,
-    set_context_embeddings,
     set_exchange_embeddings,
 )
 
@@ -177,7 +175,7 @@ def embed_in_batches(
     batch_size: int = 128,
     on_progress: Callable[[int], None] | None = None,
 ) -> int:
-    """Embed what ``pending`` returns, ``(id, text)`` rows locked for this batch, and ``store`` the vectors, until none are left.
+    """Embed the ``(id, text)`` rows ``pending`` locks for a batch and ``store`` their vectors, until none are left.
 
     Batches commit one by one, so an interrupted run keeps what it did and the next run goes
     on from there. ``on_progress`` gets the running count after each batch. Returns the count.
@@ -230,9 +228,9 @@ def embed_pending_contexts(db: Database, embedder: Embedder, *, user_id: str | N
     model = embedder.model_name
     return embed_in_batches(
         db, embedder, batch_size=batch_size, on_progress=on_progress,
-        pending=lambda conn, n: exchanges_without_context_embedding(conn, embedding_model=model, user_id=user_id,
-                                                                    limit=n),
-        store=lambda conn, vectors: set_context_embeddings(conn, embedding_model=model, vectors=vectors))
+        pending=lambda conn, n: exchanges_without_embedding(conn, embedding_model=model, user_id=user_id, limit=n,
+                                                            context=True),
+        store=lambda conn, vectors: set_exchange_embeddings(conn, embedding_model=model, vectors=vectors, context=True))
 
 
 def maintain_recall_indexes(db: Database, *, min_rows: int = USER_INDEX_MIN_ROWS) -> list[str]:

@@ -408,7 +408,8 @@ def active_distillation_ids(conn: psycopg.Connection, *, user_id: str, embedding
 # --- candidates and recall -----------------------------------------------------------------------
 
 # Per candidate: the score's inputs, the cosine to the distillation, to its own exchange and to
-# that exchange in its context (when ``context``), and the newer memory that replaced it (only if that one had happened by ``as_of``).
+# that exchange in its context (when ``context``), and the newer memory that replaced it (only
+# if that one had happened by ``as_of``).
 _CANDIDATE_ROWS_SQL: Final[str] = """
 SELECT d.id, d.tier, d.warmth, d.user_weight, d.refreshed_at,
        1 - (d.embedding <=> %(q)s) AS cos_distillation,
@@ -457,13 +458,13 @@ def recall_candidates(
                          embedding_model=embedding_model, as_of=as_of)
     d_vec = vector_search(conn, table="distillations", user_id=user_id, query_embedding=vector,
                           embedding_model=embedding_model, limit=size, exact=exact, as_of=as_of)
-    # A stored context can hold words said after ``as_of`` (the next exchange's): as of a past
-    # moment each exchange is searched alone.
+    # A stored context (words or vector) can hold what was said after ``as_of`` (the next
+    # exchange's): as of a past moment each exchange is searched alone.
+    use_context = params.exchange_context and as_of is None
     m_text = bm25_search(conn, table="memories", user_id=user_id, query=query, limit=size,
-                         context=params.exchange_context and as_of is None, as_of=as_of)
+                         context=use_context, as_of=as_of)
     m_vec = vector_search(conn, table="memories", user_id=user_id, query_embedding=vector,
                           embedding_model=embedding_model, limit=size, exact=exact, as_of=as_of)
-    use_context = params.exchange_context and as_of is None
     c_vec = vector_search(conn, table="memories", user_id=user_id, query_embedding=vector, context=True,
                           embedding_model=embedding_model, limit=size, exact=exact) if use_context else []
     held_by = recallable_distillations(conn, user_id=user_id, memory_ids=[h.id for h in m_text + m_vec + c_vec],
@@ -551,63 +552,35 @@ def recall(
 
 
 def exchanges_without_embedding(conn: psycopg.Connection, *, embedding_model: str, user_id: str | None = None,
-                                limit: int = 256) -> list[tuple[str, str]]:
-    """Up to ``limit`` live exchanges with no vector of ``embedding_model``: (id, content), locked.
+                                limit: int = 256, context: bool = False) -> list[tuple[str, str]]:
+    """Up to ``limit`` live exchanges with no vector of ``embedding_model``: (id, text to embed), locked.
 
-    ``FOR UPDATE SKIP LOCKED`` lets several workers fill vectors at once without doing the same row twice.
+    With ``context``, the vector of the exchange read with its neighbours (sql/008), whose text
+    is the exchange between its neighbours (``yak_exchange_context_text``). ``FOR UPDATE SKIP
+    LOCKED`` lets several workers fill vectors at once without doing the same row twice.
     """
+    column, text = ("context_embedding", "yak_exchange_context_text(id)") if context else ("embedding", "content")
     rows = conn.execute(
-        """SELECT id, content FROM memories
-           WHERE deleted_at IS NULL AND (%(user)s::text IS NULL OR user_id = %(user)s)
-             AND (embedding IS NULL OR embedding_model IS DISTINCT FROM %(model)s)
-           ORDER BY occurred_at, id
-           LIMIT %(limit)s
-           FOR UPDATE SKIP LOCKED""",
+        f"""SELECT id, {text} FROM memories
+            WHERE deleted_at IS NULL AND (%(user)s::text IS NULL OR user_id = %(user)s)
+              AND ({column} IS NULL OR {column}_model IS DISTINCT FROM %(model)s)
+            ORDER BY occurred_at, id
+            LIMIT %(limit)s
+            FOR UPDATE SKIP LOCKED""",  # noqa: S608 - fixed column names
         {"user": user_id, "model": embedding_model, "limit": limit},
     ).fetchall()
     return [(str(r[0]), r[1]) for r in rows]
 
 
 def set_exchange_embeddings(conn: psycopg.Connection, *, embedding_model: str,
-                            vectors: Mapping[str, Sequence[float]]) -> int:
-    """Store each exchange's vector (by memory id) with the model that made it; returns rows updated."""
+                            vectors: Mapping[str, Sequence[float]], context: bool = False) -> int:
+    """Store each exchange's vector (by memory id; with ``context``, its context vector) and the model; rows given."""
     if not vectors:
         return 0
+    column = "context_embedding" if context else "embedding"
     with conn.cursor() as cur:
         cur.executemany(
-            "UPDATE memories SET embedding = %s, embedding_model = %s WHERE id = %s",
-            [(np.asarray(v, dtype=np.float32), embedding_model, memory_id) for memory_id, v in vectors.items()],
-        )
-    return len(vectors)
-
-
-
-def exchanges_without_context_embedding(conn: psycopg.Connection, *, embedding_model: str,
-                                        user_id: str | None = None, limit: int = 256) -> list[tuple[str, str]]:
-    """Up to ``limit`` live exchanges whose context has no vector of ``embedding_model``: (id, context text), locked.
-
-    The text is the exchange followed by its neighbours (``yak_exchange_context_text``, sql/008).
-    """
-    rows = conn.execute(
-        """SELECT id, yak_exchange_context_text(id) FROM memories
-           WHERE deleted_at IS NULL AND (%(user)s::text IS NULL OR user_id = %(user)s)
-             AND (context_embedding IS NULL OR context_embedding_model IS DISTINCT FROM %(model)s)
-           ORDER BY occurred_at, id
-           LIMIT %(limit)s
-           FOR UPDATE SKIP LOCKED""",
-        {"user": user_id, "model": embedding_model, "limit": limit},
-    ).fetchall()
-    return [(str(r[0]), r[1]) for r in rows]
-
-
-def set_context_embeddings(conn: psycopg.Connection, *, embedding_model: str,
-                           vectors: Mapping[str, Sequence[float]]) -> int:
-    """Store each exchange's context vector (by memory id) with the model that made it; returns rows given."""
-    if not vectors:
-        return 0
-    with conn.cursor() as cur:
-        cur.executemany(
-            "UPDATE memories SET context_embedding = %s, context_embedding_model = %s WHERE id = %s",
+            f"UPDATE memories SET {column} = %s, {column}_model = %s WHERE id = %s",  # noqa: S608 - fixed names
             [(np.asarray(v, dtype=np.float32), embedding_model, memory_id) for memory_id, v in vectors.items()],
         )
     return len(vectors)
