@@ -54,6 +54,23 @@ def test_memory_add_list_show_search(run, database: Database) -> None:  # noqa: 
     assert people.exit_code == 0 and added["id"] in people.stdout and "alice" in people.stdout
 
 
+def test_a_user_without_memories_is_named_not_an_empty_table(run) -> None:  # noqa: ANN001
+    run("memory", "add", "User: I play the cello.\nAssistant: Lovely!", "--user", "alice", "--json")
+    listed = run("memory", "list", "--user", "alcie")
+    assert listed.exit_code == 0 and listed.stdout.strip() == "user 'alcie' has no memories"
+    searched = run("memory", "search", "cello", "--user", "alcie")
+    assert searched.exit_code == 1 and searched.stderr == "error: user 'alcie' has no memories\n"
+    # A user who has memories, none relevant, is a different answer.
+    nothing = run("memory", "search", "zebra migration", "--user", "alice")
+    assert nothing.exit_code == 0 and "no memory is relevant enough" in nothing.stdout
+
+
+def test_memory_list_help_says_what_user_does() -> None:
+    text = " ".join(CliRunner().invoke(yak, ["memory", "list", "--help"], env={"COLUMNS": "200"}).stdout.split())
+    assert "required" not in text
+    assert "an admin key lists every user's without it" in text
+
+
 def test_exit_codes_and_one_line_errors(run) -> None:  # noqa: ANN001
     missing = run("memory", "show", str(uuid.uuid4()))
     assert missing.exit_code == 1

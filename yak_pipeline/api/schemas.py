@@ -153,6 +153,8 @@ class ContextOut(BaseModel):
     recalled_ids: list[UUID]
     messages: list[dict[str, str]]
     recall_error: str | None
+    note: str | None = Field(default=None, description="Why the block is empty when the user has no memories "
+                                                       "at all (a new user, or a mistyped user id).")
 
 
 # --- turns and warmth -----------------------------------------------------------------------
@@ -173,6 +175,8 @@ class TurnAccepted(BaseModel):
     turn_id: UUID
     memory_id: UUID
     queued: bool
+    new_user: bool = Field(default=False, description="This turn is the user's first memory: the user id was "
+                                                      "new to Yak (there is no user registry; check for a typo).")
 
 
 class WarmthEvaluate(RequestBody):

@@ -101,6 +101,13 @@ def list_memories(
         ).fetchall()
 
 
+def user_has_memories(conn: psycopg.Connection, user_id: str) -> bool:
+    """Whether ``user_id`` has any live memory: Yak has no user registry, a user is their memories."""
+    row = conn.execute("SELECT EXISTS (SELECT 1 FROM memories WHERE user_id = %s AND deleted_at IS NULL)",
+                       (user_id,)).fetchone()
+    return bool(row[0])
+
+
 def claim_pending_memories(
     conn: psycopg.Connection,
     *,
