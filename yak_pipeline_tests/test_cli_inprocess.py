@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from yak_pipeline.cli.main import app as yak
+from yak_pipeline.defs.exchanges.drop_folder import claim_file, ensure_drop_dirs
 from yak_pipeline.embeddings.hashing import HashingEmbedder
 from yak_pipeline.llm import RulesProvider
 from yak_pipeline.services.distill import DistillJob, distill_memories
@@ -150,3 +151,24 @@ def test_operations_commands(run, seeded: Seeded) -> None:  # noqa: ANN001
     assert len(metrics) == 10
     raw = run("metrics")
     assert raw.exit_code == 0 and "# TYPE yak_queue_size gauge" in raw.stdout
+
+
+def test_queue_status_shows_the_drop_folders_quarantine_with_reasons(run, seeded: Seeded) -> None:  # noqa: ANN001
+    drop = get_settings().resolved_drop_dir
+    ensure_drop_dirs(drop)
+    good = json.dumps({"user_id": "alice", "user": "Hi", "assistant": "Hello"})
+    (drop / "chat.jsonl").write_text("\n".join([good, "not json", json.dumps({"user_id": "a|b", "content": "x"})]))
+    (drop / "broken.json").write_text("[{")
+    for name in ("chat.jsonl", "broken.json"):
+        claim_file(drop / name, drop)
+    shown = run("queue", "status")
+    assert shown.exit_code == 0, shown.stderr
+    text = " ".join(shown.stdout.split())
+    assert "1 unreadable files, 2 rejected records" in text
+    assert "chat.rejected.jsonl" in text and "line 2: invalid JSON" in text and "(+1 more)" in text
+    assert "broken.json" in text
+    data = ok_json(run("queue", "status", "--json"))
+    assert (data["quarantine"]["files"], data["quarantine"]["records"]) == (1, 2)
+    # A user-scoped key does not see the operator's folder (a file can hold other users' records).
+    scoped = ok_json(run("queue", "status", "--api-key", seeded.alice_key, "--json"))
+    assert scoped["quarantine"] is None

@@ -75,7 +75,8 @@ def health_command(remote: RemoteOption = None, api_key: ApiKeyOption = None, as
 def queue_status_command(
     user: UserFilter = None, remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
 ) -> None:
-    """Show pending memories and turns, and the latest failed items."""
+    """Show pending memories and turns, the latest failed items, and (admin key) what the drop
+    folder quarantined in failed/, with the reasons."""
     data = call_api(remote, api_key, "GET", "/api/queue", params={"user_id": user})
 
     def render(q: dict) -> None:
@@ -87,6 +88,17 @@ def queue_status_command(
                 grid.add_row(f["kind"], f["id"], f["user_id"], f["status"], str(f["attempts"]),
                               short(f["last_error"] or "", 60))
             console.print(grid)
+        quarantine = q.get("quarantine")
+        if quarantine is not None:
+            console.print(f"quarantined in {quarantine['folder']}: {quarantine['files']} unreadable files, "
+                          f"{quarantine['records']} rejected records", highlight=False)
+            if quarantine["items"]:
+                grid = table("file", "kind", "records", "reason")
+                for item in quarantine["items"]:
+                    more = len(item["reasons"]) - 1
+                    reason = short(item["reasons"][0] if item["reasons"] else "", 70) + (f" (+{more} more)" if more > 0 else "")
+                    grid.add_row(item["name"], item["kind"], str(item["records"] or ""), reason)
+                console.print(grid)
 
     emit(data, as_json, render)
 
