@@ -6,14 +6,13 @@ import sys
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from yak_pipeline.cli.api_client import ApiKeyOption, JsonOption, RemoteOption, call_api, emit, parse_id
 from yak_pipeline.cli.errors import friendly_errors
-from yak_pipeline.cli.render import print_page, short, table
+from yak_pipeline.cli.render import make_console, print_page, short, table
 
 app = typer.Typer(help="Raw memories: add, list, show, delete, search.", no_args_is_help=True)
-console = Console()
+console = make_console()
 
 UserOption = Annotated[str | None, typer.Option(
     "--user", help="Only this user's memories (an admin key lists every user's without it; a user key, its own).")]

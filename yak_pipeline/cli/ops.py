@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from yak_pipeline.core.forget import ForgetCommandError, parse_forget_command
 from yak_pipeline.cli.api_client import (
@@ -19,9 +18,9 @@ from yak_pipeline.cli.api_client import (
     parse_id,
 )
 from yak_pipeline.cli.errors import FAILURE_EXIT, USAGE_EXIT, fail, friendly_errors
-from yak_pipeline.cli.render import short, table
+from yak_pipeline.cli.render import make_console, short, table
 
-console = Console()
+console = make_console()
 queue_app = typer.Typer(help="The pipeline's queue.", no_args_is_help=True)
 review_app = typer.Typer(help="Distillations flagged for a person's decision.", no_args_is_help=True)
 conflicts_app = typer.Typer(help="Contradictions between a user's distillations.", no_args_is_help=True)
@@ -269,7 +268,7 @@ def keys_create_command(
         emit(data, True, print)
         return
     print(data["key"])
-    Console(stderr=True).print(f"{'admin key' if data['admin'] else 'key for user ' + data['user_id']} "
+    make_console(stderr=True).print(f"{'admin key' if data['admin'] else 'key for user ' + data['user_id']} "
                                f"{data['prefix']}… created; it is not shown again")
 
 
