@@ -39,6 +39,17 @@ def dagster_instance(settings: Settings):  # noqa: ANN201 - DagsterInstance impo
     return dg.DagsterInstance.ephemeral()
 
 
+def add_partitions_with_data(instance, database) -> None:  # noqa: ANN001 - Dagster and Database imported lazily
+    """Make every user and day that holds data a partition (the sensors add them as data arrives;
+    this also covers data stored before, or by a process without a sensor)."""
+    from yak_pipeline.defs.partitions import add_missing_partitions
+    from yak_pipeline.store.memories import days_with_data
+
+    with database.connection() as conn:
+        keys = days_with_data(conn)
+    add_missing_partitions(instance, keys)
+
+
 def _sum_metadata(totals: dict[str, dict[str, int]], asset: str, metadata: dict) -> None:
     bucket = totals.setdefault(asset, {})
     for key in ("rows_in", "rows_out", "flagged", "failed", "skipped"):
@@ -54,17 +65,14 @@ def run_pending_work(settings: Settings, *, user_id: str | None, day: date | Non
     import dagster as dg
 
     from yak_pipeline.definitions import ASSETS, CHECKS, defs
-    from yak_pipeline.defs.partitions import partition_key, users_partitions
+    from yak_pipeline.defs.partitions import partition_key
     from yak_pipeline.services.discovery import discover_work
     from yak_pipeline.wiring import shared_database
 
     db = shared_database(settings)
     found = discover_work(db, drop_dir=settings.resolved_drop_dir, user_id=user_id, day=day, min_age_seconds=0)
     instance = dagster_instance(settings)
-    known = set(instance.get_dynamic_partitions(users_partitions.name))
-    new_users = sorted(found.users - known)
-    if new_users:
-        instance.add_dynamic_partitions(users_partitions.name, new_users)
+    add_partitions_with_data(instance, db)
     resources = defs.resources
     memory_assets = [a for a in ASSETS if a.key.to_user_string() != "warmth"]
     warmth_assets = [a for a in ASSETS if a.key.to_user_string() == "warmth"]
@@ -161,6 +169,25 @@ def _prepare_dagster_home(settings: Settings, url: str) -> dict[str, str]:
         # Children must reach the same embedded server without starting a second one.
         env["YAK_DATABASE_URL"] = url
     return env
+
+
+def _sync_partitions(settings: Settings, env: dict[str, str]) -> None:
+    """Days and users that hold data become partitions before the UI opens: data stored while
+    Yak was stopped, or before the day dimension grew with the data, can be seen and backfilled."""
+    import dagster as dg
+
+    from yak_pipeline.wiring import shared_database
+
+    previous = os.environ.get("YAK_DAGSTER_PG_URL")
+    os.environ["YAK_DAGSTER_PG_URL"] = env["YAK_DAGSTER_PG_URL"]  # dagster.yaml reads it
+    try:
+        with dg.DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
+            add_partitions_with_data(instance, shared_database(settings))
+    finally:
+        if previous is None:
+            os.environ.pop("YAK_DAGSTER_PG_URL", None)
+        else:
+            os.environ["YAK_DAGSTER_PG_URL"] = previous
 
 
 def _seed_examples(settings: Settings) -> int:
@@ -294,6 +321,7 @@ def run_up(settings: Settings, *, host: str, webserver_port: int, api_port: int)
     url = resolve_database_url(settings)
     applied = migrate_database(settings, url)
     env = _prepare_dagster_home(settings, url)
+    _sync_partitions(settings, env)
     seeded = _seed_examples(settings)
     bin_dir = Path(sys.executable).parent
     code_host = "127.0.0.1"
