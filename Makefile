@@ -5,6 +5,12 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.yak-installed
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+ifeq ($(shell uname -s),Darwin)
+TORCH := torch==2.13.0
+else
+TORCH := torch==2.13.0+cpu
+endif
 
 .PHONY: setup run test test-slow clean-state
 
@@ -13,9 +19,12 @@ setup: $(STAMP) .env
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	# The CPU build of torch, pinned before anything that depends on it (an unpinned torch
-	# would pull several GB of CUDA packages).
-	$(BIN)/python -m pip install --quiet torch==2.13.0
+	# The CPU build of torch, pinned before anything that depends on it: PyPI's Linux torch is
+	# the CUDA build (several GB of nvidia-* packages). The CPU build is asked for by its version
+	# (2.13.0+cpu): from the configured indexes when they have it (a local wheel mirror), else
+	# from PyTorch's CPU index, TORCH_CPU_INDEX. macOS wheels are CPU-only and carry no +cpu.
+	$(BIN)/python -m pip install --quiet '$(TORCH)' 2>/dev/null \
+		|| $(BIN)/python -m pip install --quiet --extra-index-url $(TORCH_CPU_INDEX) '$(TORCH)'
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	@touch $(STAMP)
 

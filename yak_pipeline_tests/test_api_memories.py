@@ -97,12 +97,30 @@ def test_bodies_over_one_mebibyte_are_413(admin, database: Database) -> None:  #
     big = {"content": "User: " + "x" * (1024 * 1024) + "\nAssistant: ok", "user_id": "alice"}
     response = admin.post("/api/memories/", json=big)
     assert response.status_code == 413
+    # The API's JSON error shape, naming the limit (not Starlette's plain "Content Too Large").
+    assert response.headers["content-type"] == "application/json"
+    assert "larger than the limit of 1 MiB (1048576 bytes)" in response.json()["detail"]
     with database.connection() as conn:
         assert conn.execute("SELECT count(*) FROM memories").fetchone()[0] == 0
     # Just under the limit is fine.
     fits = admin.post("/api/memories/", json={"content": "User: " + "y" * 150_000 + "\nAssistant: ok",
                                               "user_id": "alice"})
     assert fits.status_code == 201
+
+
+def test_a_chunked_body_over_the_limit_is_a_json_413_too(admin, database: Database) -> None:  # noqa: ANN001
+    # No Content-Length: the body is counted as it arrives and refused once past the limit.
+    def chunks():  # noqa: ANN202
+        yield b'{"user_id": "alice", "content": "User: '
+        for _ in range(300):
+            yield b"x" * 4096
+        yield b'\\nAssistant: ok"}'
+
+    response = admin.post("/api/memories/", content=chunks(), headers={"content-type": "application/json"})
+    assert response.status_code == 413
+    assert response.json()["detail"] == "request body is larger than the limit of 1 MiB (1048576 bytes)"
+    with database.connection() as conn:
+        assert conn.execute("SELECT count(*) FROM memories").fetchone()[0] == 0
 
 
 def test_every_route_but_health_needs_a_valid_key(app) -> None:  # noqa: ANN001

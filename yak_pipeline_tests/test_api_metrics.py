@@ -67,6 +67,19 @@ def test_exactly_the_ten_metrics_with_their_types(admin) -> None:  # noqa: ANN00
         assert name in text
 
 
+def test_a_fresh_server_exposes_every_family_with_a_series_at_zero(admin) -> None:  # noqa: ANN001
+    # Nothing has happened yet: each family still has samples, so Prometheus never sees one as
+    # absent (dashboards and absent() alerts work from the first scrape).
+    families = scrape(admin)
+    for name in DESIGN_NAMES:
+        assert families[name]["samples"], f"{name} has no series on a fresh server"
+    versioned = families["yak_distillations_versioned"]["samples"]
+    assert versioned[("yak_distillations_versioned_total", (("reason", "merged"),))] == 0
+    warmth = families["yak_warmth_updates"]["samples"]
+    assert {labels for _, labels in warmth} >= {(("reason", r),) for r in ("turn", "nightly", "manual", "reset")}
+    assert total(families["yak_warmth_updates"]) == 0
+
+
 def test_every_metric_counts_work_done_by_the_api_and_the_pipeline(  # noqa: PLR0915
     admin, seeded: Seeded, database: Database  # noqa: ANN001
 ) -> None:

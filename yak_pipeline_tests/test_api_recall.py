@@ -64,6 +64,21 @@ def test_context_renders_one_isolated_block(admin, database: Database) -> None: 
 def test_context_without_memories_has_no_block(admin) -> None:  # noqa: ANN001
     body = admin.post("/api/context", json={"query": "anything", "user_id": "carol"}).json()
     assert body["block"] == "" and body["recalled_ids"] == [] and len(body["messages"]) == 2
+    # Still a prompt (a new user's first turn must work), but not silently: carol has nothing.
+    assert body["note"] == "user 'carol' has no memories"
+    # Searching a user with no memories at all is a 404 naming them, not an empty answer.
+    searched = admin.post("/api/distillations/search", json={"query": "anything", "user_id": "carol"})
+    assert searched.status_code == 404 and searched.json() == {"detail": "user 'carol' has no memories"}
+
+
+def test_a_users_first_turn_says_the_user_is_new(admin) -> None:  # noqa: ANN001
+    turn = {"user_id": "dave", "user_message": "Hi, I'm Dave.", "assistant_message": "Hello Dave!"}
+    first = admin.post("/api/turns", json=turn)
+    assert first.status_code == 202 and first.json()["new_user"] is True
+    second = admin.post("/api/turns", json={**turn, "user_message": "I like tea."})
+    assert second.json()["new_user"] is False
+    # Once dave has a memory, an empty recall is no longer explained away as "no memories".
+    assert admin.post("/api/context", json={"query": "zebra", "user_id": "dave"}).json()["note"] is None
 
 
 def test_turns_store_the_exchange_and_queue_the_turn_once(admin, database: Database) -> None:  # noqa: ANN001

@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from yak_pipeline.cli.main import app as yak
+from yak_pipeline.defs.exchanges.drop_folder import claim_file, ensure_drop_dirs
 from yak_pipeline.embeddings.hashing import HashingEmbedder
 from yak_pipeline.llm import RulesProvider
 from yak_pipeline.services.distill import DistillJob, distill_memories
@@ -52,6 +53,23 @@ def test_memory_add_list_show_search(run, database: Database) -> None:  # noqa: 
     assert hits and "cello" in hits[0]["content"] and hits[0]["score"] > 0
     people = run("memory", "list")
     assert people.exit_code == 0 and added["id"] in people.stdout and "alice" in people.stdout
+
+
+def test_a_user_without_memories_is_named_not_an_empty_table(run) -> None:  # noqa: ANN001
+    run("memory", "add", "User: I play the cello.\nAssistant: Lovely!", "--user", "alice", "--json")
+    listed = run("memory", "list", "--user", "alcie")
+    assert listed.exit_code == 0 and listed.stdout.strip() == "user 'alcie' has no memories"
+    searched = run("memory", "search", "cello", "--user", "alcie")
+    assert searched.exit_code == 1 and searched.stderr == "error: user 'alcie' has no memories\n"
+    # A user who has memories, none relevant, is a different answer.
+    nothing = run("memory", "search", "zebra migration", "--user", "alice")
+    assert nothing.exit_code == 0 and "no memory is relevant enough" in nothing.stdout
+
+
+def test_memory_list_help_says_what_user_does() -> None:
+    text = " ".join(CliRunner().invoke(yak, ["memory", "list", "--help"], env={"COLUMNS": "200"}).stdout.split())
+    assert "required" not in text
+    assert "an admin key lists every user's without it" in text
 
 
 def test_exit_codes_and_one_line_errors(run) -> None:  # noqa: ANN001
@@ -133,3 +151,24 @@ def test_operations_commands(run, seeded: Seeded) -> None:  # noqa: ANN001
     assert len(metrics) == 10
     raw = run("metrics")
     assert raw.exit_code == 0 and "# TYPE yak_queue_size gauge" in raw.stdout
+
+
+def test_queue_status_shows_the_drop_folders_quarantine_with_reasons(run, seeded: Seeded) -> None:  # noqa: ANN001
+    drop = get_settings().resolved_drop_dir
+    ensure_drop_dirs(drop)
+    good = json.dumps({"user_id": "alice", "user": "Hi", "assistant": "Hello"})
+    (drop / "chat.jsonl").write_text("\n".join([good, "not json", json.dumps({"user_id": "a|b", "content": "x"})]))
+    (drop / "broken.json").write_text("[{")
+    for name in ("chat.jsonl", "broken.json"):
+        claim_file(drop / name, drop)
+    shown = run("queue", "status")
+    assert shown.exit_code == 0, shown.stderr
+    text = " ".join(shown.stdout.split())
+    assert "1 unreadable files, 2 rejected records" in text
+    assert "chat.rejected.jsonl" in text and "line 2: invalid JSON" in text and "(+1 more)" in text
+    assert "broken.json" in text
+    data = ok_json(run("queue", "status", "--json"))
+    assert (data["quarantine"]["files"], data["quarantine"]["records"]) == (1, 2)
+    # A user-scoped key does not see the operator's folder (a file can hold other users' records).
+    scoped = ok_json(run("queue", "status", "--api-key", seeded.alice_key, "--json"))
+    assert scoped["quarantine"] is None

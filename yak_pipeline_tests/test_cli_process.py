@@ -79,6 +79,12 @@ def test_process_rejects_a_bad_date_in_one_line(db_url: str, tmp_path: Path) -> 
     assert result.stderr.strip().startswith("error:") and "Traceback" not in result.stderr
 
 
+def test_process_with_nothing_to_do_says_so_without_an_empty_table(db_url: str, tmp_path: Path) -> None:
+    result = _yak(["process"], _env(db_url, tmp_path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout == "nothing to do\n"
+
+
 def test_db_migrate_twice_and_status_lists_every_table(pg_server_url: str, tmp_path: Path) -> None:
     from yak_pipeline_tests.conftest import create_database, drop_database
 

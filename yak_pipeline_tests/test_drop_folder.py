@@ -15,6 +15,7 @@ from yak_pipeline.defs.exchanges.drop_folder import (
     claim_file,
     ensure_drop_dirs,
     finish_file,
+    list_quarantine,
     list_ready_files,
     list_unsupported_files,
     read_and_parse,
@@ -119,6 +120,22 @@ def test_mixed_jsonl_ingests_good_records_and_quarantines_bad_ones(drop: Path) -
     assert errors[1].startswith("line 4: invalid user id 'a|b'")
     assert len(errors) == 2
     assert _files(drop / "failed") == ["mixed.rejected.jsonl", "mixed.rejected.jsonl.error.txt"]
+
+
+def test_the_quarantine_lists_rejected_records_and_failed_files_with_reasons(drop: Path) -> None:
+    assert list_quarantine(drop) == [] and list_quarantine(drop / "missing") == []
+    claim_file(_write(drop / "mixed.jsonl", "\n".join([json.dumps(GOOD), "not json", "{}"]) + "\n"), drop)
+    claim_file(_write(drop / "broken.json", "[{"), drop)
+    entries = {entry.name: entry for entry in list_quarantine(drop)}
+    assert set(entries) == {"mixed.rejected.jsonl", "broken.json"}
+    records = entries["mixed.rejected.jsonl"]
+    assert records.kind == "records" and records.records == 2
+    assert records.reasons[0].startswith("line 2: invalid JSON") and records.reasons[1].startswith("line 3: ")
+    whole = entries["broken.json"]
+    assert whole.kind == "file" and whole.records == 0 and whole.reasons[0].startswith("broken.json: ")
+    # A file a person took out of failed/ to fix is no longer listed, though its error file stays.
+    (drop / "failed" / "broken.json").rename(drop / "broken-fixed.json")
+    assert [entry.name for entry in list_quarantine(drop)] == ["mixed.rejected.jsonl"]
 
 
 def test_rejected_json_items_are_a_json_list_that_can_be_dropped_again(drop: Path) -> None:

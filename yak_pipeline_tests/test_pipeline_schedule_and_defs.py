@@ -10,7 +10,14 @@ import dagster as dg
 from yak_pipeline.definitions import defs
 from yak_pipeline.defs.automation.schedules import NIGHTLY_DAYS, nightly_run_requests, nightly_warmth_schedule
 from yak_pipeline.defs.distillations.checks import DISTILLATION_QUALITY_CHECK
-from yak_pipeline.defs.partitions import exchange_partitions, partition_key, partition_parts, users_partitions
+from yak_pipeline.defs.partitions import (
+    add_missing_partitions,
+    days_partitions,
+    exchange_partitions,
+    partition_key,
+    partition_parts,
+    users_partitions,
+)
 from yak_pipeline.defs.resources import AlertsResource, EmbedderResource, LLMResource, PostgresResource
 
 NIGHT = datetime(2026, 3, 15, 2, 0, tzinfo=timezone.utc)
@@ -21,12 +28,16 @@ MEMORY_ASSETS = {"raw_exchanges", "distillations", "conflict_scores", "distillat
 # --- the nightly schedule ------------------------------------------------------------------------
 
 
-def _evaluate(users: list[str], when: datetime) -> list[dg.RunRequest] | dg.SkipReason:
-    """One tick of the schedule on a (persistent, temporary) instance that knows ``users``."""
+def _evaluate(users: list[str], when: datetime, days: list[date] | None = None) -> list[dg.RunRequest] | dg.SkipReason:
+    """One tick of the schedule on a (persistent, temporary) instance that knows ``users`` and
+    ``days`` (default: the last 30 days before ``when``, all of them with data)."""
     # A schedule context needs a persistent instance: it is handed to the daemon by reference.
+    if days is None:
+        days = [when.date() - timedelta(days=back) for back in range(30)]
     with dg.instance_for_test() as instance:
         if users:
             instance.add_dynamic_partitions(users_partitions.name, users)
+        instance.add_dynamic_partitions(days_partitions.name, [d.isoformat() for d in days])
         return nightly_warmth_schedule(dg.build_schedule_context(instance=instance, scheduled_execution_time=when))
 
 
@@ -46,6 +57,14 @@ def test_schedule_requests_seven_days_for_every_user_with_the_nightly_config() -
 
 def test_schedule_skips_when_there_are_no_users_yet() -> None:
     assert isinstance(_evaluate([], NIGHT), dg.SkipReason)
+
+
+def test_schedule_requests_only_days_that_are_partitions() -> None:
+    # Days are added as data arrives: a day nobody talked has no partition and nothing to re-evaluate.
+    requests = _evaluate(["alice"], NIGHT, days=[date(2026, 3, 15), date(2026, 3, 12), date(2026, 1, 2)])
+    assert [str(r.partition_key) for r in requests] == [str(partition_key("alice", date(2026, 3, 15))),
+                                                        str(partition_key("alice", date(2026, 3, 12)))]
+    assert isinstance(_evaluate(["alice"], NIGHT, days=[date(2026, 1, 2)]), dg.SkipReason)
 
 
 def test_schedule_definition_runs_warmth_at_two_in_the_configured_zone() -> None:
@@ -94,6 +113,20 @@ def test_every_asset_is_partitioned_by_user_and_day_and_described() -> None:
     assert lineage == {"raw_exchanges": set(), "distillations": {"raw_exchanges"},
                        "conflict_scores": {"distillations"}, "distillation_versions": {"conflict_scores"},
                        "warmth": set()}
+    # warmth has no parent on purpose; its description says why, so the UI does not look broken.
+    assert "stands alone in the lineage graph" in graph.get(dg.AssetKey("warmth")).description
+
+
+def test_partitions_grow_with_the_data_instead_of_starting_in_2000() -> None:
+    # A fresh UI listed every day since 2000 ("9,819 of 9,824 missing"); now only days with data exist.
+    dimensions = {d.name: d.partitions_def for d in exchange_partitions.partitions_defs}
+    assert dimensions == {"date": days_partitions, "user": users_partitions}
+    instance = dg.DagsterInstance.ephemeral()
+    assert exchange_partitions.get_partition_keys(dynamic_partitions_store=instance) == []
+    add_missing_partitions(instance, [("demo", date(2026, 11, 18)), ("demo", date(2026, 11, 19))])
+    add_missing_partitions(instance, [("demo", date(2026, 11, 19))])  # known: nothing added twice
+    keys = exchange_partitions.get_partition_keys(dynamic_partitions_store=instance)
+    assert sorted(map(str, keys)) == ["2026-11-18|demo", "2026-11-19|demo"]
 
 
 def test_jobs_select_the_right_assets_and_the_blocking_gate() -> None:

@@ -22,7 +22,7 @@ from yak_pipeline.defs.automation.sensors import (
     turns_sensor,
 )
 from yak_pipeline.defs.exchanges.assets import raw_exchanges
-from yak_pipeline.defs.partitions import partition_key, users_partitions
+from yak_pipeline.defs.partitions import add_missing_partitions, days_partitions, partition_key, users_partitions
 from yak_pipeline.defs.resources import AlertsResource, PostgresResource
 from yak_pipeline.settings import Settings, get_settings
 from yak_pipeline.store.database import Database
@@ -58,14 +58,19 @@ def _keys(result: dg.SensorResult) -> list[str]:
     return [str(r.partition_key) for r in result.run_requests]
 
 
+def _added(result: dg.SensorResult, definition: dg.DynamicPartitionsDefinition) -> list[str]:
+    return [key for request in result.dynamic_partitions_requests if request.partitions_def_name == definition.name
+            for key in request.partition_keys]
+
+
 def _added_users(result: dg.SensorResult) -> list[str]:
-    return [key for request in result.dynamic_partitions_requests for key in request.partition_keys]
+    return _added(result, users_partitions)
 
 
 def _apply_partition_requests(instance: dg.DagsterInstance, result: dg.SensorResult) -> None:
     """What the daemon does with a tick's dynamic partition requests."""
     for request in result.dynamic_partitions_requests:
-        assert request.partitions_def_name == users_partitions.name
+        assert request.partitions_def_name in (users_partitions.name, days_partitions.name)
         instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
 
 
@@ -106,6 +111,8 @@ def test_drop_folder_tick_claims_files_quarantines_bad_ones_and_requests_runs(
     assert all(r.run_key.startswith(f"drop:{r.partition_key}:") for r in result.run_requests)
     assert len({r.run_key for r in result.run_requests}) == 4
     assert _added_users(result) == ["bob", "carol", "dave"]
+    # The days grow with the data too: only the two days these exchanges happened on.
+    assert _added(result, days_partitions) == [DAY.isoformat(), NEXT_DAY.isoformat()]
     assert set(json.loads(result.cursor)) == {str(k) for k in expected}
 
     # Files: claimed ones moved, the unreadable one quarantined with its reason, the young one left alone.
@@ -225,6 +232,7 @@ def test_sensors_target_the_right_jobs() -> None:
 def test_run_failure_sensor_sends_one_alert_naming_the_run(settings: Settings, database: Database,
                                                            openai_server: FakeOpenAIServer) -> None:
     instance = new_instance("alice")
+    add_missing_partitions(instance, [("alice", DAY)])
     # A run whose database is unreachable fails for real.
     failed = dg.materialize([raw_exchanges], partition_key=partition_key("alice", DAY), instance=instance,
                             resources={"postgres": PostgresResource(database_url="postgresql://yak@127.0.0.1:1/none")},

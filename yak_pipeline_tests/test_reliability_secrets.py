@@ -117,8 +117,9 @@ def test_no_secret_reaches_pipeline_logs_alerts_errors_or_dagster_run_storage(
         caplog.set_level(logging.DEBUG)
         try:
             with dg.DagsterInstance.local_temp(str(dagster_home)) as instance:
-                instance.add_dynamic_partitions("users", ["alice"])
-                from yak_pipeline.defs.partitions import partition_key
+                from yak_pipeline.defs.partitions import add_missing_partitions, partition_key
+
+                add_missing_partitions(instance, [("alice", DAY)])
 
                 result = dg.materialize(MEMORY_ASSETS, resources=default_resources(), instance=instance,
                                         partition_key=partition_key("alice", DAY), raise_on_error=False)

@@ -1,7 +1,7 @@
 """The FastAPI app: ``create_app(settings)`` wires the routes, auth, error answers and metrics.
 
 OpenAPI is served at ``/openapi.json`` (browsable at ``/docs``). Bodies over 1 MiB are refused
-with 413 before they are read in full.
+with a JSON 413 naming the limit, before they are read in full (:mod:`yak_pipeline.api.body_limit`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from starlette.concurrency import run_in_threadpool
 from yak_pipeline import __version__
 from yak_pipeline.alerts import Alerter
 from yak_pipeline.api.dependencies import ApiServices
-from yak_pipeline.api.errors import MAX_BODY_BYTES, document_error_bodies, install_error_handlers
+from yak_pipeline.api.body_limit import BodyLimitMiddleware
+from yak_pipeline.api.errors import document_error_bodies, install_error_handlers
 from yak_pipeline.api.request_metrics import RequestMetricsMiddleware
 from yak_pipeline.api.routes import ROUTERS
 from yak_pipeline.embeddings import Embedder
@@ -62,12 +63,13 @@ def create_app(
     random one that never leaves its process).
     """
     settings = settings or get_settings()
-    app = FastAPI(title="Yak", version=__version__, description=DESCRIPTION, max_body_size=MAX_BODY_BYTES,
-                  lifespan=_lifespan)
+    app = FastAPI(title="Yak", version=__version__, description=DESCRIPTION, lifespan=_lifespan)
     app.state.services = ApiServices(settings, database=database, embedder=embedder, llm=llm, alerter=alerter,
                                      extra_admin_keys=extra_admin_keys)
     install_error_handlers(app)
     document_error_bodies(app)
+    # The middleware added last is outermost: bodies refused with 413 are still counted as requests.
+    app.add_middleware(BodyLimitMiddleware)
     app.add_middleware(RequestMetricsMiddleware)
     for router in ROUTERS:
         app.include_router(router)

@@ -29,6 +29,14 @@ MAX_BODY_BYTES: Final = 1024 * 1024
 _MAX_DETAIL_CHARS: Final = 300
 
 
+def body_too_large_detail(size: int | None = None) -> str:
+    """The one line a 413 answers: the limit, and the body's size when it was declared."""
+    limit = f"{MAX_BODY_BYTES // (1024 * 1024)} MiB ({MAX_BODY_BYTES} bytes)"
+    if size is None:
+        return f"request body is larger than the limit of {limit}"
+    return f"request body of {size} bytes is larger than the limit of {limit}"
+
+
 def one_line(text: object) -> str:
     """``text`` on a single line, cut to a readable length."""
     flat = " ".join(str(text).split())
@@ -113,8 +121,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         detail = exc.detail
-        if exc.status_code == 413:
-            detail = f"request body is larger than {MAX_BODY_BYTES // 1024 // 1024} MiB"
+        if exc.status_code == 413 and not str(detail).startswith("request body"):
+            detail = body_too_large_detail()
         elif exc.status_code == 404 and detail == "Not Found":
             detail = f"no route {request.method} {request.url.path}"
         return JSONResponse({"detail": one_line(detail)}, status_code=exc.status_code, headers=exc.headers)

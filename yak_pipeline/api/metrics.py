@@ -22,7 +22,7 @@ from prometheus_client.registry import Collector
 
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.metrics import (
-    KNOWN_ERROR_TYPES,
+    KNOWN_LABEL_VALUES,
     METRICS,
     MetricEvent,
     MetricTotals,
@@ -110,9 +110,8 @@ def _counter(name: str, help_text: str, series: dict[tuple, float]) -> Metric:
     values = dict(series)
     if not names and not values:
         values[()] = 0.0
-    if name == "yak_errors_total":
-        for error_type in KNOWN_ERROR_TYPES:
-            values.setdefault((("type", error_type),), 0.0)
+    for labels in KNOWN_LABEL_VALUES.get(name, ()):
+        values.setdefault(tuple(sorted(labels.items())), 0.0)
     for key, value in sorted(values.items()):
         family.add_metric(_label_values(names, key), value)
     return family

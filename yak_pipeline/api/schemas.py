@@ -153,6 +153,8 @@ class ContextOut(BaseModel):
     recalled_ids: list[UUID]
     messages: list[dict[str, str]]
     recall_error: str | None
+    note: str | None = Field(default=None, description="Why the block is empty when the user has no memories "
+                                                       "at all (a new user, or a mistyped user id).")
 
 
 # --- turns and warmth -----------------------------------------------------------------------
@@ -173,6 +175,8 @@ class TurnAccepted(BaseModel):
     turn_id: UUID
     memory_id: UUID
     queued: bool
+    new_user: bool = Field(default=False, description="This turn is the user's first memory: the user id was "
+                                                      "new to Yak (there is no user registry; check for a typo).")
 
 
 class WarmthEvaluate(RequestBody):
@@ -415,6 +419,26 @@ class FailedItem(BaseModel):
     created_at: datetime
 
 
+class QuarantinedItem(BaseModel):
+    """A file in the drop folder's ``failed/``: a whole file Yak could not read (``file``), or the
+    rejected records of an otherwise good file (``records``), with the reasons from its error file."""
+
+    name: str
+    kind: Literal["file", "records"]
+    records: int
+    reasons: list[str]
+    quarantined_at: datetime
+
+
+class QuarantineOut(BaseModel):
+    """The drop folder's quarantine: counts, and the latest entries (newest first)."""
+
+    folder: str
+    files: int = Field(description="Whole files that could not be read.")
+    records: int = Field(description="Rejected records kept from otherwise good files.")
+    items: list[QuarantinedItem]
+
+
 class QueueOut(BaseModel):
     """What waits for the pipeline, and what failed."""
 
@@ -423,6 +447,9 @@ class QueueOut(BaseModel):
     failed_memories: int
     failed_turns: int
     failed: list[FailedItem]
+    quarantine: QuarantineOut | None = Field(
+        default=None, description="What the drop folder refused, with reasons (admin keys only: a file can hold "
+                                  "several users' records; not filtered by user_id).")
 
 
 class KeyCreate(RequestBody):

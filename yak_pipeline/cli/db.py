@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from yak_pipeline.cli.errors import friendly_errors
+from yak_pipeline.cli.render import make_console
 from yak_pipeline.settings import get_settings
 from yak_pipeline.store.database import connect, dagster_storage_url, redact_url, resolve_database_url
 from yak_pipeline.store.embedded import embedded_server_running, stop_embedded_server
@@ -16,7 +16,7 @@ from yak_pipeline.store.migrations import migration_states, read_meta, table_cou
 from yak_pipeline.wiring import migrate_database
 
 app = typer.Typer(help="Database: URL, migrations, status, embedded server.", no_args_is_help=True)
-console = Console()
+console = make_console()
 
 JsonOption = typer.Option(False, "--json", help="Print JSON for scripts instead of a table.")
 

@@ -6,16 +6,16 @@ import sys
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from yak_pipeline.cli.api_client import ApiKeyOption, JsonOption, RemoteOption, call_api, emit, parse_id
 from yak_pipeline.cli.errors import friendly_errors
-from yak_pipeline.cli.render import print_page, short, table
+from yak_pipeline.cli.render import make_console, print_page, short, table
 
 app = typer.Typer(help="Raw memories: add, list, show, delete, search.", no_args_is_help=True)
-console = Console()
+console = make_console()
 
-UserOption = Annotated[str | None, typer.Option("--user", help="Only this user's (required with an admin key).")]
+UserOption = Annotated[str | None, typer.Option(
+    "--user", help="Only this user's memories (an admin key lists every user's without it; a user key, its own).")]
 
 
 @app.command("add")
@@ -48,6 +48,11 @@ def list_command(
                     params={"user_id": user, "status": status, "limit": limit, "offset": offset})
 
     def render(page: dict) -> None:
+        if not page["items"] and offset == 0:
+            # An empty table for a mistyped user id looked like an answer; say what it means.
+            whose = f"user {user!r} has" if user else "there are"
+            console.print(f"{whose} no {status + ' ' if status else ''}memories")
+            return
         grid = table("id", "user", "occurred", "status", "content")
         for m in page["items"]:
             grid.add_row(m["id"], m["user_id"], m["occurred_at"][:19], m["status"], short(m["content"], 60))

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from yak_pipeline.core.forget import ForgetCommandError, parse_forget_command
 from yak_pipeline.cli.api_client import (
@@ -19,9 +18,9 @@ from yak_pipeline.cli.api_client import (
     parse_id,
 )
 from yak_pipeline.cli.errors import FAILURE_EXIT, USAGE_EXIT, fail, friendly_errors
-from yak_pipeline.cli.render import short, table
+from yak_pipeline.cli.render import make_console, short, table
 
-console = Console()
+console = make_console()
 queue_app = typer.Typer(help="The pipeline's queue.", no_args_is_help=True)
 review_app = typer.Typer(help="Distillations flagged for a person's decision.", no_args_is_help=True)
 conflicts_app = typer.Typer(help="Contradictions between a user's distillations.", no_args_is_help=True)
@@ -75,7 +74,8 @@ def health_command(remote: RemoteOption = None, api_key: ApiKeyOption = None, as
 def queue_status_command(
     user: UserFilter = None, remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
 ) -> None:
-    """Show pending memories and turns, and the latest failed items."""
+    """Show pending memories and turns, the latest failed items, and (admin key) what the drop
+    folder quarantined in failed/, with the reasons."""
     data = call_api(remote, api_key, "GET", "/api/queue", params={"user_id": user})
 
     def render(q: dict) -> None:
@@ -87,6 +87,17 @@ def queue_status_command(
                 grid.add_row(f["kind"], f["id"], f["user_id"], f["status"], str(f["attempts"]),
                               short(f["last_error"] or "", 60))
             console.print(grid)
+        quarantine = q.get("quarantine")
+        if quarantine is not None:
+            console.print(f"quarantined in {quarantine['folder']}: {quarantine['files']} unreadable files, "
+                          f"{quarantine['records']} rejected records", highlight=False)
+            if quarantine["items"]:
+                grid = table("file", "kind", "records", "reason")
+                for item in quarantine["items"]:
+                    more = len(item["reasons"]) - 1
+                    reason = short(item["reasons"][0] if item["reasons"] else "", 70) + (f" (+{more} more)" if more > 0 else "")
+                    grid.add_row(item["name"], item["kind"], str(item["records"] or ""), reason)
+                console.print(grid)
 
     emit(data, as_json, render)
 
@@ -257,7 +268,7 @@ def keys_create_command(
         emit(data, True, print)
         return
     print(data["key"])
-    Console(stderr=True).print(f"{'admin key' if data['admin'] else 'key for user ' + data['user_id']} "
+    make_console(stderr=True).print(f"{'admin key' if data['admin'] else 'key for user ' + data['user_id']} "
                                f"{data['prefix']}… created; it is not shown again")
 
 

@@ -13,14 +13,14 @@ from datetime import date
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from yak_pipeline.cli.errors import USAGE_EXIT, fail, friendly_errors
+from yak_pipeline.cli.render import make_console
 from yak_pipeline.core.types import validate_user_id
 from yak_pipeline.settings import Settings, get_settings
 
-console = Console(stderr=True)
+console = make_console(stderr=True)
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES_DIR = PROJECT_ROOT / "examples" / "drop"
 
@@ -39,6 +39,17 @@ def dagster_instance(settings: Settings):  # noqa: ANN201 - DagsterInstance impo
     return dg.DagsterInstance.ephemeral()
 
 
+def add_partitions_with_data(instance, database) -> None:  # noqa: ANN001 - Dagster and Database imported lazily
+    """Make every user and day that holds data a partition (the sensors add them as data arrives;
+    this also covers data stored before, or by a process without a sensor)."""
+    from yak_pipeline.defs.partitions import add_missing_partitions
+    from yak_pipeline.store.memories import days_with_data
+
+    with database.connection() as conn:
+        keys = days_with_data(conn)
+    add_missing_partitions(instance, keys)
+
+
 def _sum_metadata(totals: dict[str, dict[str, int]], asset: str, metadata: dict) -> None:
     bucket = totals.setdefault(asset, {})
     for key in ("rows_in", "rows_out", "flagged", "failed", "skipped"):
@@ -54,17 +65,14 @@ def run_pending_work(settings: Settings, *, user_id: str | None, day: date | Non
     import dagster as dg
 
     from yak_pipeline.definitions import ASSETS, CHECKS, defs
-    from yak_pipeline.defs.partitions import partition_key, users_partitions
+    from yak_pipeline.defs.partitions import partition_key
     from yak_pipeline.services.discovery import discover_work
     from yak_pipeline.wiring import shared_database
 
     db = shared_database(settings)
     found = discover_work(db, drop_dir=settings.resolved_drop_dir, user_id=user_id, day=day, min_age_seconds=0)
     instance = dagster_instance(settings)
-    known = set(instance.get_dynamic_partitions(users_partitions.name))
-    new_users = sorted(found.users - known)
-    if new_users:
-        instance.add_dynamic_partitions(users_partitions.name, new_users)
+    add_partitions_with_data(instance, db)
     resources = defs.resources
     memory_assets = [a for a in ASSETS if a.key.to_user_string() != "warmth"]
     warmth_assets = [a for a in ASSETS if a.key.to_user_string() == "warmth"]
@@ -123,12 +131,13 @@ def register(app: typer.Typer) -> None:
                 note = f" ({f['error']})" if f["error"] else ""
                 console.print(f"file {f['name']}: {f['stored']} stored, {f['duplicates']} duplicates, "
                               f"{f['rejected']} rejected{note} {where}")
-            table = Table("asset", "rows in", "rows out", "flagged", "failed")
-            for asset, counts in report["assets"].items():
-                table.add_row(asset, *(str(counts.get(k, 0)) for k in ("rows_in", "rows_out", "flagged", "failed")))
-            Console().print(table)
+            if report["assets"]:
+                table = Table("asset", "rows in", "rows out", "flagged", "failed")
+                for asset, counts in report["assets"].items():
+                    table.add_row(asset, *(str(counts.get(k, 0)) for k in ("rows_in", "rows_out", "flagged", "failed")))
+                make_console().print(table)
             if not report["partitions"]:
-                Console().print("nothing to do")
+                make_console().print("nothing to do")
         if report["failed_runs"]:
             raise typer.Exit(1)
 
@@ -162,6 +171,25 @@ def _prepare_dagster_home(settings: Settings, url: str) -> dict[str, str]:
     return env
 
 
+def _sync_partitions(settings: Settings, env: dict[str, str]) -> None:
+    """Days and users that hold data become partitions before the UI opens: data stored while
+    Yak was stopped, or before the day dimension grew with the data, can be seen and backfilled."""
+    import dagster as dg
+
+    from yak_pipeline.wiring import shared_database
+
+    previous = os.environ.get("YAK_DAGSTER_PG_URL")
+    os.environ["YAK_DAGSTER_PG_URL"] = env["YAK_DAGSTER_PG_URL"]  # dagster.yaml reads it
+    try:
+        with dg.DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
+            add_partitions_with_data(instance, shared_database(settings))
+    finally:
+        if previous is None:
+            os.environ.pop("YAK_DAGSTER_PG_URL", None)
+        else:
+            os.environ["YAK_DAGSTER_PG_URL"] = previous
+
+
 def _seed_examples(settings: Settings) -> int:
     """Copy the example conversations into the drop folder on the very first start."""
     marker = settings.home / ".examples-seeded"
@@ -179,6 +207,12 @@ def _seed_examples(settings: Settings) -> int:
 
 
 CODE_LOCATION = "yak_pipeline.definitions"  # the location name `dagster … -m` gave it before
+# The daemon logs every sensor tick at INFO ("Checking for new runs for sensor …", "Sensor …
+# skipped: no new pending work"): about 1,500 lines in 10 minutes of an idle `yak up`. At WARNING
+# it still reports sensor errors and failed launches; what a person watches comes from the code
+# server instead (drop files claimed and rejected, with reasons) and from the runs (their
+# warnings and failures, see python_logs in dagster.yaml).
+DAEMON_LOG_LEVEL = "warning"
 
 
 def _free_port(host: str) -> int:
@@ -262,6 +296,22 @@ def _wait_for_code_server(child: subprocess.Popen, host: str, port: int, timeout
             time.sleep(0.5)
 
 
+def service_banner(settings: Settings) -> list[str]:
+    """The start banner's lines naming the LLM and the embedder in use (no secrets)."""
+    from yak_pipeline.embeddings import get_embedder
+    from yak_pipeline.store.database import redact_url
+
+    if settings.llm_base_url:
+        llm = f"LLM:        {settings.llm_model} at {redact_url(settings.llm_base_url)}"
+    else:
+        llm = ("LLM:        offline rules provider (YAK_LLM_BASE_URL unset: deterministic heuristics, "
+               "not a language model)")
+    embedder = get_embedder(settings)
+    where = {"local": "local, CPU", "hashing": "feature hashing, for tests",
+             "openai": f"at {redact_url(settings.embed_base_url or settings.llm_base_url or '')}"}[settings.embedder]
+    return [llm, f"embedder:   {embedder.model_name} ({embedder.dimensions} dimensions, {where})"]
+
+
 def run_up(settings: Settings, *, host: str, webserver_port: int, api_port: int) -> None:
     """Run the database, one code server, the Dagster webserver and daemon, and the API until Ctrl-C."""
     from yak_pipeline.store.database import resolve_database_url
@@ -271,6 +321,7 @@ def run_up(settings: Settings, *, host: str, webserver_port: int, api_port: int)
     url = resolve_database_url(settings)
     applied = migrate_database(settings, url)
     env = _prepare_dagster_home(settings, url)
+    _sync_partitions(settings, env)
     seeded = _seed_examples(settings)
     bin_dir = Path(sys.executable).parent
     code_host = "127.0.0.1"
@@ -287,7 +338,8 @@ def run_up(settings: Settings, *, host: str, webserver_port: int, api_port: int)
     except ImportError:
         pass
     then = {
-        "dagster-daemon": [str(bin_dir / "dagster-daemon"), "run", "-w", str(workspace)],
+        "dagster-daemon": [str(bin_dir / "dagster-daemon"), "run", "-w", str(workspace),
+                           "--log-level", DAEMON_LOG_LEVEL],
         "dagster-webserver": [str(bin_dir / "dagster-webserver"), "-w", str(workspace),
                               "-h", host, "-p", str(webserver_port)],
     }
@@ -318,14 +370,17 @@ def run_up(settings: Settings, *, host: str, webserver_port: int, api_port: int)
         console.print(f"{exc}; stopping")
         stopping, exit_code = True, 1
     if not stopping:
-        console.print(f"database: embedded in {settings.pgdata_dir}" if settings.database_url is None
-                      else "database: YAK_DATABASE_URL")
+        console.print(f"database:   embedded in {settings.pgdata_dir}" if settings.database_url is None
+                      else "database:   YAK_DATABASE_URL", highlight=False)
         if applied:
-            console.print(f"migrations applied: {', '.join(applied)}")
+            console.print(f"migrations applied: {', '.join(applied)}", highlight=False)
+        for line in service_banner(settings):
+            console.print(line, highlight=False, markup=False)
         console.print(f"Dagster UI: http://{host}:{webserver_port}")
         if "api" in children:
             console.print(f"API:        http://{host}:{api_port} (OpenAPI at /docs)")
-        console.print(f"drop folder: {settings.resolved_drop_dir}" + (f" ({seeded} example files queued)" if seeded else ""))
+        console.print(f"drop folder: {settings.resolved_drop_dir}" + (f" ({seeded} example files queued)" if seeded else ""),
+                      highlight=False)
         console.print("Ctrl-C stops everything.")
     while not stopping:
         for name, child in children.items():

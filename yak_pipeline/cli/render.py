@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from typing import Final
+
 from rich.console import Console
 from rich.table import Table
 
 ID_COLUMNS = frozenset({"id", "memory", "distillation", "turn"})
+# Off a terminal rich assumes 80 columns, so piped tables folded mid-word and long lines broke;
+# piped output gets room for a whole row per line instead (COLUMNS still wins when set).
+PIPED_WIDTH: Final = 400
+
+
+def make_console(*, stderr: bool = False) -> Console:
+    """A console for the ``yak`` commands: the terminal's width, or :data:`PIPED_WIDTH` when piped."""
+    stream = sys.stderr if stderr else sys.stdout
+    piped = not stream.isatty() and not os.environ.get("COLUMNS")
+    return Console(stderr=stderr, width=PIPED_WIDTH if piped else None)
 
 
 def short(text: str, width: int = 80) -> str:

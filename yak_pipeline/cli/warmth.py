@@ -5,14 +5,13 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from yak_pipeline.cli.api_client import ApiKeyOption, JsonOption, RemoteOption, call_api, emit, parse_id
 from yak_pipeline.cli.errors import friendly_errors
-from yak_pipeline.cli.render import table
+from yak_pipeline.cli.render import make_console, table
 
 app = typer.Typer(help="Warmth: how useful recalled memories turned out to be.", no_args_is_help=True)
-console = Console()
+console = make_console()
 
 
 def render_warmth(w: dict) -> None:

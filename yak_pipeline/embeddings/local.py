@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Sequence
@@ -31,6 +32,15 @@ def _limit_torch_threads() -> None:
         torch.set_num_threads(1)
 
 
+def _hide_loading_bars() -> None:
+    """No "Loading weights" progress bar: the bundled model loads in well under a second, and
+    every run of `yak up` printed one into the console."""
+    with contextlib.suppress(ImportError, AttributeError):  # a transformers without this switch shows it
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
+
+
 def _load_model() -> Any:
     """Load the bundled model once per process; later calls reuse it."""
     global _MODEL
@@ -47,6 +57,7 @@ def _load_model() -> Any:
                     f"local embedder unavailable ({exc}); run `make setup` or set YAK_EMBEDDER=hashing"
                 ) from None
             _limit_torch_threads()
+            _hide_loading_bars()
             _MODEL = SentenceTransformer(str(get_model_path()), device="cpu")
         return _MODEL
 

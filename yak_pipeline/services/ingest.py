@@ -13,7 +13,8 @@ from yak_pipeline.core.exchange_files import ExchangeRecord, RejectedRecord
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.memories import insert_memory
 
-# Partitions are daily from this date on; an exchange dated earlier cannot be placed in one.
+# An exchange dated earlier is a wrong date, not history (partitions no longer depend on it: the
+# day dimension grows with the data, see defs/partitions.py).
 EARLIEST_EXCHANGE_DATE = date(2000, 1, 1)
 # Clocks and time zones disagree a little; more than a day ahead is a wrong date, not skew.
 FUTURE_TOLERANCE = timedelta(days=1)

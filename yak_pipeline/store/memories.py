@@ -101,6 +101,23 @@ def list_memories(
         ).fetchall()
 
 
+def user_has_memories(conn: psycopg.Connection, user_id: str) -> bool:
+    """Whether ``user_id`` has any live memory: Yak has no user registry, a user is their memories."""
+    row = conn.execute("SELECT EXISTS (SELECT 1 FROM memories WHERE user_id = %s AND deleted_at IS NULL)",
+                       (user_id,)).fetchone()
+    return bool(row[0])
+
+
+def days_with_data(conn: psycopg.Connection) -> list[tuple[str, date]]:
+    """Every ``(user_id, UTC day)`` with a live exchange or turn: the partitions the data needs."""
+    rows = conn.execute(
+        """SELECT user_id, (occurred_at AT TIME ZONE 'UTC')::date FROM memories WHERE deleted_at IS NULL
+           UNION
+           SELECT user_id, (occurred_at AT TIME ZONE 'UTC')::date FROM turns WHERE deleted_at IS NULL"""
+    ).fetchall()
+    return [(user_id, day) for user_id, day in rows]
+
+
 def claim_pending_memories(
     conn: psycopg.Connection,
     *,

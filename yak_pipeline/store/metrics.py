@@ -56,6 +56,17 @@ METRICS_BY_NAME: Final[dict[str, MetricDefinition]] = {m.name: m for m in METRIC
 # Error types shown (at 0) before any happened, so dashboards and alerts have series to watch.
 KNOWN_ERROR_TYPES: Final = ("distillation_failed", "embedding_failed", "warmth_failed", "db_connection_lost",
                             "llm_unavailable", "internal")
+# The label values a labelled counter can take, exposed at 0 from a fresh server's first scrape:
+# a family without samples is "absent" to Prometheus, which breaks dashboards and absent()
+# alerts until its first event. Reasons are the CHECK lists of distillation_versions.reason
+# (less 'distilled', the first text, counted as created) and warmth_events.reason (001_schema.sql).
+KNOWN_LABEL_VALUES: Final[dict[str, tuple[dict[str, str], ...]]] = {
+    "yak_distillations_versioned": tuple({"reason": r} for r in ("merged", "redistilled", "manual", "restored")),
+    "yak_warmth_updates": tuple({"reason": r} for r in ("turn", "nightly", "manual", "reset")),
+    "yak_errors_total": tuple({"type": t} for t in KNOWN_ERROR_TYPES),
+    # Every route is too many series to invent; the scrape's own series is the one sure to come.
+    "yak_requests_total": ({"method": "GET", "route": "/metrics", "status": "200"},),
+}
 
 # Serialises concurrent folds (two scrapes at once) so each event is added exactly once.
 _FOLD_LOCK_KEY: Final = 0x59414B_4D54  # "YAK" "MT"

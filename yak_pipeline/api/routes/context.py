@@ -9,6 +9,7 @@ from fastapi import APIRouter
 from yak_pipeline.api.dependencies import Caller, Services
 from yak_pipeline.api.schemas import ContextOut, ContextRequest
 from yak_pipeline.services.recall import build_context, recall_params, relevance_model
+from yak_pipeline.store.memories import user_has_memories
 
 router = APIRouter(prefix="/api/context", tags=["recall"])
 
@@ -17,7 +18,8 @@ router = APIRouter(prefix="/api/context", tags=["recall"])
 def context(body: ContextRequest, caller: Caller, services: Services) -> ContextOut:
     """Recall for a query and render the memories as one isolated ``<memories>`` block, with the
     prompt messages around it (system prompt, block, query). If recall fails, the prompt is
-    still built, without memories, and ``recall_error`` says why."""
+    still built, without memories, and ``recall_error`` says why; ``note`` says so when the user
+    has no memories at all."""
     user_id = caller.acting_for(body.user_id)
     started = time.perf_counter()
     block, built = build_context(services.database, services.embedder, user_id=user_id, query=body.query,
@@ -25,8 +27,15 @@ def context(body: ContextRequest, caller: Caller, services: Services) -> Context
                                  model=relevance_model(services.settings, services.embedder),
                                  system_prompt=body.system_prompt, as_of=body.as_of)
     services.metrics.observe_recall((time.perf_counter() - started) * 1000)
+    note = None
+    if not built.recalled_ids and built.recall_error is None:
+        # Still 200 with a prompt (an assistant's first turn with a new user must work), but a
+        # mistyped user id should not look the same as "nothing relevant".
+        with services.database.connection() as conn:
+            if not user_has_memories(conn, user_id):
+                note = f"user {user_id!r} has no memories"
     return ContextOut(block=block, recalled_ids=built.recalled_ids, messages=built.messages,
-                      recall_error=built.recall_error)
+                      recall_error=built.recall_error, note=note)
 
 
 router.add_api_route("/", context, methods=["POST"], response_model=ContextOut, include_in_schema=False)

@@ -24,6 +24,7 @@ from yak_pipeline.api.schemas import (
 )
 from yak_pipeline.services.recall import recall_params, relevance_model, search_memories
 from yak_pipeline.store.distillations import get_distillation, list_distillations, list_versions
+from yak_pipeline.store.memories import user_has_memories
 from yak_pipeline.store.database import Database
 
 router = APIRouter(prefix="/api/distillations", tags=["distillations"])
@@ -41,17 +42,24 @@ def _detail(db: Database, distillation_id: UUID, user_id: str | None) -> Distill
     return DistillationDetail.model_validate({**row, "versions": rows_to(VersionOut, versions)})
 
 
-@router.post("/search", response_model=list[SearchHit])
+@router.post("/search", response_model=list[SearchHit],
+             responses={404: {"description": "The user has no memories at all (a mistyped user id?)."}})
 def search(body: SearchRequest, caller: Caller, services: Services) -> list[SearchHit]:
     """The user's best distillations for a query (docs/RECALL.md): calibrated relevance gated per
     tier, times recency decay, (1 + warmth) and tier gravity; empty when nothing is relevant.
-    ``as_of`` recalls as of a past moment; ``explain`` adds each hit's score breakdown."""
+    ``as_of`` recalls as of a past moment; ``explain`` adds each hit's score breakdown. 404 when
+    the user has no memories at all, so a mistyped user id is not mistaken for "nothing relevant"."""
     user_id = caller.acting_for(body.user_id)
     started = time.perf_counter()
     hits = search_memories(services.database, services.embedder, user_id=user_id, query=body.query,
                            params=recall_params(services.settings, threshold=body.threshold, limit=body.limit),
                            model=relevance_model(services.settings, services.embedder), as_of=body.as_of)
     services.metrics.observe_recall((time.perf_counter() - started) * 1000)
+    if not hits:
+        # Asked only when nothing was found, so a successful search costs nothing more.
+        with services.database.connection() as conn:
+            if not user_has_memories(conn, user_id):
+                raise HTTPException(status.HTTP_404_NOT_FOUND, f"user {user_id!r} has no memories")
     return [SearchHit(id=h.id, memory_id=h.memory_id, content=h.content, confidence=h.confidence, tier=h.tier,
                       warmth=h.warmth, similarity=h.similarity, relevance=h.relevance, score=h.score,
                       is_core=h.is_core, occurred_at=h.occurred_at, superseded_by=h.superseded_by,

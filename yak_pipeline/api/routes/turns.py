@@ -7,6 +7,7 @@ from fastapi import APIRouter, status
 from yak_pipeline.api.dependencies import Caller, Services
 from yak_pipeline.api.schemas import TurnAccepted, TurnCreate
 from yak_pipeline.store.exchange_turns import store_exchange_turn
+from yak_pipeline.store.memories import user_has_memories
 
 router = APIRouter(prefix="/api/turns", tags=["turns"])
 
@@ -15,13 +16,19 @@ router = APIRouter(prefix="/api/turns", tags=["turns"])
 def post_turn(body: TurnCreate, caller: Caller, services: Services) -> TurnAccepted:
     """Store the turn's exchange as a memory (distilled later) and queue the turn so the pipeline
     evaluates how useful each recalled memory was. Recalled ids that are not the user's are
-    dropped. Posting the same exchange again queues nothing new."""
+    dropped. Posting the same exchange again queues nothing new.
+
+    Yak has no user registry: a turn for a user id it has never seen stores that user's first
+    memory (with a user-scoped key the id is the key's own). ``new_user`` is then true, so a
+    client can catch a mistyped id."""
     user_id = caller.acting_for(body.user_id)
     with services.database.connection() as conn:
+        known = user_has_memories(conn, user_id)
         stored = store_exchange_turn(conn, user_id=user_id, user_message=body.user_message,
                                      assistant_message=body.assistant_message, recalled_ids=body.recalled_ids,
                                      occurred_at=body.occurred_at, actor=caller.actor)
-    return TurnAccepted(turn_id=stored.turn_id, memory_id=stored.memory_id, queued=stored.created)
+    return TurnAccepted(turn_id=stored.turn_id, memory_id=stored.memory_id, queued=stored.created,
+                        new_user=not known)
 
 
 router.add_api_route("/", post_turn, methods=["POST"], response_model=TurnAccepted,

@@ -5,14 +5,17 @@ from datetime import datetime, timedelta, timezone
 import dagster as dg
 
 from yak_pipeline.defs.automation.jobs import recall_index_job, warmth_job
-from yak_pipeline.defs.partitions import partition_key, users_partitions
+from yak_pipeline.defs.partitions import days_partitions, partition_key, users_partitions
 from yak_pipeline.settings import get_settings
 
 NIGHTLY_DAYS = 7
 
 
-def nightly_run_requests(users: list[str], scheduled_for: datetime, days: int = NIGHTLY_DAYS) -> list[dg.RunRequest]:
-    """One nightly warmth run per user and day of the last ``days`` days (UTC dates)."""
+def nightly_run_requests(users: list[str], scheduled_for: datetime, days: int = NIGHTLY_DAYS,
+                         known_days: set[str] | None = None) -> list[dg.RunRequest]:
+    """One nightly warmth run per user and day of the last ``days`` days (UTC dates); with
+    ``known_days``, only days that are partitions (a day without any exchange or turn has none
+    and nothing to re-evaluate)."""
     # Partitions are UTC days: 02:00 in a zone east of UTC+2 (Tokyo, Sydney) is still the previous
     # UTC day, whose next day has no partition yet, so the local date would request a missing one.
     today = scheduled_for.astimezone(timezone.utc).date()
@@ -20,6 +23,8 @@ def nightly_run_requests(users: list[str], scheduled_for: datetime, days: int = 
     for user_id in sorted(users):
         for back in range(days):
             day = today - timedelta(days=back)
+            if known_days is not None and day.isoformat() not in known_days:
+                continue
             key = partition_key(user_id, day)
             requests.append(dg.RunRequest(
                 run_key=f"nightly:{today.isoformat()}:{key}",
@@ -39,7 +44,8 @@ def nightly_warmth_schedule(context: dg.ScheduleEvaluationContext) -> list[dg.Ru
     if not users:
         return dg.SkipReason("no users yet")
     scheduled = context.scheduled_execution_time or datetime.now().astimezone()
-    return nightly_run_requests(users, scheduled)
+    known_days = set(context.instance.get_dynamic_partitions(days_partitions.name))
+    return nightly_run_requests(users, scheduled, known_days=known_days) or dg.SkipReason("no recent days with data")
 
 
 @dg.schedule(job=recall_index_job, cron_schedule="0 3 * * *", execution_timezone=get_settings().timezone,

@@ -9,7 +9,7 @@ import json
 import dagster as dg
 
 from yak_pipeline.defs.automation.jobs import memory_job, warmth_job
-from yak_pipeline.defs.partitions import partition_key, users_partitions
+from yak_pipeline.defs.partitions import missing_partition_requests, partition_key
 from yak_pipeline.defs.resources import AlertsResource, PostgresResource
 from yak_pipeline.services.discovery import discover_work
 from yak_pipeline.settings import get_settings
@@ -35,11 +35,10 @@ def _requests(
         if previous.get(str(key)) != signature:
             requests.append(dg.RunRequest(run_key=f"{prefix}:{key}:{signature}", partition_key=key,
                                           tags={"yak/trigger": prefix}))
-    known = set(context.instance.get_dynamic_partitions(users_partitions.name))
-    new_users = sorted({user for user, _ in partitions} - known)
     return dg.SensorResult(
         run_requests=requests,
-        dynamic_partitions_requests=[users_partitions.build_add_request(new_users)] if new_users else [],
+        # New users and days are added in the same tick as the runs that need them.
+        dynamic_partitions_requests=missing_partition_requests(context.instance, partitions),
         cursor=json.dumps(current, sort_keys=True),
         skip_reason=None if requests else "no new pending work",
     )

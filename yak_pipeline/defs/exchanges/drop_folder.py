@@ -30,10 +30,12 @@ import contextlib
 import errno
 import itertools
 import os
+import re
 import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Final
 
@@ -75,6 +77,49 @@ class ClaimResult:
     records: list[ExchangeRecord]
     rejected_count: int
     error: str | None
+
+
+@dataclass(frozen=True)
+class QuarantinedFile:
+    """One entry of ``failed/``: a whole file that could not be read (``kind == "file"``), or the
+    rejected records of an otherwise good file (``kind == "records"``), with the reasons its
+    ``.error.txt`` gives (``"line 3: …"`` per record, or the file's one reason)."""
+
+    name: str
+    kind: str
+    records: int
+    reasons: tuple[str, ...]
+    quarantined_at: datetime
+
+
+# How _quarantine_rejected writes a rejected record's reason; a whole file's reason starts with its name.
+_RECORD_REASON = re.compile(r"^(line|item) \d+: ")
+
+
+def list_quarantine(drop_dir: Path) -> list[QuarantinedFile]:
+    """What ``failed/`` holds, newest first, read from its ``.error.txt`` files (nothing is moved).
+
+    A missing folder holds nothing; an error file whose data file is gone (moved away by a
+    person fixing it) is left out.
+    """
+    folder = failed_dir(drop_dir)
+    entries = []
+    for error_path, modified in _visible_files(folder):
+        if not error_path.name.endswith(ERROR_FILE_SUFFIX):
+            continue
+        data_name = error_path.name[: -len(ERROR_FILE_SUFFIX)]
+        if not os.path.lexists(folder / data_name):
+            continue
+        try:
+            reasons = tuple(line for line in error_path.read_text(encoding="utf-8", errors="replace").splitlines()
+                            if line.strip())
+        except OSError:
+            continue
+        per_record = bool(reasons) and all(_RECORD_REASON.match(line) for line in reasons)
+        entries.append(QuarantinedFile(
+            name=data_name, kind="records" if per_record else "file", records=len(reasons) if per_record else 0,
+            reasons=reasons, quarantined_at=datetime.fromtimestamp(modified, timezone.utc)))
+    return sorted(entries, key=lambda entry: (entry.quarantined_at, entry.name), reverse=True)
 
 
 def processed_dir(drop_dir: Path) -> Path:

@@ -99,6 +99,12 @@ def warmth(
     warms it by 0.1, below 0.3 cools it by 0.2, clamped to [0, 1]; every change is a
     ``warmth_events`` row. The nightly pass re-runs this over the last 7 days, catching memories
     recalled but never evaluated; a (turn, memory) pair is only ever counted once.
+
+    Why it stands alone in the lineage graph: its input is the turns clients post to
+    ``/api/turns`` (a table, not an asset; the ``turns_sensor`` starts these runs), and what it
+    changes is the warmth of distillations recalled in those turns, which may come from any
+    day's ``distillations`` partition, not this one's. An edge from ``distillations`` would claim
+    a same-day dependency that does not exist.
     """
     user_id, day = partition_parts(context.partition_key)
     with alerts.database_guard(f"evaluating warmth of {context.partition_key}"):
