@@ -110,7 +110,7 @@ def index_command(
     settings = get_settings()
     db = open_database(settings)
     contexts = None
-    progress = Console(stderr=True)
+    progress = make_console(stderr=True)
     try:
         if not as_json:
             console.print("building indexes concurrently; recall and ingestion go on meanwhile …")

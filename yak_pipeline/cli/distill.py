@@ -123,7 +123,7 @@ def reembed_command(
 
     settings = get_settings()
     embedder = get_embedder(settings)
-    progress = Console(stderr=True)
+    progress = make_console(stderr=True)
     url = resolve_database_url(settings)
     resized = resize_for_embedder(url, embedder)
     if resized:
