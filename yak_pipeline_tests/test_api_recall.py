@@ -63,7 +63,9 @@ def test_context_renders_one_isolated_block(admin, database: Database) -> None: 
 
 def test_context_without_memories_has_no_block(admin) -> None:  # noqa: ANN001
     body = admin.post("/api/context", json={"query": "anything", "user_id": "carol"}).json()
-    assert body["block"] == "" and body["recalled_ids"] == [] and len(body["messages"]) == 2
+    assert body["block"] == "" and body["recalled_ids"] == []
+    # No system prompt given: no empty system message either, just the user's.
+    assert body["messages"] == [{"role": "user", "content": "anything"}]
     # Still a prompt (a new user's first turn must work), but not silently: carol has nothing.
     assert body["note"] == "user 'carol' has no memories"
     # Searching a user with no memories at all is a 404 naming them, not an empty answer.

@@ -59,6 +59,14 @@ def test_prompt_puts_the_block_between_system_prompt_and_query() -> None:
     assert build.messages[2]["content"] == "What do I like?"
     assert build.recalled_ids == ["m1"]
     assert build.recall_error is None
+    assert build.block == build.messages[1]["content"]  # the block itself, for callers that need only it
+
+
+def test_an_empty_system_prompt_adds_no_empty_message() -> None:
+    memories = [BlockMemory("m1", "Prefers tea", "medium")]
+    build = build_prompt_messages("  ", "What do I like?", lambda: memories)
+    assert [m["role"] for m in build.messages] == ["system", "user"]
+    assert build.messages[0]["content"] == build.block and build.block.startswith("<memories>")
 
 
 def test_no_memories_means_no_block_message() -> None:

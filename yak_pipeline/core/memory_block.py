@@ -45,6 +45,8 @@ class PromptBuild:
     messages: list[dict[str, str]] = field(default_factory=list)
     recalled_ids: list[str] = field(default_factory=list)
     recall_error: str | None = None
+    # The memory block itself ("" when nothing was recalled), so no caller has to find it by position.
+    block: str = ""
 
 
 def neutralise_memory_text(text: str) -> str:
@@ -89,10 +91,10 @@ def _one_line(error: Exception) -> str:
 def build_prompt_messages(
     system_prompt: str, user_query: str, recall: Callable[[], Sequence[BlockMemory]]
 ) -> PromptBuild:
-    """System prompt, then the memory block (if any memories), then the user query.
+    """System prompt (if any), then the memory block (if any memories), then the user query.
 
     A failing recall never fails the turn: the prompt is built without the block and
-    ``recall_error`` says what went wrong.
+    ``recall_error`` says what went wrong. An empty system prompt adds no empty message.
     """
     block = ""
     recalled_ids: list[str] = []
@@ -103,8 +105,8 @@ def build_prompt_messages(
         recalled_ids = [m.id for m in memories]
     except Exception as error:  # noqa: BLE001 - any recall failure degrades to "no memories"
         recall_error = _one_line(error)
-    messages = [{"role": "system", "content": system_prompt}]
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt.strip() else []
     if block:
         messages.append({"role": "system", "content": block})
     messages.append({"role": "user", "content": user_query})
-    return PromptBuild(messages=messages, recalled_ids=recalled_ids, recall_error=recall_error)
+    return PromptBuild(messages=messages, recalled_ids=recalled_ids, recall_error=recall_error, block=block)

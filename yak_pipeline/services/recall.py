@@ -162,8 +162,7 @@ def build_context(
                             superseded=h.superseded_by is not None, in_conflict=h.in_conflict) for h in hits]
 
     built = build_prompt_messages(system_prompt, query, _recall)
-    block = next((m["content"] for m in built.messages[1:-1]), "")
-    return block, built
+    return built.block, built
 
 
 def embed_in_batches(
