@@ -41,10 +41,24 @@ def distil(user: str, assistant: str = "Got it.") -> tuple[str, float, str]:
         ("Hi, I'm Sam.", "User is Sam.", "core"),
         ("I'm tired today.", "User is tired today.", "low"),
         ("i live in berlin. i love dogs", "User lives in berlin. User loves dogs.", "core"),
+        # Issue 16.7: a name with more after it is still who the user is; teaching is an occupation.
+        ("Hi, I'm Sam, I teach chemistry.", "User is Sam, they teach chemistry.", "core"),
+        ("I am Sam and I teach chemistry.", "User is Sam and they teach chemistry.", "core"),
+        # ...a request to remember states a fact...
+        ("Remind me that my running club meets Thursdays", "User's running club meets Thursdays.", "low"),
+        ("Please remember that I'm vegetarian.", "User is vegetarian.", "medium"),
+        # ...and a request tacked onto a statement is an instruction, not a fact about the user.
+        ("I love Thai food, so please never suggest satay.", "User loves Thai food.", "medium"),
+        ("I moved to Porto and please update my address.", "User moved to Porto.", "core"),
     ],
 )
 def test_first_person_statements_become_user_sentences(user: str, content: str, tier: str) -> None:
     assert distil(user) == (content, 0.9, tier)
+
+
+def test_a_question_asking_to_be_reminded_is_still_a_question() -> None:
+    content, confidence, _ = distil("Can you remind me what I said about the club?")
+    assert content.startswith("User asked:") and confidence == 0.5
 
 
 def test_hedged_statements_get_lower_confidence() -> None:

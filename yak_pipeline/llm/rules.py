@@ -80,6 +80,7 @@ _CORE_WORDS: Final = frozenset(
     name named names called nickname live lives living lived reside resides hometown address born
     grew moved relocated work works working worked job jobs career profession employer employed
     unemployed retired occupation boss colleague coworker office company
+    teach teaches taught teaching
     engineer developer programmer nurse doctor teacher professor student lawyer designer manager
     accountant scientist researcher artist writer chef pilot farmer architect consultant
     wife husband partner spouse girlfriend boyfriend fiance fiancee sister sisters brother brothers
@@ -103,8 +104,8 @@ _MEDIUM_WORDS: Final = frozenset(
 _ORIGIN: Final = re.compile(r"\b(?:i'?m|am|is|are|come|comes|came)\s+(?:originally\s+)?from\b", re.I)
 _AGE: Final = re.compile(r"\b(?:i'?m|am|is|turned|turning)\s+\d{1,3}\b|\byears?\s+old\b", re.I)
 _IDENTITY: Final = re.compile(r"^User\s+is\s+an?\s+(\w+)", re.I)
-# "I'm Sam" → "User is Sam." names the user.
-_NAME_ONLY: Final = re.compile(r"^(?:User\s+is|I'?m|I\s+am)\s+[A-Z][\w-]*\.?$")
+# "I'm Sam" → "User is Sam." names the user, also when more follows ("User is Sam, they teach …").
+_NAME_ONLY: Final = re.compile(r"^(?:User\s+is|I'?m|I\s+am)\s+[A-Z][\w-]*(?:\.?$|,|\s+and\b)")
 
 _STOP_WORDS: Final = frozenset(
     """
@@ -180,6 +181,14 @@ _ELIDED_GERUNDS: Final = frozenset(
     "planning thinking going trying looking working hoping heading getting starting learning taking".split()
 )
 _BULLET: Final = re.compile(r"^\s*(?:[-*•]+|\d+[.)])\s+")
+# "Remind me that my club meets Thursdays" asks to remember a fact: the fact is what follows.
+_REMEMBER_REQUEST: Final = re.compile(
+    r"^(?:please\s+|pls\s+|can\s+you\s+|could\s+you\s+)?(?:remind\s+me|remember|note|keep\s+in\s+mind|"
+    r"don'?t\s+forget|do\s+not\s+forget|make\s+a\s+note)\s+(?:that\s+)?(?=\S)", re.I)
+# A request to the assistant tacked onto a statement ("I love Thai food, so please never suggest
+# satay") is an instruction for this conversation, not a fact about the user: it is cut off.
+_TRAILING_REQUEST: Final = re.compile(
+    r"[,;:]?\s+(?:so|and|but)?\s*(?:please|pls|kindly|can\s+you|could\s+you|would\s+you)\b.*$", re.I)
 _ROLE_LINE: Final = re.compile(r"^[ \t]*(user|assistant|system)[ \t]*:[ \t]?", re.I | re.M)
 _WORD: Final = re.compile(r"[^\W_]+(?:'[^\W_]+)?")
 _TRAILING_PUNCT: Final = re.compile(r"[\s.!?…,;:]+$")
@@ -332,7 +341,8 @@ def _statement(sentence: str) -> _Statement | None:
     if text != original:
         # After a greeting or interjection, a name and a comma is whom the user addresses: "Hi Maria, …".
         text = _VOCATIVE.sub("", text)
-    text = _TRAILING_PUNCT.sub("", text)
+    text = _REMEMBER_REQUEST.sub("", text)
+    text = _TRAILING_PUNCT.sub("", _TRAILING_REQUEST.sub("", text))
     if not text:
         return None
     hedged = bool(_HEDGE_WORD.search(text))
