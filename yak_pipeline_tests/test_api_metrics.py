@@ -153,6 +153,19 @@ def test_counts_from_another_process_show_in_this_scrape(api_settings: Settings,
     assert not math.isnan(totals.histograms["yak_recall_latency_ms"][()].sum)
 
 
+def test_an_app_that_serves_no_one_counts_requests_but_not_recall_latency(api_settings: Settings,
+                                                                         database: Database) -> None:
+    """The in-process CLI's app (``served=False``): its first recall loads the model, a cold start."""
+    cli_app = create_app(api_settings, database=database, served=False)
+    client_with(cli_app, ADMIN_KEY).post("/api/distillations/search", json={"query": "x", "user_id": "alice"})
+    cli_app.state.services.metrics.flush(database)
+    families = scrape(client_with(create_app(api_settings, database=database), ADMIN_KEY))
+    assert total(families["yak_recall_latency_ms"], "_count") == 0
+    searches = [v for (_, labels), v in families["yak_requests_total"]["samples"].items()
+                if dict(labels).get("route") == "/api/distillations/search"]
+    assert sum(searches) == 1
+
+
 def test_metrics_need_an_admin_key(app, seeded: Seeded) -> None:  # noqa: ANN001
     response = client_with(app, seeded.alice_key).get("/metrics")
     assert response.status_code == 403 and response.json()["detail"] == "this route needs an admin API key"

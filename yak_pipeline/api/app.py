@@ -55,17 +55,20 @@ def create_app(
     llm: LLMProvider | None = None,
     alerter: Alerter | None = None,
     extra_admin_keys: tuple[str, ...] = (),
+    served: bool = True,
 ) -> FastAPI:
     """The API for ``settings`` (default: the environment's).
 
     Parts not given are built from settings on first use. ``extra_admin_keys`` are accepted as
     admin keys besides ``YAK_ADMIN_API_KEY`` and stored admin keys (the in-process CLI uses a
-    random one that never leaves its process).
+    random one that never leaves its process). ``served=False`` (the in-process CLI) keeps its
+    recalls out of the ``yak_recall_latency_ms`` histogram: a fresh process loads the embedding
+    model on its first recall, and that cold start is not what the histogram is for.
     """
     settings = settings or get_settings()
     app = FastAPI(title="Yak", version=__version__, description=DESCRIPTION, lifespan=_lifespan)
     app.state.services = ApiServices(settings, database=database, embedder=embedder, llm=llm, alerter=alerter,
-                                     extra_admin_keys=extra_admin_keys)
+                                     extra_admin_keys=extra_admin_keys, served=served)
     install_error_handlers(app)
     document_error_bodies(app)
     # The middleware added last is outermost: bodies refused with 413 are still counted as requests.

@@ -35,6 +35,7 @@ class ApiServices:
         llm: LLMProvider | None = None,
         alerter: Alerter | None = None,
         extra_admin_keys: tuple[str, ...] = (),
+        served: bool = True,
     ) -> None:
         self.settings = settings
         self._database = database
@@ -45,7 +46,7 @@ class ApiServices:
         self._lock = threading.Lock()
         admin = settings.admin_api_key.get_secret_value() if settings.admin_api_key is not None else None
         self.admin_keys: tuple[str, ...] = tuple(k for k in (admin, *extra_admin_keys) if k)
-        self.metrics = MetricsBuffer()
+        self.metrics = MetricsBuffer(observe_latency=served)
 
     @property
     def database(self) -> Database:

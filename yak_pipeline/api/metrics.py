@@ -46,7 +46,10 @@ FLUSH_INTERVAL_SECONDS: Final = 2.0
 class MetricsBuffer:
     """This process's not-yet-written metric events (thread-safe)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, observe_latency: bool = True) -> None:
+        # False for an app that serves no one (the in-process CLI): its first recall loads the
+        # embedding model in a fresh process, seconds that say nothing about served recall.
+        self._observe_latency = observe_latency
         self._lock = threading.Lock()
         self._counters: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
         self._observations: list[MetricEvent] = []
@@ -66,7 +69,9 @@ class MetricsBuffer:
                                                           "status": str(status_code)}))
 
     def observe_recall(self, milliseconds: float) -> None:
-        """Record one recall's latency."""
+        """Record one recall's latency (not for an app that serves no one, see ``__init__``)."""
+        if not self._observe_latency:
+            return
         self._add(observation_event("yak_recall_latency_ms", milliseconds))
 
     def count_error(self, error_type: str) -> None:

@@ -97,7 +97,7 @@ class ApiClient:
         settings = get_settings()
         local_admin = secrets.token_urlsafe(32)
         self._database = open_database(settings, max_size=4)
-        self._app = create_app(settings, database=self._database, extra_admin_keys=(local_admin,))
+        self._app = create_app(settings, database=self._database, extra_admin_keys=(local_admin,), served=False)
         return local_admin
 
     async def _asgi_request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
