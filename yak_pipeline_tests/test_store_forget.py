@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from yak_pipeline.store.distillations import add_version, list_distillations, list_versions, set_distillation_status
 from yak_pipeline.store.forget import find_forget_candidates, forget_memories, resolve_memory_ids
 from yak_pipeline.store.turns import insert_turn
-from yak_pipeline.store.warmth import apply_relevance
+from yak_pipeline.store.warmth import apply_relevance, warmth_history
 from yak_pipeline_tests.store_helpers import EMBEDDER, seed_memory_with_distillation
 
 
@@ -130,3 +130,32 @@ def test_phrase_search_treats_wildcards_literally(conn: psycopg.Connection, phra
     seed_memory_with_distillation(conn, user_id="alice", exchange="User: plain text\nAssistant: ok",
                                   distillation="User said plain text.")
     assert find_forget_candidates(conn, user_id="alice", phrase=phrase) == []
+
+
+@pytest.mark.parametrize("soft", [False, True])
+def test_forgetting_a_turn_takes_back_the_warmth_it_caused(conn: psycopg.Connection, soft: bool) -> None:
+    """Issue 16.8: the memories a forgotten turn warmed are not left warmer with an empty history."""
+    _, coffee = seed_memory_with_distillation(conn, user_id="alice", exchange="User: I love coffee.\nAssistant: ok",
+                                              distillation="User loves coffee.")
+    _, nurse = seed_memory_with_distillation(conn, user_id="alice", exchange="User: I'm a nurse.\nAssistant: ok",
+                                             distillation="User is a nurse.")
+    turn_memory, _ = seed_memory_with_distillation(
+        conn, user_id="alice", exchange="User: What should I order?\nAssistant: A coffee.",
+        distillation="User asked what to order.")
+    turn = insert_turn(conn, user_id="alice", user_message="What should I order?", assistant_message="A coffee.",
+                       recalled_ids=[coffee, nurse], memory_id=turn_memory)
+    apply_relevance(conn, coffee, relevance_score=0.9, reason="turn", turn_id=turn)   # +0.1
+    apply_relevance(conn, nurse, relevance_score=0.1, reason="turn", turn_id=turn)    # -0.2
+    apply_relevance(conn, coffee, relevance_score=0.9, reason="manual")              # another cause: +0.1 stays
+    warmth = dict(conn.execute("SELECT id, warmth FROM distillations WHERE id = ANY(%s::uuid[])",
+                               ([str(coffee), str(nurse)],)).fetchall())
+    assert warmth[coffee] == pytest.approx(0.7) and warmth[nurse] == pytest.approx(0.3)
+
+    report = forget_memories(conn, user_id="alice", memory_ids=[turn_memory], actor="test", soft=soft)
+    assert report.warmth_undone == 2
+    warmth = dict(conn.execute("SELECT id, warmth FROM distillations WHERE id = ANY(%s::uuid[])",
+                               ([str(coffee), str(nurse)],)).fetchall())
+    assert warmth[coffee] == pytest.approx(0.6) and warmth[nurse] == pytest.approx(0.5)
+    history = warmth_history(conn, coffee)
+    assert history[0]["reason"] == "forgotten" and history[0]["delta"] == pytest.approx(-0.1)
+    assert history[0]["turn_id"] is None and history[0]["evaluator"] == "test"

@@ -5,6 +5,8 @@ conflicts and the turns it was stored from. Two things do not cascade by foreign
 handled here: versions of *other* distillations that were consolidated from a forgotten one
 (``merged_from``) carry its text, so they are removed and the distillation is restored to its
 last untouched version; and turns that merely recalled a forgotten distillation drop its id.
+The warmth a forgotten turn's evaluations gave other memories is taken back, with an event
+saying so (``store.warmth.undo_turn_warmth``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from yak_pipeline.store.audit import write_audit
+from yak_pipeline.store.warmth import undo_turn_warmth
 
 
 @dataclass
@@ -28,6 +31,8 @@ class ForgetReport:
     distillation_ids: list[str] = field(default_factory=list)
     versions_removed: int = 0
     restored_distillations: list[str] = field(default_factory=list)
+    # Memories whose warmth a forgotten turn had changed, moved back.
+    warmth_undone: int = 0
     soft: bool = False
 
 
@@ -181,6 +186,8 @@ def forget_memories(
                WHERE user_id = %(user)s AND recalled_ids && %(ids)s::uuid[]""",
             {"ids": report.distillation_ids, "user": user_id},
         )
+    report.warmth_undone = undo_turn_warmth(conn, user_id=user_id, memory_ids=report.memory_ids,
+                                            keep_out=report.distillation_ids, actor=actor)
     if soft:
         conn.execute("UPDATE memories SET deleted_at = now() WHERE id = ANY(%s::uuid[])", (report.memory_ids,))
         conn.execute(

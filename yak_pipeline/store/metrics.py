@@ -62,7 +62,7 @@ KNOWN_ERROR_TYPES: Final = ("distillation_failed", "embedding_failed", "warmth_f
 # (less 'distilled', the first text, counted as created) and warmth_events.reason (001_schema.sql).
 KNOWN_LABEL_VALUES: Final[dict[str, tuple[dict[str, str], ...]]] = {
     "yak_distillations_versioned": tuple({"reason": r} for r in ("merged", "redistilled", "manual", "restored")),
-    "yak_warmth_updates": tuple({"reason": r} for r in ("turn", "nightly", "manual", "reset")),
+    "yak_warmth_updates": tuple({"reason": r} for r in ("turn", "nightly", "manual", "reset", "forgotten")),
     "yak_errors_total": tuple({"type": t} for t in KNOWN_ERROR_TYPES),
     # Every route is too many series to invent; the scrape's own series is the one sure to come.
     "yak_requests_total": ({"method": "GET", "route": "/metrics", "status": "200"},),

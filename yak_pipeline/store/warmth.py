@@ -100,6 +100,38 @@ def reset_warmth(
     return len(rows)
 
 
+def undo_turn_warmth(conn: psycopg.Connection, *, user_id: str, memory_ids: Sequence[str],
+                     keep_out: Sequence[str] = (), actor: str = "forget") -> int:
+    """Move back the warmth that the turns stored from ``memory_ids`` caused; the memories changed.
+
+    Forgetting a turn forgets its evaluations too (their events go with it), so each memory they
+    warmed or cooled gets the sum of their deltas taken back, within [0, 1], recorded as one
+    event with reason ``forgotten`` (sql/009). ``keep_out``: distillations being forgotten in the
+    same operation (nothing to undo on a row that goes). Call it before the turns are deleted.
+    """
+    rows = conn.execute(
+        """SELECT d.id, d.warmth, sum(e.delta)
+           FROM warmth_events e
+           JOIN turns t ON t.id = e.turn_id
+           JOIN distillations d ON d.id = e.distillation_id
+           WHERE t.memory_id = ANY(%(memories)s::uuid[]) AND t.user_id = %(user)s AND t.deleted_at IS NULL
+             AND d.deleted_at IS NULL AND NOT (d.id = ANY(%(keep_out)s::uuid[]))
+           GROUP BY d.id, d.warmth
+           ORDER BY d.id""",
+        {"memories": list(memory_ids), "user": user_id, "keep_out": list(keep_out)},
+    ).fetchall()
+    changed = 0
+    for distillation_id, warmth, delta in rows:
+        after = min(1.0, max(0.0, warmth - delta))
+        if after == warmth:
+            continue
+        conn.execute("SELECT 1 FROM distillations WHERE id = %s FOR UPDATE", (str(distillation_id),))
+        _record(conn, distillation_id, user_id, WarmthChange(before=warmth, delta=after - warmth, after=after), None,
+                "forgotten", None, actor)
+        changed += 1
+    return changed
+
+
 def warmth_history(conn: psycopg.Connection, distillation_id: UUID | str, *, limit: int = 50) -> list[dict]:
     """A distillation's latest warmth events, newest first."""
     rows = conn.execute(
