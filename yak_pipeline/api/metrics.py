@@ -1,4 +1,4 @@
-"""``GET /metrics``: the ten metrics of DESIGN §6, read from PostgreSQL at scrape time.
+"""``GET /metrics``: the metrics of DESIGN §6 and the memory proxy, read from PostgreSQL at scrape time.
 
 Counts come from every process (see :mod:`yak_pipeline.store.metrics`). The API's own
 contributions — request counts, recall latencies, errors it answered — are buffered in memory
@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.metrics import (
+    KNOWN_DEGRADATIONS,
     KNOWN_ERROR_TYPES,
     METRICS,
     MetricEvent,
@@ -38,6 +39,8 @@ METRIC_LABELS: Final[dict[str, tuple[str, ...]]] = {
     "yak_warmth_updates": ("reason",),
     "yak_errors_total": ("type",),
     "yak_queue_size": ("queue",),
+    "yak_proxy_requests_total": ("outcome", "stream"),
+    "yak_proxy_degradations_total": ("reason",),
 }
 QUEUES: Final = ("memories", "turns")
 FLUSH_INTERVAL_SECONDS: Final = 2.0
@@ -72,6 +75,19 @@ class MetricsBuffer:
     def count_error(self, error_type: str) -> None:
         """Count one error the API ran into."""
         self._add(counter_event("yak_errors_total", 1, {"type": error_type}))
+
+    def count_proxy_request(self, outcome: str, *, stream: bool) -> None:
+        """Count one chat completion through the memory proxy by how it ended."""
+        self._add(counter_event("yak_proxy_requests_total", 1, {"outcome": outcome, "stream": str(stream).lower()}))
+
+    def count_injected_memories(self, count: int) -> None:
+        """Count the memories one proxied prompt's block held."""
+        if count:
+            self._add(counter_event("yak_proxy_memories_injected", count))
+
+    def count_proxy_degradation(self, reason: str) -> None:
+        """Count a proxy request that lost part of the loop (one of ``KNOWN_DEGRADATIONS``)."""
+        self._add(counter_event("yak_proxy_degradations_total", 1, {"reason": reason}))
 
     def flush_due(self) -> bool:
         """Whether the buffer has waited long enough to be written."""
@@ -113,6 +129,9 @@ def _counter(name: str, help_text: str, series: dict[tuple, float]) -> Metric:
     if name == "yak_errors_total":
         for error_type in KNOWN_ERROR_TYPES:
             values.setdefault((("type", error_type),), 0.0)
+    if name == "yak_proxy_degradations_total":
+        for reason in KNOWN_DEGRADATIONS:
+            values.setdefault((("reason", reason),), 0.0)
     for key, value in sorted(values.items()):
         family.add_metric(_label_values(names, key), value)
     return family
@@ -134,7 +153,7 @@ def _le(bound: float) -> str:
 
 
 def metric_families(totals: MetricTotals) -> list[Metric]:
-    """The ten metric families for one scrape's totals."""
+    """Every metric family for one scrape's totals."""
     families: list[Metric] = []
     for definition in METRICS:
         if definition.kind == "counter":
@@ -156,7 +175,7 @@ class YakCollector(Collector):
         self._read_totals = read_totals
 
     def collect(self) -> Iterator[Metric]:
-        """Yield the ten families, freshly read."""
+        """Yield every family, freshly read."""
         yield from metric_families(self._read_totals())
 
     def describe(self) -> list[Metric]:
@@ -165,7 +184,7 @@ class YakCollector(Collector):
 
 
 def render_metrics(read_totals: Callable[[], MetricTotals], accept: str | None = None) -> tuple[bytes, str]:
-    """The ten metrics in the format the scraper's ``Accept`` header asks for, and its content type
+    """The metrics in the format the scraper's ``Accept`` header asks for, and its content type
     (Prometheus text 0.0.4 by default; OpenMetrics or text 1.0 when asked)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(YakCollector(read_totals))
