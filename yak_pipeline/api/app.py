@@ -1,7 +1,8 @@
 """The FastAPI app: ``create_app(settings)`` wires the routes, auth, error answers and metrics.
 
 OpenAPI is served at ``/openapi.json`` (browsable at ``/docs``). Bodies over 1 MiB are refused
-with 413 before they are read in full.
+with 413 before they are read in full (the memory proxy's chats: 16 MiB). The memory proxy is
+under ``/v1``; ``create_proxy_app`` serves it alone (``yak proxy``).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 from starlette.concurrency import run_in_threadpool
 
 from yak_pipeline import __version__
@@ -18,7 +19,7 @@ from yak_pipeline.alerts import Alerter
 from yak_pipeline.api.dependencies import ApiServices
 from yak_pipeline.api.errors import MAX_BODY_BYTES, document_error_bodies, install_error_handlers
 from yak_pipeline.api.request_metrics import RequestMetricsMiddleware
-from yak_pipeline.api.routes import ROUTERS
+from yak_pipeline.api.routes import ROUTERS, health, proxy
 from yak_pipeline.embeddings import Embedder
 from yak_pipeline.llm.provider import LLMProvider
 from yak_pipeline.settings import Settings, get_settings
@@ -36,8 +37,10 @@ user id, which can never read or change another user's data."""
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     yield
-    # Request counts and latencies still buffered are written before the process goes.
     services: ApiServices = app.state.services
+    if services.proxy_if_open is not None:
+        await services.proxy_if_open.aclose()
+    # Request counts and latencies still buffered are written before the process goes.
     database = services.database_if_open
     if database is not None:
         try:
@@ -54,12 +57,13 @@ def create_app(
     llm: LLMProvider | None = None,
     alerter: Alerter | None = None,
     extra_admin_keys: tuple[str, ...] = (),
+    routers: tuple[APIRouter, ...] = ROUTERS,
 ) -> FastAPI:
-    """The API for ``settings`` (default: the environment's).
+    """The API for ``settings`` (default: the environment's), memory proxy included.
 
     Parts not given are built from settings on first use. ``extra_admin_keys`` are accepted as
     admin keys besides ``YAK_ADMIN_API_KEY`` and stored admin keys (the in-process CLI uses a
-    random one that never leaves its process).
+    random one that never leaves its process). ``routers`` narrows what is served.
     """
     settings = settings or get_settings()
     app = FastAPI(title="Yak", version=__version__, description=DESCRIPTION, max_body_size=MAX_BODY_BYTES,
@@ -69,6 +73,12 @@ def create_app(
     install_error_handlers(app)
     document_error_bodies(app)
     app.add_middleware(RequestMetricsMiddleware)
-    for router in ROUTERS:
+    for router in routers:
         app.include_router(router)
     return app
+
+
+def create_proxy_app(settings: Settings | None = None, *, database: Database | None = None,
+                     embedder: Embedder | None = None) -> FastAPI:
+    """The memory proxy alone (``/v1`` and ``/health``), for ``yak proxy``."""
+    return create_app(settings, database=database, embedder=embedder, routers=(proxy.router, health.router))
