@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import datetime, timezone
+from pathlib import Path
 
 import httpx
 import openai
@@ -21,7 +25,7 @@ import pytest
 import uvicorn
 from pydantic import SecretStr
 
-from yak_pipeline.api.app import create_app, create_proxy_app
+from yak_pipeline.api.app import create_app
 from yak_pipeline.core.memory_block import BLOCK_OPEN
 from yak_pipeline.defs.scores.assets import warmth
 from yak_pipeline.embeddings.hashing import HashingEmbedder
@@ -30,7 +34,9 @@ from yak_pipeline.store.database import Database
 from yak_pipeline_tests.api_fixtures import ADMIN_KEY, Seeded, api_settings, rows_mentioning, seeded  # noqa: F401
 from yak_pipeline_tests.fake_openai import FakeOpenAIServer, Reply, chat_replier
 from yak_pipeline_tests.pipeline_helpers import fetch_all, fetch_one, new_instance, pipeline_resources, run_partition
+from yak_pipeline_tests.reliability_helpers import yak_env
 
+ROOT = Path(__file__).resolve().parents[1]
 UPSTREAM_KEY = "sk-upstream-secret-5f2a9c"
 QUESTION = "What is my locker code?"
 
@@ -410,10 +416,37 @@ def test_no_secret_reaches_the_logs(yak_url: str, upstream: FakeOpenAIServer, se
         assert secret not in text  # ...without any key
 
 
-def test_yak_proxy_app_serves_only_the_proxy(proxy_settings: Settings, database: Database,
-                                             seeded: Seeded) -> None:  # noqa: F811
-    with serve_in_thread(create_proxy_app(proxy_settings, database=database)) as url:
+def test_yak_proxy_serves_the_proxy_alone(db_url: str, upstream: FakeOpenAIServer, seeded: Seeded,  # noqa: F811
+                                          database: Database, tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = yak_env(db_url, tmp_path / "home", YAK_UPSTREAM_BASE_URL=upstream.base_url,
+                  YAK_UPSTREAM_API_KEY=UPSTREAM_KEY, YAK_ADMIN_API_KEY=ADMIN_KEY, YAK_PROXY_RECALL_THRESHOLD="0.1")
+    out, err = tmp_path / "proxy.out", tmp_path / "proxy.err"
+    # `python -m` from the project folder: the subprocess runs this checkout's code.
+    with out.open("w") as stdout, err.open("w") as stderr:
+        process = subprocess.Popen([sys.executable, "-m", "yak_pipeline.cli.main", "proxy", "--port", str(port),
+                                    "--json"], env=env, cwd=ROOT, stdout=stdout, stderr=stderr)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, err.read_text()
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, err.read_text()
+                time.sleep(0.1)
         answer = client(url, seeded.alice_key).chat.completions.create(model="fake-model", messages=chat())
         assert answer.choices[0].message.content == f"You said: {QUESTION}"
-        assert httpx.get(f"{url}/health").status_code == 200
+        assert seeded.alice.secret in upstream.chat_requests[-1].body["messages"][-2]["content"]
         assert httpx.get(f"{url}/api/memories", headers={"X-API-Key": ADMIN_KEY}).status_code == 404
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+    assert json.loads(out.read_text().splitlines()[0]) == {"url": f"{url}/v1", "upstream": upstream.base_url,
+                                                           "warnings": []}
+    assert turns(database, "alice")[-1][0] == QUESTION
+    assert UPSTREAM_KEY not in out.read_text() + err.read_text()

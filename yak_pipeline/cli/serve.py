@@ -1,4 +1,5 @@
-"""``yak serve``: the HTTP API under uvicorn, with an admin key created on first start."""
+"""``yak serve``: the HTTP API (memory proxy included) under uvicorn, with an admin key created on first
+start; ``yak proxy``: the memory proxy alone."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def ensure_admin_key(settings: Settings, database: Database) -> Path | None:
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``serve`` to the ``yak`` app."""
+    """Add ``serve`` and ``proxy`` to the ``yak`` app."""
 
     @app.command("serve")
     @friendly_errors
@@ -72,9 +73,52 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(json.dumps(info), flush=True)
         else:
-            print(f"Yak API on {info['url']} (OpenAPI at {info['openapi']})", flush=True)
+            print(f"Yak API on {info['url']} (OpenAPI at {info['openapi']}; memory proxy at {info['url']}/v1)",
+                  flush=True)
             if key_file:
                 print(f"admin API key stored in {key_file}", flush=True)
             if warning:
                 print(f"warning: {warning}", file=sys.stderr, flush=True)
         uvicorn.run(create_app(settings, database=database), host=host, port=port, log_level="info")
+
+    @app.command("proxy")
+    @friendly_errors
+    def proxy_command(
+        host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
+        port: int = typer.Option(8001, "--port", min=1, max=65535, help="Port to listen on."),
+        as_json: JsonOption = False,
+    ) -> None:
+        """Run the memory proxy alone until Ctrl-C: an OpenAI-compatible /v1 that recalls before and
+        remembers after every chat, forwarding to YAK_UPSTREAM_BASE_URL (`yak serve` and `yak up`
+        serve it too, under /v1 of the API). Clients use a Yak API key as their OpenAI key."""
+        import uvicorn
+
+        from yak_pipeline.api.app import create_proxy_app
+        from yak_pipeline.wiring import shared_database
+
+        settings = get_settings()
+        upstream, _ = settings.resolved_upstream
+        database, warnings = None, []
+        if upstream is None:
+            warnings.append("no upstream model server: set YAK_UPSTREAM_BASE_URL (chats answer 503 until then)")
+        try:
+            database = shared_database(settings)
+        except StoreError as exc:
+            warnings.append(f"database not ready: {exc}")
+        info = {"url": f"http://{host}:{port}/v1", "upstream": _without_credentials(upstream), "warnings": warnings}
+        if as_json:
+            print(json.dumps(info), flush=True)
+        else:
+            print(f"Yak memory proxy on {info['url']} (upstream: {info['upstream'] or 'none'})", flush=True)
+            for warning in warnings:
+                print(f"warning: {warning}", file=sys.stderr, flush=True)
+        uvicorn.run(create_proxy_app(settings, database=database), host=host, port=port, log_level="info")
+
+
+def _without_credentials(url: str | None) -> str | None:
+    """``url`` without a user name or password, fit to print."""
+    if url is None:
+        return None
+    import httpx
+
+    return str(httpx.URL(url).copy_with(username=None, password=None))
