@@ -163,6 +163,18 @@ def test_a_stream_is_relayed_byte_for_byte_and_its_full_answer_stored(
     assert sample(scrape(yak_url), 'yak_proxy_requests_total{outcome="answered",stream="true"}') == 2
 
 
+def test_an_upstream_that_ignores_stream_has_its_whole_answer_passed_on_and_stored(
+        yak_url: str, upstream: FakeOpenAIServer, seeded: Seeded, database: Database) -> None:  # noqa: F811
+    completion = {"id": "chatcmpl-whole", "object": "chat.completion", "created": 0, "model": "fake-model",
+                  "choices": [{"index": 0, "message": {"role": "assistant", "content": "All at once."},
+                               "finish_reason": "stop"}]}
+    upstream.script(Reply.raw(completion))
+    response = httpx.post(f"{yak_url}/v1/chat/completions", headers={"Authorization": f"Bearer {seeded.alice_key}"},
+                          json={"model": "fake-model", "messages": chat(), "stream": True}, timeout=15)
+    assert response.status_code == 200 and response.json() == completion
+    assert turns(database, "alice")[-1][:2] == (QUESTION, "All at once.")
+
+
 def test_concurrent_streams_each_get_and_store_their_own_answer(
         yak_url: str, upstream: FakeOpenAIServer, seeded: Seeded, database: Database) -> None:  # noqa: F811
     def ask(number: int) -> str:

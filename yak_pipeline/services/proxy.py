@@ -516,22 +516,27 @@ class MemoryProxy:
         if response.status_code >= 400:
             self.metrics.count_proxy_request("upstream_error", stream=False)
             raise upstream_error(response.status_code, response.content)
+        return await self._answered(response.status_code, response.content, response.headers, store, stream=False)
+
+    async def _answered(self, status_code: int, content: bytes, headers: httpx.Headers,
+                        store: Callable[[str | None], Any] | None, *, stream: bool) -> ProxyAnswer:
+        """A whole chat completion from upstream: the turn stored (when it can be), the body passed on as it came."""
         try:
-            body = response.json()
+            body = json.loads(content)
         except (UnicodeDecodeError, json.JSONDecodeError):
             body = None
         answer, is_completion = answer_of_completion(body)
         if not is_completion:
-            self.metrics.count_proxy_request("upstream_error", stream=False)
+            self.metrics.count_proxy_request("upstream_error", stream=stream)
             raise ProxyError(502, "the upstream model server answered with something that is not a chat completion",
                              error_type="upstream_error", code="upstream_garbage")
         if store is not None:
             await store(answer)
-        self.metrics.count_proxy_request("answered", stream=False)
-        return ProxyAnswer(response.status_code, response.content,
-                           response.headers.get("content-type", "application/json"))
+        self.metrics.count_proxy_request("answered", stream=stream)
+        return ProxyAnswer(status_code, content, headers.get("content-type", "application/json"))
 
-    async def _stream(self, request: httpx.Request, store: Callable[[str | None], Any] | None) -> ProxyStream:
+    async def _stream(self, request: httpx.Request,
+                      store: Callable[[str | None], Any] | None) -> ProxyStream | ProxyAnswer:
         try:
             response = await self._http().send(request, stream=True)
         except httpx.HTTPError as exc:
@@ -542,6 +547,11 @@ class MemoryProxy:
             await response.aclose()
             self.metrics.count_proxy_request("upstream_error", stream=True)
             raise upstream_error(response.status_code, content)
+        if "text/event-stream" not in response.headers.get("content-type", ""):
+            # A server that ignores "stream" answers one body; it is passed on whole, never as events.
+            content = await response.aread()
+            await response.aclose()
+            return await self._answered(response.status_code, content, response.headers, store, stream=True)
         return ProxyStream(self._relay(response, store),
                            response.headers.get("content-type", "text/event-stream"))
 
