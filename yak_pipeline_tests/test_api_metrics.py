@@ -1,4 +1,4 @@
-"""``/metrics``: the ten metrics of DESIGN §6 and the proxy's three, parseable, counting every process's work."""
+"""``/metrics``: the ten metrics of DESIGN §6 and issue 13's four, parseable, counting every process's work."""
 
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ from yak_pipeline_tests.api_fixtures import (  # noqa: F401
 DESIGN_NAMES = ("yak_requests_total", "yak_distillations_created", "yak_distillations_versioned",
                 "yak_memories_deleted", "yak_recall_latency_ms", "yak_distillation_latency_ms", "yak_queue_size",
                 "yak_warmth_updates", "yak_conflicts_detected", "yak_errors_total")
-PROXY_NAMES = ("yak_proxy_requests_total", "yak_proxy_memories_injected", "yak_proxy_degradations_total")
+PROXY_NAMES = ("yak_proxy_requests_total", "yak_proxy_memories_injected", "yak_proxy_degradations_total",
+               "yak_mcp_tool_calls_total")
 ALL_NAMES = DESIGN_NAMES + PROXY_NAMES
 TYPES = {"yak_recall_latency_ms": "histogram", "yak_distillation_latency_ms": "histogram", "yak_queue_size": "gauge"}
 
@@ -58,7 +59,7 @@ def total(family: dict, suffix: str = "") -> float:
     return sum(v for (name, _), v in family["samples"].items() if name.endswith(suffix))
 
 
-def test_exactly_the_ten_metrics_and_the_proxys_three_with_their_types(admin) -> None:  # noqa: ANN001
+def test_exactly_the_ten_metrics_and_issue_13s_four_with_their_types(admin) -> None:  # noqa: ANN001
     assert [m.name for m in METRICS] == list(ALL_NAMES)
     families = scrape(admin)
     assert set(families) == set(ALL_NAMES)
@@ -160,5 +161,5 @@ def test_openmetrics_when_the_scraper_asks(admin) -> None:  # noqa: ANN001
     response = admin.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
     assert response.headers["content-type"].startswith("application/openmetrics-text")
     assert response.text.endswith("# EOF\n")
-    assert len(list(parse_openmetrics(response.text))) == 13
+    assert len(list(parse_openmetrics(response.text))) == 14
     assert admin.get("/metrics").headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"

@@ -11,18 +11,15 @@ import logging
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
-import uvicorn
 from pydantic import SecretStr
 
 from yak_pipeline.api.app import create_app
@@ -31,7 +28,14 @@ from yak_pipeline.defs.scores.assets import warmth
 from yak_pipeline.embeddings.hashing import HashingEmbedder
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
-from yak_pipeline_tests.api_fixtures import ADMIN_KEY, Seeded, api_settings, rows_mentioning, seeded  # noqa: F401
+from yak_pipeline_tests.api_fixtures import (  # noqa: F401
+    ADMIN_KEY,
+    Seeded,
+    api_settings,
+    rows_mentioning,
+    seeded,
+    serve_in_thread,
+)
 from yak_pipeline_tests.fake_openai import FakeOpenAIServer, Reply, chat_replier
 from yak_pipeline_tests.pipeline_helpers import fetch_all, fetch_one, new_instance, pipeline_resources, run_partition
 from yak_pipeline_tests.reliability_helpers import yak_env
@@ -39,24 +43,6 @@ from yak_pipeline_tests.reliability_helpers import yak_env
 ROOT = Path(__file__).resolve().parents[1]
 UPSTREAM_KEY = "sk-upstream-secret-5f2a9c"
 QUESTION = "What is my locker code?"
-
-
-@contextmanager
-def serve_in_thread(app) -> Iterator[str]:  # noqa: ANN001 - an ASGI app
-    """``app`` under uvicorn on a free port of 127.0.0.1; yields its base URL."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, name="yak-proxy-test", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""``GET /metrics``: the metrics of DESIGN §6 and the memory proxy, read from PostgreSQL at scrape time.
+"""``GET /metrics``: the metrics of DESIGN §6, the memory proxy and the MCP server, read from PostgreSQL at scrape time.
 
 Counts come from every process (see :mod:`yak_pipeline.store.metrics`). The API's own
 contributions — request counts, recall latencies, errors it answered — are buffered in memory
@@ -41,6 +41,7 @@ METRIC_LABELS: Final[dict[str, tuple[str, ...]]] = {
     "yak_queue_size": ("queue",),
     "yak_proxy_requests_total": ("outcome", "stream"),
     "yak_proxy_degradations_total": ("reason",),
+    "yak_mcp_tool_calls_total": ("tool", "outcome"),
 }
 QUEUES: Final = ("memories", "turns")
 FLUSH_INTERVAL_SECONDS: Final = 2.0
@@ -88,6 +89,10 @@ class MetricsBuffer:
     def count_proxy_degradation(self, reason: str) -> None:
         """Count a proxy request that lost part of the loop (one of ``KNOWN_DEGRADATIONS``)."""
         self._add(counter_event("yak_proxy_degradations_total", 1, {"reason": reason}))
+
+    def count_mcp_tool_call(self, tool: str, outcome: str) -> None:
+        """Count one MCP tool call: ``ok``, ``refused`` (a user's mistake or a bad key) or ``error``."""
+        self._add(counter_event("yak_mcp_tool_calls_total", 1, {"tool": tool, "outcome": outcome}))
 
     def flush_due(self) -> bool:
         """Whether the buffer has waited long enough to be written."""

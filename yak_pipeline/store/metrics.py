@@ -1,5 +1,5 @@
-"""Yak's metrics: DESIGN §6's ten and the memory proxy's three (issue 13), kept in PostgreSQL so
-every process's work counts.
+"""Yak's metrics: DESIGN §6's ten and the memory proxy's and MCP server's four (issue 13), kept in
+PostgreSQL so every process's work counts.
 
 Writers append to ``metric_events``: triggers in ``sql/003_api.sql`` do it for distillations
 created and versioned, memories forgotten, conflicts, warmth updates and failed attempts; the
@@ -57,6 +57,7 @@ METRICS: Final[tuple[MetricDefinition, ...]] = (
                      "Memories the memory proxy put into prompts' memory blocks."),
     MetricDefinition("yak_proxy_degradations_total", "counter",
                      "Memory proxy requests served with less than the full loop, by reason."),
+    MetricDefinition("yak_mcp_tool_calls_total", "counter", "MCP tool calls (yak mcp), by tool and outcome."),
 )
 METRICS_BY_NAME: Final[dict[str, MetricDefinition]] = {m.name: m for m in METRICS}
 
