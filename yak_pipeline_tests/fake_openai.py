@@ -181,6 +181,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     # HTTP/1.1 keep-alive, as real servers speak it and as the client's connection pool expects.
     protocol_version = "HTTP/1.1"
+    # TCP_NODELAY, as real model servers set it: without it a stream's small writes wait on the
+    # client's delayed ACKs (up to 40 ms each), which is no answer "at once".
+    disable_nagle_algorithm = True
     server: _Server
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
