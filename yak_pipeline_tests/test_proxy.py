@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from hypothesis import HealthCheck, given, settings as hypothesis_settings, strategies as st
 from pydantic import SecretStr
 
 from yak_pipeline.api.app import create_app
@@ -347,6 +348,7 @@ def test_recall_failing_still_answers_without_a_block_and_counts_it(
     (b'{"model": "m", "messages": "hello"}', "messages: must be a non-empty list"),
     (b'{"model": "m", "messages": [{"content": "no role"}]}', "messages[0]: each message must be an object"),
     (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}', "stream: must be true or false"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": NaN}', "body: invalid JSON (NaN"),
 ])
 def test_malformed_bodies_get_a_clear_400_and_go_nowhere(
         yak_url: str, upstream: FakeOpenAIServer, seeded: Seeded, body: bytes, message: str) -> None:  # noqa: F811
@@ -355,6 +357,33 @@ def test_malformed_bodies_get_a_clear_400_and_go_nowhere(
     assert response.status_code == 400
     assert response.json()["error"]["message"].startswith(message) and response.json()["detail"].startswith(message)
     assert upstream.chat_requests == []
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=30),
+                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+                     max_leaves=12)
+_MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "tool", "", "x"]) | _JSON},
+                                 optional={"content": _JSON | st.text(max_size=60)})
+_BODY = st.fixed_dictionaries({}, optional={
+    "model": _JSON, "messages": st.lists(_MESSAGE, max_size=4) | _JSON, "stream": st.booleans() | _JSON,
+    "n": _JSON, "user": _JSON, "tools": _JSON, "stream_options": _JSON})
+
+
+@hypothesis_settings(max_examples=60, deadline=None, derandomize=True,
+                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(body=_BODY | _JSON)
+def test_fuzzed_bodies_never_get_a_5xx_and_store_only_finished_text_turns(
+        yak_url: str, seeded: Seeded, database: Database, body: object) -> None:  # noqa: F811
+    before = len(turns(database, "alice"))
+    response = httpx.post(f"{yak_url}/v1/chat/completions", json=body, timeout=15,
+                          headers={"Authorization": f"Bearer {seeded.alice_key}"})
+    assert response.status_code in (200, 400), response.text
+    stored = turns(database, "alice")[before:]
+    if response.status_code == 400:
+        assert response.json()["error"]["message"] and not stored
+    for user_message, assistant_message, _ in stored:
+        # Only a text question with its complete answer is ever stored.
+        assert assistant_message == f"You said: {user_message}"
 
 
 def test_chats_get_16_mib_and_a_bigger_body_is_refused_with_413(

@@ -144,11 +144,18 @@ def _text_of(content: object) -> tuple[str | None, bool]:
     return ("\n".join(texts) if texts else None), text_only
 
 
+def _refuse_constant(name: str) -> float:
+    # Python reads NaN and Infinity, JSON has neither: forwarded, they would break a strict upstream.
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def parse_chat_request(raw: bytes) -> ChatRequest:
     """Check a chat-completions body as far as Yak reads it; raises :class:`ProxyError` (400) saying what is wrong."""
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=_refuse_constant)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProxyError(400, f"body: invalid JSON ({exc})") from None
+    except ValueError as exc:
         raise ProxyError(400, f"body: invalid JSON ({exc})") from None
     if not isinstance(body, dict):
         raise ProxyError(400, "body: must be a JSON object with 'model' and 'messages'")
