@@ -111,6 +111,23 @@ class Settings(BaseSettings):
         default=50, ge=1, le=1000, description="How many candidates each recall leg (BM25 and vectors, over distillations and exchanges) proposes for relevance scoring."
     )
 
+    upstream_base_url: str | None = Field(
+        default=None,
+        description="OpenAI-compatible endpoint the memory proxy (`/v1/chat/completions`) forwards chats to; unset = $YAK_LLM_BASE_URL (with its key).",
+    )
+    upstream_api_key: SecretStr | None = Field(
+        default=None, description="API key the memory proxy sends to $YAK_UPSTREAM_BASE_URL (never logged, never the client's Yak key)."
+    )
+    upstream_timeout_seconds: float = Field(
+        default=300.0, gt=0, description="How long the memory proxy waits for the upstream's next bytes, in seconds."
+    )
+    proxy_recall_threshold: float = Field(
+        default=0.7, ge=0, le=1, description="Recall threshold t of the memory proxy (the gate of DESIGN §4, as in /api/context)."
+    )
+    proxy_recall_limit: int = Field(
+        default=5, ge=0, le=50, description="Most memories the memory proxy puts in a prompt's block (0: recall nothing, still store turns)."
+    )
+
     @field_validator("timezone")
     @classmethod
     def _known_timezone(cls, value: str) -> str:
@@ -120,7 +137,7 @@ class Settings(BaseSettings):
             raise ValueError(f"unknown time zone {value!r} (use an IANA name such as Europe/Berlin)") from exc
         return value
 
-    @field_validator("database_url", "llm_base_url", "embed_base_url", "embed_model", mode="before")
+    @field_validator("database_url", "llm_base_url", "embed_base_url", "embed_model", "upstream_base_url", mode="before")
     @classmethod
     def _blank_is_unset(cls, value: object) -> object:
         # `export YAK_DATABASE_URL=` should mean "unset", not "connect to ''".
@@ -130,6 +147,17 @@ class Settings(BaseSettings):
     def resolved_drop_dir(self) -> Path:
         """The drop folder in use."""
         return self.drop_dir if self.drop_dir is not None else self.home / "drop"
+
+    @property
+    def resolved_upstream(self) -> tuple[str | None, SecretStr | None]:
+        """The memory proxy's upstream URL and key: ``YAK_UPSTREAM_*``, else the LLM endpoint's.
+
+        The keys are never mixed: the LLM key goes only to the LLM endpoint, so setting another
+        upstream never sends it to a second host.
+        """
+        if self.upstream_base_url is not None:
+            return self.upstream_base_url, self.upstream_api_key
+        return self.llm_base_url, self.llm_api_key
 
     @property
     def pgdata_dir(self) -> Path:

@@ -6,13 +6,17 @@ import ...``), so pytest finds them without a shared conftest.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from uuid import UUID
 
 import psycopg
 import pytest
+import uvicorn
 from pydantic import SecretStr
 from starlette.testclient import TestClient
 
@@ -26,6 +30,24 @@ from yak_pipeline.store.warmth import apply_relevance
 from yak_pipeline_tests.store_helpers import seed_memory_with_distillation
 
 ADMIN_KEY = "test-admin-key-0123456789abcdef"
+
+
+@contextmanager
+def serve_in_thread(app) -> Iterator[str]:  # noqa: ANN001 - an ASGI app
+    """``app`` under uvicorn on a free port of 127.0.0.1; yields its base URL."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, name="yak-test-server", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
 
 
 @pytest.fixture

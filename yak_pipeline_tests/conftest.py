@@ -23,6 +23,7 @@ pytest_plugins = ["yak_pipeline_tests.fake_openai"]
 # Tests use the hashing embedder: deterministic, instant, and the same 384 dimensions as the
 # local model. Tests that exercise the local model say so explicitly.
 TEST_EMBED_DIMENSIONS = 384
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True)
@@ -32,6 +33,9 @@ def _isolated_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> It
         if name.startswith("YAK_") and name != "YAK_TEST_DATABASE_URL":
             monkeypatch.delenv(name)
     monkeypatch.setenv("YAK_HOME", str(tmp_path / "yak-home"))
+    # `yak` subprocesses run the code under test, not whichever checkout the venv's console script
+    # was installed from (worktrees can share one venv).
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(PROJECT_ROOT), os.environ.get("PYTHONPATH")) if p))
     get_settings.cache_clear()
     yield
     get_settings.cache_clear()

@@ -4,13 +4,15 @@ Tests drive Yak's real ``openai`` client against it: nothing in the HTTP path is
 
 - ``POST /v1/chat/completions`` — scripted replies (:meth:`FakeOpenAIServer.script`) in order, then
   the default replier, which answers Yak's own prompts like a well-behaved model would (it runs the
-  rules provider on the prompt's JSON payload);
+  rules provider on the prompt's JSON payload; :func:`chat_replier` answers any chat instead);
+  with ``"stream": true`` the answer comes as server-sent events, word by word, with its finish
+  reason, usage when ``stream_options.include_usage`` asks, and ``[DONE]``, in chunked encoding;
 - ``POST /v1/embeddings`` — deterministic unit vectors seeded by a hash of each text (float or
   base64 encoding, as the client asks), or scripted replies (:meth:`FakeOpenAIServer.script_embeddings`);
 - ``GET /v1/models`` — one model.
 
-Replies can be good JSON, raw text (broken JSON), HTTP errors, slow replies and dropped
-connections (:class:`Reply`). Every request is recorded (:attr:`FakeOpenAIServer.requests`).
+Replies can be good JSON, raw text (broken JSON), HTTP errors, slow replies, dropped
+connections, tool calls and streams cut off in the middle (:class:`Reply`). Every request is recorded (:attr:`FakeOpenAIServer.requests`).
 The ``openai_server`` pytest fixture yields a started server; the project's conftest loads this
 module as a plugin.
 """
@@ -23,6 +25,7 @@ import itertools
 import json
 import math
 import random
+import re
 import struct
 import threading
 import time
@@ -50,7 +53,7 @@ class Reply:
     without answering. ``reply.usage(prompt, completion)`` returns a copy that reports token usage.
     """
 
-    kind: Literal["content", "status", "close", "delay", "raw"]
+    kind: Literal["content", "status", "close", "delay", "raw", "cut"]
     content: str | None = None
     status_code: int = 200
     body: Any = None
@@ -60,6 +63,8 @@ class Reply:
     completion_tokens: int | None = None
     finish_reason: str = "stop"
     headers: tuple[tuple[str, str], ...] = ()
+    tool_calls: tuple[dict[str, Any], ...] = ()
+    cut_after: int = 0
 
     @classmethod
     def json(cls, obj: Any, *, finish_reason: str = "stop") -> Reply:
@@ -87,6 +92,18 @@ class Reply:
     def delay(cls, seconds: float, then: Reply | None = None) -> Reply:
         """Answer ``then`` (default: the default replier's answer) after ``seconds``."""
         return cls(kind="delay", seconds=seconds, then=then)
+
+    @classmethod
+    def tool_call(cls, name: str, arguments: dict[str, Any]) -> Reply:
+        """An assistant message that calls tool ``name`` instead of answering (finish reason ``tool_calls``)."""
+        call = {"id": "call_fake_1", "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+        return cls(kind="content", content=None, finish_reason="tool_calls", tool_calls=(call,))
+
+    @classmethod
+    def cut(cls, content: str, *, after: int) -> Reply:
+        """Stream ``content`` but drop the connection after ``after`` events, mid-body (a killed server);
+        a request without ``stream`` just sees the connection close."""
+        return cls(kind="cut", content=content, cut_after=after)
 
     @classmethod
     def close(cls) -> Reply:
@@ -139,6 +156,17 @@ def rules_replier(request: dict[str, Any]) -> Reply:
     return Reply.json(answer).usage(prompt_tokens, len(json.dumps(answer).split()))
 
 
+def chat_replier(request: dict[str, Any]) -> Reply:
+    """Answer any chat: ``You said: <the last user message's text>`` (so tests can tell answers apart)."""
+    messages = [m for m in request.get("messages") or [] if isinstance(m, dict)]
+    last = next((m.get("content") for m in reversed(messages) if m.get("role") == "user"), "")
+    if isinstance(last, list):
+        last = " ".join(p["text"] for p in last if isinstance(p, dict) and p.get("type") == "text")
+    prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in messages)
+    answer = f"You said: {last}"
+    return Reply.text(answer).usage(prompt_tokens, len(answer.split()))
+
+
 def fake_embedding(text: str, dimensions: int) -> list[float]:
     """A deterministic unit vector for ``text``: Gaussian components seeded by its SHA-256."""
     seed = int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big")
@@ -153,6 +181,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     # HTTP/1.1 keep-alive, as real servers speak it and as the client's connection pool expects.
     protocol_version = "HTTP/1.1"
+    # TCP_NODELAY, as real model servers set it: without it a stream's small writes wait on the
+    # client's delayed ACKs (up to 40 ms each), which is no answer "at once".
+    disable_nagle_algorithm = True
     server: _Server
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
@@ -195,6 +226,7 @@ class FakeOpenAIServer:
         self._chat_queue: deque[Reply] = deque()
         self._embedding_queue: deque[Reply] = deque()
         self._requests: list[RecordedRequest] = []
+        self._streams_sent: list[bytes] = []
         self._ids = itertools.count(1)
         self._stopping = threading.Event()
         self._server: _Server | None = None
@@ -278,6 +310,12 @@ class FakeOpenAIServer:
         """The chat-completion requests received so far."""
         return [r for r in self.requests if r.path.endswith("/chat/completions")]
 
+    @property
+    def streams_sent(self) -> list[bytes]:
+        """The event-stream bodies sent so far (as far as they got), in order."""
+        with self._lock:
+            return list(self._streams_sent)
+
     def clear(self) -> None:
         """Forget recorded requests and queued replies."""
         with self._lock:
@@ -303,7 +341,7 @@ class FakeOpenAIServer:
             listing = {"object": "list", "data": [{"id": self.model, "object": "model", "created": 0, "owned_by": "fake"}]}
             self._send_json(handler, 200, listing)
         elif method == "POST" and path == "/v1/chat/completions" and isinstance(body, dict):
-            self._answer(handler, body, self._next(self._chat_queue), self._chat_body)
+            self._answer(handler, body, self._next(self._chat_queue), self._chat_body, stream=body.get("stream") is True)
         elif method == "POST" and path == "/v1/embeddings" and isinstance(body, dict):
             self._answer(handler, body, self._next(self._embedding_queue), self._embedding_body)
         elif path in ("/v1/chat/completions", "/v1/embeddings"):
@@ -322,6 +360,8 @@ class FakeOpenAIServer:
         request: dict[str, Any],
         reply: Reply | None,
         success: Callable[[dict[str, Any], Reply | None], dict[str, Any]],
+        *,
+        stream: bool = False,
     ) -> None:
         """Send ``reply`` (``None``: the endpoint's normal answer), following delays."""
         while reply is not None and reply.kind == "delay":
@@ -330,6 +370,8 @@ class FakeOpenAIServer:
                 handler.close_connection = True
                 return
             reply = reply.then
+        if reply is not None and reply.kind == "cut" and not stream:
+            reply = Reply.close()
         if reply is not None and reply.kind == "close":
             handler.close_connection = True  # the handler returns without writing: the socket is closed
             return
@@ -339,14 +381,15 @@ class FakeOpenAIServer:
         if reply is not None and reply.kind == "raw":
             self._send_json(handler, reply.status_code, reply.body)
             return
+        if stream:
+            self._send_stream(handler, request, reply)
+            return
         body = success(request, reply)
         status = int(body.pop("__status__", 200))
         self._send_json(handler, status, body)
 
     def _chat_body(self, request: dict[str, Any], reply: Reply | None) -> dict[str, Any]:
         """A chat.completion body for ``reply`` (``None``: ask the default replier)."""
-        if request.get("stream"):
-            return {"__status__": 400, "error": {"message": "streaming is not supported", "type": "invalid_request_error"}}
         if reply is None or reply.kind == "delay":
             reply = self.replier(request)
             if reply.kind != "content":  # the replier may answer with an error too
@@ -360,7 +403,8 @@ class FakeOpenAIServer:
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", "content": reply.content},
+                    "message": {"role": "assistant", "content": reply.content,
+                                **({"tool_calls": list(reply.tool_calls)} if reply.tool_calls else {})},
                     "finish_reason": reply.finish_reason,
                 }
             ],
@@ -369,6 +413,46 @@ class FakeOpenAIServer:
             prompt, completion = reply.prompt_tokens or 0, reply.completion_tokens or 0
             body["usage"] = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
         return body
+
+    def _send_stream(self, handler: _Handler, request: dict[str, Any], reply: Reply | None) -> None:
+        """Stream a chat answer as server-sent events in chunked encoding; a ``cut`` reply stops mid-body."""
+        if reply is None or reply.kind == "delay":
+            reply = self.replier(request)
+            if reply.kind == "status":
+                self._send_json(handler, reply.status_code, reply.body, dict(reply.headers))
+                return
+        base = {"id": f"chatcmpl-fake-{next(self._ids)}", "object": "chat.completion.chunk", "created": int(time.time()),
+                "model": request.get("model", self.model)}
+        deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
+        deltas += [{"content": piece} for piece in re.findall(r"\S+\s*|\s+", reply.content or "")]
+        if reply.tool_calls:
+            deltas.append({"tool_calls": [{"index": 0, **call} for call in reply.tool_calls]})
+        events = [{**base, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
+        events.append({**base, "choices": [{"index": 0, "delta": {}, "finish_reason": reply.finish_reason}]})
+        options = request.get("stream_options") or {}
+        if options.get("include_usage"):
+            prompt, completion = reply.prompt_tokens or 0, reply.completion_tokens or 0
+            events.append({**base, "choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
+                                                          "total_tokens": prompt + completion}})
+        lines = [f"data: {json.dumps(e)}\n\n".encode() for e in events] + [b"data: [DONE]\n\n"]
+        sent = lines[: reply.cut_after] if reply.kind == "cut" else lines
+        with self._lock:
+            self._streams_sent.append(b"".join(sent))
+        try:
+            handler.send_response(200)
+            handler.send_header("Content-Type", "text/event-stream")
+            handler.send_header("Transfer-Encoding", "chunked")
+            handler.end_headers()
+            for index, line in enumerate(lines):
+                if reply.kind == "cut" and index >= reply.cut_after:
+                    handler.close_connection = True  # no terminating chunk: the body is visibly incomplete
+                    return
+                handler.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+                handler.wfile.flush()
+            handler.wfile.write(b"0\r\n\r\n")
+            handler.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            handler.close_connection = True
 
     def _embedding_body(self, request: dict[str, Any], reply: Reply | None) -> dict[str, Any]:
         """An embeddings body: one deterministic vector per input, in the requested encoding."""

@@ -1,4 +1,4 @@
-"""``/metrics``: the ten metrics of DESIGN §6, parseable, counting every process's work."""
+"""``/metrics``: the ten metrics of DESIGN §6 and issue 13's four, parseable, counting every process's work."""
 
 from __future__ import annotations
 
@@ -36,6 +36,9 @@ from yak_pipeline_tests.api_fixtures import (  # noqa: F401
 DESIGN_NAMES = ("yak_requests_total", "yak_distillations_created", "yak_distillations_versioned",
                 "yak_memories_deleted", "yak_recall_latency_ms", "yak_distillation_latency_ms", "yak_queue_size",
                 "yak_warmth_updates", "yak_conflicts_detected", "yak_errors_total")
+PROXY_NAMES = ("yak_proxy_requests_total", "yak_proxy_memories_injected", "yak_proxy_degradations_total",
+               "yak_mcp_tool_calls_total")
+ALL_NAMES = DESIGN_NAMES + PROXY_NAMES
 TYPES = {"yak_recall_latency_ms": "histogram", "yak_distillation_latency_ms": "histogram", "yak_queue_size": "gauge"}
 
 
@@ -45,7 +48,7 @@ def scrape(client) -> dict[str, dict]:  # noqa: ANN001
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
     families = {}
     for family in text_string_to_metric_families(response.text):
-        name = next(n for n in DESIGN_NAMES if n.removesuffix("_total") == family.name.removesuffix("_total"))
+        name = next(n for n in ALL_NAMES if n.removesuffix("_total") == family.name.removesuffix("_total"))
         families[name] = {"type": family.type, "samples": {
             (s.name, tuple(sorted(s.labels.items()))): s.value for s in family.samples}}
     return families
@@ -56,14 +59,14 @@ def total(family: dict, suffix: str = "") -> float:
     return sum(v for (name, _), v in family["samples"].items() if name.endswith(suffix))
 
 
-def test_exactly_the_ten_metrics_with_their_types(admin) -> None:  # noqa: ANN001
-    assert [m.name for m in METRICS] == list(DESIGN_NAMES)
+def test_exactly_the_ten_metrics_and_issue_13s_four_with_their_types(admin) -> None:  # noqa: ANN001
+    assert [m.name for m in METRICS] == list(ALL_NAMES)
     families = scrape(admin)
-    assert set(families) == set(DESIGN_NAMES)
+    assert set(families) == set(ALL_NAMES)
     for name, family in families.items():
         assert family["type"] == TYPES.get(name, "counter"), name
     text = admin.get("/metrics").text
-    for name in DESIGN_NAMES:
+    for name in ALL_NAMES:
         assert name in text
 
 
@@ -184,5 +187,5 @@ def test_openmetrics_when_the_scraper_asks(admin) -> None:  # noqa: ANN001
     response = admin.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
     assert response.headers["content-type"].startswith("application/openmetrics-text")
     assert response.text.endswith("# EOF\n")
-    assert len(list(parse_openmetrics(response.text))) == 10
+    assert len(list(parse_openmetrics(response.text))) == 14
     assert admin.get("/metrics").headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"

@@ -57,3 +57,12 @@ line_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_charac
 @given(line_text, st.lists(line_text, min_size=1, max_size=4).map("\n".join))
 def test_parse_exchange_round_trips(user: str, assistant: str) -> None:
     assert parse_exchange(format_exchange(user, assistant)) == (user, assistant)
+
+
+def test_a_turn_is_refused_for_what_the_turns_route_refuses() -> None:
+    from yak_pipeline.core.exchanges import MAX_TURN_MESSAGE_CHARS, turn_refusal
+
+    assert turn_refusal("hi", "hello") is None
+    assert turn_refusal("  ", "hello") == "the user message is blank"
+    assert turn_refusal("hi", "a\x00b") == "the assistant message contains NUL characters"
+    assert turn_refusal("x" * (MAX_TURN_MESSAGE_CHARS + 1), "ok") == "the user message is longer than 200,000 characters"

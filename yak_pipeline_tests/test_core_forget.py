@@ -14,6 +14,7 @@ from yak_pipeline.core.forget import (
     ForgetCommandError,
     is_memory_id,
     parse_forget_command,
+    parse_forget_confirmation,
 )
 
 ID1 = "3f2b8c1e-9a4d-4e2f-8b7a-1c2d3e4f5a6b"
@@ -109,3 +110,12 @@ def test_a_phrase_is_kept_exact_except_outer_whitespace(phrase: str) -> None:
     parsed = parse_forget_command("/forget " + phrase)
     assert parsed in (ForgetByPhrase(phrase.strip()), ForgetByIds(tuple(dict.fromkeys(
         t.lower() for t in phrase.replace(",", " ").split()))))
+
+
+def test_a_chat_confirmation_carries_its_token() -> None:
+    token = "Zx_3-aBcDeFgHiJkLmNoPqRsTuVwXyZ0123456789ab"
+    assert parse_forget_confirmation(f"  /forget confirm {token}\n") == token
+    assert parse_forget_confirmation(f"/FORGET Confirm {token}") == token
+    assert parse_forget_confirmation("/forget confirm short") is None
+    assert parse_forget_confirmation(f"/forget confirm {token} please") is None
+    assert parse_forget_confirmation("/forget my old address") is None

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from yak_pipeline.core.memory_block import (
     BlockMemory,
     build_prompt_messages,
+    insert_memory_block,
     neutralise_memory_text,
     render_memory_block,
 )
@@ -89,3 +90,19 @@ def test_a_memory_that_cannot_be_rendered_degrades_like_a_failed_recall() -> Non
     build = build_prompt_messages(SYSTEM, "hi", lambda: [BlockMemory("m1", "text", "high")])  # type: ignore[arg-type]
     assert len(build.messages) == 2 and build.recalled_ids == []
     assert build.recall_error is not None and "unknown tier" in build.recall_error
+
+
+def test_block_goes_after_the_system_messages_and_history_before_the_last_user_message() -> None:
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "system", "content": "Use metric units."},
+            {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "what is my {name}?"}]
+    placed = insert_memory_block(chat, "<memories>\n- [core] x\n</memories>")
+    assert placed[:4] == chat[:4] and placed[5] is chat[4]
+    assert placed[4] == {"role": "system", "content": "<memories>\n- [core] x\n</memories>"}
+    assert len(chat) == 5  # the caller's list is not changed
+
+
+def test_no_block_or_no_user_message_changes_nothing() -> None:
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    assert insert_memory_block(chat, "") == chat
+    assert insert_memory_block(chat[:1], "<memories>\n</memories>") == chat[:1]

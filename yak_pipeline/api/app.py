@@ -1,7 +1,9 @@
 """The FastAPI app: ``create_app(settings)`` wires the routes, auth, error answers and metrics.
 
 OpenAPI is served at ``/openapi.json`` (browsable at ``/docs``). Bodies over 1 MiB are refused
-with a JSON 413 naming the limit, before they are read in full (:mod:`yak_pipeline.api.body_limit`).
+with a JSON 413 naming the limit, before they are read in full (:mod:`yak_pipeline.api.body_limit`;
+the memory proxy's chats: 16 MiB). The memory proxy is under ``/v1``; ``create_proxy_app`` serves
+it alone (``yak proxy``).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 from starlette.concurrency import run_in_threadpool
 
 from yak_pipeline import __version__
@@ -19,9 +21,10 @@ from yak_pipeline.api.dependencies import ApiServices
 from yak_pipeline.api.body_limit import BodyLimitMiddleware
 from yak_pipeline.api.errors import document_error_bodies, install_error_handlers
 from yak_pipeline.api.request_metrics import RequestMetricsMiddleware
-from yak_pipeline.api.routes import ROUTERS
+from yak_pipeline.api.routes import ROUTERS, health, proxy
 from yak_pipeline.embeddings import Embedder
 from yak_pipeline.llm.provider import LLMProvider
+from yak_pipeline.services.proxy import PROXY_MAX_BODY_BYTES, PROXY_PREFIX
 from yak_pipeline.settings import Settings, get_settings
 from yak_pipeline.store.database import Database
 
@@ -37,8 +40,10 @@ user id, which can never read or change another user's data."""
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
     yield
-    # Request counts and latencies still buffered are written before the process goes.
     services: ApiServices = app.state.services
+    if services.proxy_if_open is not None:
+        await services.proxy_if_open.aclose()
+    # Request counts and latencies still buffered are written before the process goes.
     database = services.database_if_open
     if database is not None:
         try:
@@ -56,14 +61,16 @@ def create_app(
     alerter: Alerter | None = None,
     extra_admin_keys: tuple[str, ...] = (),
     served: bool = True,
+    routers: tuple[APIRouter, ...] = ROUTERS,
 ) -> FastAPI:
-    """The API for ``settings`` (default: the environment's).
+    """The API for ``settings`` (default: the environment's), memory proxy included.
 
     Parts not given are built from settings on first use. ``extra_admin_keys`` are accepted as
     admin keys besides ``YAK_ADMIN_API_KEY`` and stored admin keys (the in-process CLI uses a
     random one that never leaves its process). ``served=False`` (the in-process CLI) keeps its
     recalls out of the ``yak_recall_latency_ms`` histogram: a fresh process loads the embedding
-    model on its first recall, and that cold start is not what the histogram is for.
+    model on its first recall, and that cold start is not what the histogram is for. ``routers``
+    narrows what is served.
     """
     settings = settings or get_settings()
     app = FastAPI(title="Yak", version=__version__, description=DESCRIPTION, lifespan=_lifespan)
@@ -72,8 +79,15 @@ def create_app(
     install_error_handlers(app)
     document_error_bodies(app)
     # The middleware added last is outermost: bodies refused with 413 are still counted as requests.
-    app.add_middleware(BodyLimitMiddleware)
+    app.add_middleware(BodyLimitMiddleware,
+                       path_limits={f"{PROXY_PREFIX}/chat/completions": PROXY_MAX_BODY_BYTES})
     app.add_middleware(RequestMetricsMiddleware)
-    for router in ROUTERS:
+    for router in routers:
         app.include_router(router)
     return app
+
+
+def create_proxy_app(settings: Settings | None = None, *, database: Database | None = None,
+                     embedder: Embedder | None = None) -> FastAPI:
+    """The memory proxy alone (``/v1`` and ``/health``), for ``yak proxy``."""
+    return create_app(settings, database=database, embedder=embedder, routers=(proxy.router, health.router))

@@ -56,6 +56,17 @@ class Principal:
             raise HTTPException(status.HTTP_403_FORBIDDEN, "this route needs an admin API key")
 
 
+def key_from_headers(api_key: str | None, authorization: str | None) -> str | None:
+    """The key of a request: ``X-API-Key``, else an ``Authorization: Bearer`` token (what OpenAI clients send)."""
+    if api_key:
+        return api_key
+    if authorization:
+        scheme, _, token = authorization.partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            return token.strip()
+    return None
+
+
 def _digest(key: str) -> bytes:
     return hashlib.sha256(key.encode("utf-8")).digest()
 

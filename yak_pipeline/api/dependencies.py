@@ -18,6 +18,7 @@ from yak_pipeline.api.metrics import MetricsBuffer
 from yak_pipeline.embeddings import Embedder, get_embedder
 from yak_pipeline.llm import get_llm_provider
 from yak_pipeline.llm.provider import LLMProvider
+from yak_pipeline.services.proxy import MemoryProxy
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
 from yak_pipeline.wiring import build_alerter, shared_database
@@ -47,6 +48,7 @@ class ApiServices:
         admin = settings.admin_api_key.get_secret_value() if settings.admin_api_key is not None else None
         self.admin_keys: tuple[str, ...] = tuple(k for k in (admin, *extra_admin_keys) if k)
         self.metrics = MetricsBuffer(observe_latency=served)
+        self._proxy: MemoryProxy | None = None
 
     @property
     def database(self) -> Database:
@@ -75,6 +77,19 @@ class ApiServices:
         if self._llm is None:
             self._llm = get_llm_provider(self.settings)
         return self._llm
+
+    @property
+    def proxy(self) -> MemoryProxy:
+        """The memory proxy (``/v1``), on this app's database, embedder and metrics."""
+        if self._proxy is None:
+            self._proxy = MemoryProxy(self.settings, database=lambda: self.database, embedder=lambda: self.embedder,
+                                      metrics=self.metrics)
+        return self._proxy
+
+    @property
+    def proxy_if_open(self) -> MemoryProxy | None:
+        """The memory proxy if a request used it (nothing to close otherwise)."""
+        return self._proxy
 
     @property
     def alerter(self) -> Alerter:

@@ -4,10 +4,14 @@
 - 404: no such id *for this caller*; 413: body over 1 MiB;
 - 503 with ``Retry-After``: the database cannot be reached (and a ``db_connection_lost`` alert);
 - 500: a bug; the traceback goes to the server log only.
+
+Under ``/v1`` (the memory proxy, which speaks OpenAI's protocol) the same answers also carry
+OpenAI's ``{"error": {"message", "type", "param", "code"}}``, which OpenAI clients show.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Final
 
@@ -20,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from yak_pipeline.core.types import InvalidUserId
 from yak_pipeline.recall_models import RelevanceModelMissing
+from yak_pipeline.services.proxy import PROXY_PREFIX, ProxyError
 from yak_pipeline.store.errors import DatabaseUnavailable, StoreError
 
 logger = logging.getLogger("yak.api")
@@ -29,9 +34,9 @@ MAX_BODY_BYTES: Final = 1024 * 1024
 _MAX_DETAIL_CHARS: Final = 300
 
 
-def body_too_large_detail(size: int | None = None) -> str:
+def body_too_large_detail(size: int | None = None, max_bytes: int = MAX_BODY_BYTES) -> str:
     """The one line a 413 answers: the limit, and the body's size when it was declared."""
-    limit = f"{MAX_BODY_BYTES // (1024 * 1024)} MiB ({MAX_BODY_BYTES} bytes)"
+    limit = f"{max_bytes // (1024 * 1024)} MiB ({max_bytes} bytes)"
     if size is None:
         return f"request body is larger than the limit of {limit}"
     return f"request body of {size} bytes is larger than the limit of {limit}"
@@ -41,6 +46,14 @@ def one_line(text: object) -> str:
     """``text`` on a single line, cut to a readable length."""
     flat = " ".join(str(text).split())
     return flat if len(flat) <= _MAX_DETAIL_CHARS else flat[: _MAX_DETAIL_CHARS - 1] + "…"
+
+
+def _with_openai_error(request: Request, body: dict, status_code: int) -> dict:
+    """``body`` plus OpenAI's error object when the request was to the memory proxy."""
+    if request.url.path.startswith(PROXY_PREFIX + "/"):
+        error_type = "invalid_request_error" if status_code < 500 else "server_error"
+        body = {**body, "error": ProxyError(status_code, body["detail"], error_type=error_type).body()["error"]}
+    return body
 
 
 def _field(loc: tuple | list) -> str:
@@ -125,12 +138,21 @@ def install_error_handlers(app: FastAPI) -> None:
             detail = body_too_large_detail()
         elif exc.status_code == 404 and detail == "Not Found":
             detail = f"no route {request.method} {request.url.path}"
-        return JSONResponse({"detail": one_line(detail)}, status_code=exc.status_code, headers=exc.headers)
+        return JSONResponse(_with_openai_error(request, {"detail": one_line(detail)}, exc.status_code),
+                            status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(ProxyError)
+    async def _proxy_error(request: Request, exc: ProxyError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status_code)
 
     @app.exception_handler(DatabaseUnavailable)
     async def _database_unavailable(request: Request, exc: DatabaseUnavailable) -> JSONResponse:
         # Alerting may wait on a webhook: not on the event loop.
-        return await run_in_threadpool(database_unavailable_response, app, exc)
+        response = await run_in_threadpool(database_unavailable_response, app, exc)
+        if request.url.path.startswith(PROXY_PREFIX + "/"):
+            body = _with_openai_error(request, json.loads(response.body), response.status_code)
+            return JSONResponse(body, status_code=response.status_code, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+        return response
 
     @app.exception_handler(InvalidUserId)
     async def _invalid_user(request: Request, exc: InvalidUserId) -> JSONResponse:
@@ -160,4 +182,5 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error in %s %s", request.method, request.url.path)
         app.state.services.metrics.count_error("internal")
-        return JSONResponse({"detail": "internal error; the server log has the details"}, status_code=500)
+        return JSONResponse(_with_openai_error(request, {"detail": "internal error; the server log has the details"}, 500),
+                            status_code=500)

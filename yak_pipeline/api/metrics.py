@@ -1,4 +1,4 @@
-"""``GET /metrics``: the ten metrics of DESIGN §6, read from PostgreSQL at scrape time.
+"""``GET /metrics``: the metrics of DESIGN §6, the memory proxy and the MCP server, read from PostgreSQL at scrape time.
 
 Counts come from every process (see :mod:`yak_pipeline.store.metrics`). The API's own
 contributions — request counts, recall latencies, errors it answered — are buffered in memory
@@ -38,6 +38,9 @@ METRIC_LABELS: Final[dict[str, tuple[str, ...]]] = {
     "yak_warmth_updates": ("reason",),
     "yak_errors_total": ("type",),
     "yak_queue_size": ("queue",),
+    "yak_proxy_requests_total": ("outcome", "stream"),
+    "yak_proxy_degradations_total": ("reason",),
+    "yak_mcp_tool_calls_total": ("tool", "outcome"),
 }
 QUEUES: Final = ("memories", "turns")
 FLUSH_INTERVAL_SECONDS: Final = 2.0
@@ -77,6 +80,23 @@ class MetricsBuffer:
     def count_error(self, error_type: str) -> None:
         """Count one error the API ran into."""
         self._add(counter_event("yak_errors_total", 1, {"type": error_type}))
+
+    def count_proxy_request(self, outcome: str, *, stream: bool) -> None:
+        """Count one chat completion through the memory proxy by how it ended."""
+        self._add(counter_event("yak_proxy_requests_total", 1, {"outcome": outcome, "stream": str(stream).lower()}))
+
+    def count_injected_memories(self, count: int) -> None:
+        """Count the memories one proxied prompt's block held."""
+        if count:
+            self._add(counter_event("yak_proxy_memories_injected", count))
+
+    def count_proxy_degradation(self, reason: str) -> None:
+        """Count a proxy request that lost part of the loop (one of ``KNOWN_DEGRADATIONS``)."""
+        self._add(counter_event("yak_proxy_degradations_total", 1, {"reason": reason}))
+
+    def count_mcp_tool_call(self, tool: str, outcome: str) -> None:
+        """Count one MCP tool call: ``ok``, ``refused`` (a user's mistake or a bad key) or ``error``."""
+        self._add(counter_event("yak_mcp_tool_calls_total", 1, {"tool": tool, "outcome": outcome}))
 
     def flush_due(self) -> bool:
         """Whether the buffer has waited long enough to be written."""
@@ -138,7 +158,7 @@ def _le(bound: float) -> str:
 
 
 def metric_families(totals: MetricTotals) -> list[Metric]:
-    """The ten metric families for one scrape's totals."""
+    """Every metric family for one scrape's totals."""
     families: list[Metric] = []
     for definition in METRICS:
         if definition.kind == "counter":
@@ -160,7 +180,7 @@ class YakCollector(Collector):
         self._read_totals = read_totals
 
     def collect(self) -> Iterator[Metric]:
-        """Yield the ten families, freshly read."""
+        """Yield every family, freshly read."""
         yield from metric_families(self._read_totals())
 
     def describe(self) -> list[Metric]:
@@ -169,7 +189,7 @@ class YakCollector(Collector):
 
 
 def render_metrics(read_totals: Callable[[], MetricTotals], accept: str | None = None) -> tuple[bytes, str]:
-    """The ten metrics in the format the scraper's ``Accept`` header asks for, and its content type
+    """The metrics in the format the scraper's ``Accept`` header asks for, and its content type
     (Prometheus text 0.0.4 by default; OpenMetrics or text 1.0 when asked)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(YakCollector(read_totals))

@@ -12,6 +12,7 @@ from uuid import UUID
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from yak_pipeline.core.exchanges import MAX_RECALL_QUERY_CHARS, MAX_TURN_MESSAGE_CHARS
 from yak_pipeline.core.types import USER_ID_PATTERN
 from yak_pipeline.services.ingest import EARLIEST_EXCHANGE_DATE, FUTURE_TOLERANCE
 
@@ -110,7 +111,7 @@ class MemoryPage(BaseModel):
 class SearchRequest(RequestBody):
     """A recall query for one user."""
 
-    query: Annotated[Text, Field(max_length=10_000)]
+    query: Annotated[Text, Field(max_length=MAX_RECALL_QUERY_CHARS)]
     user_id: UserId
     limit: int = Field(default=5, ge=1, le=100)
     threshold: float = Field(default=0.7, ge=0.0, le=1.0,
@@ -163,8 +164,8 @@ class TurnCreate(RequestBody):
     """One finished turn: stored as a memory and queued for per-turn warmth evaluation."""
 
     user_id: UserId
-    user_message: Annotated[Text, Field(max_length=200_000)]
-    assistant_message: Annotated[Text, Field(max_length=200_000)]
+    user_message: Annotated[Text, Field(max_length=MAX_TURN_MESSAGE_CHARS)]
+    assistant_message: Annotated[Text, Field(max_length=MAX_TURN_MESSAGE_CHARS)]
     recalled_ids: list[UUID] = Field(default_factory=list, max_length=200)
     occurred_at: ExchangeTime | None = None
 

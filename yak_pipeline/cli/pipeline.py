@@ -379,6 +379,8 @@ def run_up(settings: Settings, *, host: str, webserver_port: int, api_port: int)
         console.print(f"Dagster UI: http://{host}:{webserver_port}")
         if "api" in children:
             console.print(f"API:        http://{host}:{api_port} (OpenAPI at /docs)")
+            console.print(f"memory proxy: http://{host}:{api_port}/v1 (OpenAI-compatible; YAK_UPSTREAM_BASE_URL)",
+                          highlight=False)
         console.print(f"drop folder: {settings.resolved_drop_dir}" + (f" ({seeded} example files queued)" if seeded else ""),
                       highlight=False)
         console.print("Ctrl-C stops everything.")

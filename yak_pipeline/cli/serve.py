@@ -1,4 +1,5 @@
-"""``yak serve``: the HTTP API under uvicorn, with an admin key created on first start."""
+"""``yak serve``: the HTTP API (memory proxy included) under uvicorn, with an admin key created on first
+start; ``yak proxy``: the memory proxy alone; ``yak mcp``: the MCP server (stdio or streamable HTTP)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def ensure_admin_key(settings: Settings, database: Database) -> Path | None:
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``serve`` to the ``yak`` app."""
+    """Add ``serve``, ``proxy`` and ``mcp`` to the ``yak`` app."""
 
     @app.command("serve")
     @friendly_errors
@@ -72,9 +73,89 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(json.dumps(info), flush=True)
         else:
-            print(f"Yak API on {info['url']} (OpenAPI at {info['openapi']})", flush=True)
+            print(f"Yak API on {info['url']} (OpenAPI at {info['openapi']}; memory proxy at {info['url']}/v1)",
+                  flush=True)
             if key_file:
                 print(f"admin API key stored in {key_file}", flush=True)
             if warning:
                 print(f"warning: {warning}", file=sys.stderr, flush=True)
         uvicorn.run(create_app(settings, database=database), host=host, port=port, log_level="info")
+
+    @app.command("proxy")
+    @friendly_errors
+    def proxy_command(
+        host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
+        port: int = typer.Option(8001, "--port", min=1, max=65535, help="Port to listen on."),
+        as_json: JsonOption = False,
+    ) -> None:
+        """Run the memory proxy alone until Ctrl-C: an OpenAI-compatible /v1 that recalls before and
+        remembers after every chat, forwarding to YAK_UPSTREAM_BASE_URL (`yak serve` and `yak up`
+        serve it too, under /v1 of the API). Clients use a Yak API key as their OpenAI key."""
+        import uvicorn
+
+        from yak_pipeline.api.app import create_proxy_app
+        from yak_pipeline.wiring import shared_database
+
+        settings = get_settings()
+        upstream, _ = settings.resolved_upstream
+        database, warnings = None, []
+        if upstream is None:
+            warnings.append("no upstream model server: set YAK_UPSTREAM_BASE_URL (chats answer 503 until then)")
+        try:
+            database = shared_database(settings)
+        except StoreError as exc:
+            warnings.append(f"database not ready: {exc}")
+        info = {"url": f"http://{host}:{port}/v1", "upstream": _without_credentials(upstream), "warnings": warnings}
+        if as_json:
+            print(json.dumps(info), flush=True)
+        else:
+            print(f"Yak memory proxy on {info['url']} (upstream: {info['upstream'] or 'none'})", flush=True)
+            for warning in warnings:
+                print(f"warning: {warning}", file=sys.stderr, flush=True)
+        uvicorn.run(create_proxy_app(settings, database=database), host=host, port=port, log_level="info")
+
+
+    @app.command("mcp")
+    @friendly_errors
+    def mcp_command(
+        user: str | None = typer.Option(None, "--user", help="The user whose memories the tools use (stdio: "
+                                        "required; HTTP: for admin keys only)."),
+        http: bool = typer.Option(False, "--http", help="Serve streamable HTTP at /mcp instead of stdio."),
+        host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on (with --http)."),
+        port: int = typer.Option(8002, "--port", min=1, max=65535, help="Port to listen on (with --http)."),
+    ) -> None:
+        """Serve Yak's memory to MCP clients (tools memory_search, memory_save, memory_forget,
+        memory_recent): over stdio for --user, or over streamable HTTP (--http) where each request's
+        user-scoped API key (X-API-Key or Authorization: Bearer) decides whose memories it reaches."""
+        from yak_pipeline.api.dependencies import ApiServices
+        from yak_pipeline.api.mcp_server import MCP_PATH, build_mcp_server, mcp_http_app
+        from yak_pipeline.cli.errors import USAGE_EXIT, fail
+        from yak_pipeline.core.types import InvalidUserId, validate_user_id
+        from yak_pipeline.wiring import shared_database
+
+        if user is not None:
+            try:
+                validate_user_id(user)
+            except InvalidUserId as exc:
+                raise fail(f"--user: {exc}", USAGE_EXIT) from None
+        elif not http:
+            raise fail("yak mcp over stdio needs --user U (whose memories the tools use)", USAGE_EXIT)
+        settings = get_settings()
+        services = ApiServices(settings, database=shared_database(settings))
+        if not http:
+            # stdout is the protocol's channel: nothing else may be printed there.
+            build_mcp_server(services, user=user).run("stdio")
+            return
+        import uvicorn
+
+        print(f"Yak MCP server on http://{host}:{port}{MCP_PATH} (streamable HTTP; send a user-scoped API key)",
+              file=sys.stderr, flush=True)
+        uvicorn.run(mcp_http_app(services, user=user, host=host), host=host, port=port, log_level="info")
+
+def _without_credentials(url: str | None) -> str | None:
+    """``url`` without a user name or password, fit to print."""
+    if url is None:
+        return None
+    import httpx
+
+    return str(httpx.URL(url).copy_with(username=None, password=None))

@@ -10,7 +10,24 @@ import hashlib
 import re
 from typing import Final
 
+# The longest user message or answer a turn stores (``POST /api/turns``, the memory proxy).
+MAX_TURN_MESSAGE_CHARS: Final = 200_000
+# The longest text recall searches with (``/api/context``; the proxy searches with a message's end).
+MAX_RECALL_QUERY_CHARS: Final = 10_000
+
 _EXCHANGE_RE: Final = re.compile(r"User:[ ]?(?P<user>.*?)\nAssistant:[ ]?(?P<assistant>.*)", re.DOTALL)
+
+
+def turn_refusal(user: str, assistant: str) -> str | None:
+    """Why a turn cannot be stored as it is (what ``POST /api/turns`` refuses with 422), or None."""
+    for name, text in (("user message", user), ("assistant message", assistant)):
+        if not text.strip():
+            return f"the {name} is blank"
+        if "\x00" in text:
+            return f"the {name} contains NUL characters"
+        if len(text) > MAX_TURN_MESSAGE_CHARS:
+            return f"the {name} is longer than {MAX_TURN_MESSAGE_CHARS:,} characters"
+    return None
 
 
 def format_exchange(user: str, assistant: str) -> str:

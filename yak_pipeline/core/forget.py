@@ -4,6 +4,7 @@ Four forms, keywords case-insensitive, the whole message being the command:
 ``/forget <id>[, <id> …]``, ``/forget <exact phrase>``, ``forget this memory`` (with the id of
 the memory in context) and ``delete memory: <id>``. An id deletes; a phrase only searches, and
 its candidates must be confirmed, so a phrase that merely looks like a mistyped id is harmless.
+In a chat (the memory proxy) the confirmation is a message too: ``/forget confirm <token>``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ _SEPARATORS_RE: Final = re.compile(r"[\s,]+")
 _SLASH_FORGET_RE: Final = re.compile(r"/forget(?:\s+(?P<rest>.*))?", re.IGNORECASE | re.DOTALL)
 _FORGET_THIS_RE: Final = re.compile(r"forget\s+this\s+memory[.!]?", re.IGNORECASE)
 _DELETE_MEMORY_RE: Final = re.compile(r"delete\s+memory\s*:(?P<rest>.*)", re.IGNORECASE | re.DOTALL)
+# A chat has no confirm button: the proxy answers a phrase with a token to send back this way.
+_CONFIRM_RE: Final = re.compile(r"/forget\s+confirm\s+(?P<token>[A-Za-z0-9_-]{16,128})", re.IGNORECASE)
 _QUOTE_PAIRS: Final = (('"', '"'), ("'", "'"), ("\u201c", "\u201d"), ("\u2018", "\u2019"))
 
 
@@ -95,3 +98,13 @@ def parse_forget_command(text: str, context_memory_id: str | None = None) -> For
             raise ForgetCommandError(f"'delete memory:' needs memory ids (UUIDs), got {rest[:60]!r}")
         return ForgetByIds(ids)
     return None
+
+
+def parse_forget_confirmation(text: str) -> str | None:
+    """The token of ``/forget confirm <token>`` (the chat form of confirming a phrase's candidates), else None.
+
+    Checked before :func:`parse_forget_command`, which would read "confirm …" as a phrase; to
+    search for memories that say "confirm" followed by a token-like word, quote the phrase.
+    """
+    match = _CONFIRM_RE.fullmatch(text.strip())
+    return None if match is None else match.group("token")

@@ -8,10 +8,10 @@ block nor fill a template variable.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Final
+from typing import Any, Final
 
 from yak_pipeline.core.types import TIERS, Tier
 
@@ -110,3 +110,22 @@ def build_prompt_messages(
         messages.append({"role": "system", "content": block})
     messages.append({"role": "user", "content": user_query})
     return PromptBuild(messages=messages, recalled_ids=recalled_ids, recall_error=recall_error, block=block)
+
+
+def insert_memory_block(messages: Sequence[Mapping[str, Any]], block: str) -> list[Mapping[str, Any]]:
+    """A chat's ``messages`` with ``block`` as its own system message just before the last user message.
+
+    That is DESIGN §4's fixed position for a whole conversation: after the system message(s) and
+    the earlier turns, before the user's query. The earlier messages stay a byte-identical prefix
+    from one turn to the next (the block changes every turn), so a server's prompt cache keeps
+    working. No message is edited, so the block never lands inside anyone's template. Without a
+    user message, or with an empty block, the messages are returned as they are.
+    """
+    result = list(messages)
+    if not block:
+        return result
+    last_user = next((i for i in range(len(result) - 1, -1, -1) if result[i].get("role") == "user"), None)
+    if last_user is None:
+        return result
+    result.insert(last_user, {"role": "system", "content": block})
+    return result

@@ -1,4 +1,5 @@
-"""Yak's ten metrics (DESIGN §6), kept in PostgreSQL so every process's work counts.
+"""Yak's metrics: DESIGN §6's ten and the memory proxy's and MCP server's four (issue 13), kept in
+PostgreSQL so every process's work counts.
 
 Writers append to ``metric_events``: triggers in ``sql/003_api.sql`` do it for distillations
 created and versioned, memories forgotten, conflicts, warmth updates and failed attempts; the
@@ -50,12 +51,21 @@ METRICS: Final[tuple[MetricDefinition, ...]] = (
     MetricDefinition("yak_warmth_updates", "counter", "Warmth evaluations and resets, by reason."),
     MetricDefinition("yak_conflicts_detected", "counter", "Contradictions detected between distillations."),
     MetricDefinition("yak_errors_total", "counter", "Errors, by type."),
+    MetricDefinition("yak_proxy_requests_total", "counter",
+                     "Chat completions through the memory proxy, by outcome and whether streamed."),
+    MetricDefinition("yak_proxy_memories_injected", "counter",
+                     "Memories the memory proxy put into prompts' memory blocks."),
+    MetricDefinition("yak_proxy_degradations_total", "counter",
+                     "Memory proxy requests served with less than the full loop, by reason."),
+    MetricDefinition("yak_mcp_tool_calls_total", "counter", "MCP tool calls (yak mcp), by tool and outcome."),
 )
 METRICS_BY_NAME: Final[dict[str, MetricDefinition]] = {m.name: m for m in METRICS}
 
 # Error types shown (at 0) before any happened, so dashboards and alerts have series to watch.
 KNOWN_ERROR_TYPES: Final = ("distillation_failed", "embedding_failed", "warmth_failed", "db_connection_lost",
                             "llm_unavailable", "internal")
+# Why a proxy request got less than recall → answer → stored turn; shown at 0 like the errors.
+KNOWN_DEGRADATIONS: Final = ("recall_failed", "upstream_cut", "turn_not_stored")
 # The label values a labelled counter can take, exposed at 0 from a fresh server's first scrape:
 # a family without samples is "absent" to Prometheus, which breaks dashboards and absent()
 # alerts until its first event. Reasons are the CHECK lists of distillation_versions.reason
@@ -66,6 +76,7 @@ KNOWN_LABEL_VALUES: Final[dict[str, tuple[dict[str, str], ...]]] = {
     "yak_errors_total": tuple({"type": t} for t in KNOWN_ERROR_TYPES),
     # Every route is too many series to invent; the scrape's own series is the one sure to come.
     "yak_requests_total": ({"method": "GET", "route": "/metrics", "status": "200"},),
+    "yak_proxy_degradations_total": tuple({"reason": r} for r in KNOWN_DEGRADATIONS),
 }
 
 # Serialises concurrent folds (two scrapes at once) so each event is added exactly once.

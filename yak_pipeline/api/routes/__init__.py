@@ -9,6 +9,7 @@ from yak_pipeline.api.routes import (
     keys,
     memories,
     metrics,
+    proxy,
     queue,
     review,
     turns,
@@ -28,4 +29,5 @@ ROUTERS = (
     keys.router,
     health.router,
     metrics.router,
+    proxy.router,
 )

@@ -7,15 +7,17 @@ from fastapi import APIRouter, HTTPException, status
 from yak_pipeline.api.dependencies import Caller, Services
 from yak_pipeline.api.errors import one_line
 from yak_pipeline.api.schemas import ForgetCandidate, ForgetConfirm, ForgetRequest, ForgetResult, rows_to
-from yak_pipeline.core.forget import ForgetByIds, ForgetCommandError, parse_forget_command
-from yak_pipeline.store.forget import find_forget_candidates, forget_memories, resolve_memory_ids
-from yak_pipeline.store.forget_tokens import issue_forget_token, redeem_forget_token
+from yak_pipeline.core.forget import ForgetCommandError
+from yak_pipeline.services.forget import ForgetOutcome, confirm_forget, run_forget_command
 
 router = APIRouter(prefix="/api/forget", tags=["forget"])
 
 
-def _command_error(reason: str) -> HTTPException:
-    return HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"command: {one_line(reason)}")
+def _result(outcome: ForgetOutcome) -> ForgetResult:
+    return ForgetResult(action=outcome.action, deleted_memory_ids=outcome.deleted_memory_ids,
+                        deleted_distillation_ids=outcome.deleted_distillation_ids, not_found=outcome.not_found,
+                        candidates=rows_to(ForgetCandidate, outcome.candidates),
+                        confirmation_token=outcome.token, expires_at=outcome.expires_at)
 
 
 @router.post("", response_model=ForgetResult)
@@ -25,30 +27,13 @@ def forget(body: ForgetRequest, caller: Caller, services: Services) -> ForgetRes
     deletes nothing: it returns the matching memories and a token for ``/api/forget/confirm``."""
     user_id = caller.acting_for(body.user_id)
     try:
-        command = parse_forget_command(body.command, body.context_memory_id)
+        outcome = run_forget_command(services.database, user_id=user_id, command=body.command,
+                                     context_memory_id=body.context_memory_id, actor=caller.actor, soft=body.soft)
     except ForgetCommandError as exc:
-        raise _command_error(str(exc)) from None
-    if command is None:
-        raise _command_error("not a forget command; use '/forget <id or phrase>', 'delete memory: <id>' "
-                             "or 'forget this memory'")
-    with services.database.connection() as conn:
-        if isinstance(command, ForgetByIds):
-            memory_ids = resolve_memory_ids(conn, user_id=user_id, ids=command.ids)
-            if not memory_ids:
-                raise HTTPException(status.HTTP_404_NOT_FOUND, f"no memory {', '.join(command.ids)}")
-            report = forget_memories(conn, user_id=user_id, memory_ids=memory_ids, actor=caller.actor,
-                                     soft=body.soft)
-            gone = set(report.memory_ids) | set(report.distillation_ids)
-            return ForgetResult(action="deleted", deleted_memory_ids=report.memory_ids,
-                                deleted_distillation_ids=report.distillation_ids,
-                                not_found=[i for i in command.ids if i not in gone])
-        candidates = find_forget_candidates(conn, user_id=user_id, phrase=command.phrase)
-        if not candidates:
-            return ForgetResult(action="nothing")
-        token = issue_forget_token(conn, user_id=user_id, memory_ids=[c["memory_id"] for c in candidates])
-    return ForgetResult(action="confirm", candidates=rows_to(ForgetCandidate, [
-        {**c, "distillations": c["distillations"] or []} for c in candidates]),
-        confirmation_token=token.token, expires_at=token.expires_at)
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, f"command: {one_line(exc)}") from None
+    if outcome.action == "not_found":
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no memory {', '.join(outcome.not_found)}")
+    return _result(outcome)
 
 
 @router.post("/confirm", response_model=ForgetResult)
@@ -56,12 +41,7 @@ def confirm(body: ForgetConfirm, caller: Caller, services: Services) -> ForgetRe
     """Delete the candidates a ``/forget <phrase>`` listed. The token works once, for ten minutes,
     for the user it was issued to, and only for the memories it listed."""
     user_id = caller.acting_for(body.user_id)
-    with services.database.connection() as conn:
-        redeemed = redeem_forget_token(conn, body.token, user_id=user_id)
-        if redeemed is None:
-            raise HTTPException(status.HTTP_404_NOT_FOUND, "unknown, used or expired confirmation token")
-        _, memory_ids = redeemed
-        report = forget_memories(conn, user_id=user_id, memory_ids=memory_ids, actor=caller.actor, soft=body.soft)
-    return ForgetResult(action="deleted", deleted_memory_ids=report.memory_ids,
-                        deleted_distillation_ids=report.distillation_ids,
-                        not_found=sorted(set(memory_ids) - set(report.memory_ids)))
+    outcome = confirm_forget(services.database, user_id=user_id, token=body.token, actor=caller.actor, soft=body.soft)
+    if outcome.action == "not_found":
+        raise HTTPException(status.HTTP_404_NOT_FOUND, "unknown, used or expired confirmation token")
+    return _result(outcome)

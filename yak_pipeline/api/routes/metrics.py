@@ -1,4 +1,4 @@
-"""``/metrics``: the ten Prometheus metrics (admin key)."""
+"""``/metrics``: the Prometheus metrics (admin key)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ router = APIRouter(tags=["operations"])
 @router.get("/metrics", response_class=Response,
             responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format."}})
 def metrics(request: Request, caller: Caller, services: Services) -> Response:
-    """Counters, histograms and the queue gauge of DESIGN §6, counting the work of every process
+    """Counters, histograms and the queue gauge of DESIGN §6 and the memory proxy, counting the work of every process
     (API workers and pipeline runs), read from PostgreSQL at scrape time. Prometheus text
     format, or OpenMetrics when the ``Accept`` header asks for it."""
     caller.require_admin()

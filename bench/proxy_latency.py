@@ -1,0 +1,172 @@
+"""What the memory proxy adds to a chat: time to first token and total, p50/p95.
+
+``python bench/proxy_latency.py --n 100000 --users 10 [--queries 200] [--json]``
+
+Loads N synthetic memories over U users into a scratch database (``recall_latency.load``: the
+same rows, indexes and per-user HNSW indexes as the recall benchmark, labelled with the local
+embedder's model), starts ``yak proxy`` as a real process (local all-MiniLM-L6-v2 query embedder,
+the recall engine, turns stored) in front of an upstream that answers at once (the tests'
+loopback OpenAI-protocol server, streaming word by word), and sends each of Q chats twice, to
+the upstream directly and through the proxy, in alternating order, streamed and not:
+
+- **TTFT**: from sending the request to the first server-sent event;
+- **total**: to the end of the answer (through the proxy that includes storing the turn, which
+  happens before ``[DONE]`` is passed on).
+
+The figures are the per-chat differences (proxy − direct). The same chats are then sent through
+a proxy with ``YAK_PROXY_RECALL_LIMIT=0`` (no recall, everything else the same), which splits the
+added time into the proxy's own plumbing (keys, parsing, forwarding, relaying, storing the turn)
+and recall (query embedding and the recall engine, as ``/api/context`` runs them). Target (issue 13): added p95 ≤ 40 ms
+at N = 100,000. The 1-minute load average is recorded: the figures are only as quiet as the
+machine was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (  # noqa: E402
+    ROOT,
+    free_port,
+    latency_summary,
+    print_table,
+    progress,
+    scratch_database,
+    verdict,
+    write_result,
+)
+from recall_latency import _queries, load  # noqa: E402
+
+from yak_pipeline.settings import get_settings  # noqa: E402
+from yak_pipeline_tests.fake_openai import FakeOpenAIServer, chat_replier  # noqa: E402
+
+TARGET_ADDED_P95_MS = 40.0
+
+
+def _chat(client, url: str, headers: dict, body: dict) -> tuple[float, float]:  # noqa: ANN001 - httpx.Client
+    """(time to first event, total) of one streamed chat, in ms."""
+    began = time.perf_counter()
+    first = None
+    with client.stream("POST", url, headers=headers, json=body) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if first is None and line.startswith("data:"):
+                first = time.perf_counter()
+    end = time.perf_counter()
+    return ((first or end) - began) * 1000, (end - began) * 1000
+
+
+def _whole(client, url: str, headers: dict, body: dict) -> float:  # noqa: ANN001 - httpx.Client
+    """Total time of one chat that is not streamed, in ms."""
+    began = time.perf_counter()
+    client.post(url, headers=headers, json=body).raise_for_status()
+    return (time.perf_counter() - began) * 1000
+
+
+def bench(url: str, queries: list, upstream: FakeOpenAIServer, *, recall: bool = True) -> dict:
+    """Every query direct and through a ``yak proxy`` process; the per-query differences."""
+    import httpx
+
+    key = secrets.token_urlsafe(24)
+    port = free_port()
+    env = {**os.environ, "YAK_DATABASE_URL": url, "YAK_ADMIN_API_KEY": key, "YAK_UPSTREAM_BASE_URL": upstream.base_url,
+           "YAK_HOME": str(Path(os.environ.get("YAK_HOME", ROOT / ".yak")).resolve()),
+           "YAK_PROXY_RECALL_LIMIT": "5" if recall else "0"}
+    proxy = subprocess.Popen([sys.executable, "-m", "yak_pipeline.cli.main", "proxy", "--port", str(port)], env=env,
+                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    base = f"http://127.0.0.1:{port}/v1"
+    direct_headers, proxy_headers = {}, {"X-API-Key": key}
+    try:
+        with httpx.Client(timeout=60) as client:
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    if client.get(f"http://127.0.0.1:{port}/health").status_code < 500:
+                        break
+                except httpx.TransportError:
+                    pass
+                if proxy.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"yak proxy did not start: {proxy.stderr.read().decode()[-500:]}")
+                time.sleep(0.5)
+
+            def body(user: str, text: str, stream: bool) -> dict:
+                return {"model": "fake-model", "user": user, "stream": stream,
+                        "messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": text}]}
+
+            for user, text, _ in queries[:20]:  # loads the query embedder, warms the pool and the caches
+                _chat(client, f"{base}/chat/completions", proxy_headers, body(user, f"warm up: {text}", True))
+            added_ttft, added_total, added_whole, direct_ttft, proxy_ttft = [], [], [], [], []
+            for i, (user, text, _) in enumerate(queries[20:]):
+                order = [("direct", upstream.base_url, direct_headers), ("proxy", base, proxy_headers)]
+                if i % 2:
+                    order.reverse()
+                timings = {name: _chat(client, f"{where}/chat/completions", headers, body(user, text, True))
+                           for name, where, headers in order}
+                whole = {name: _whole(client, f"{where}/chat/completions", headers, body(user, f"{text} (whole)", False))
+                         for name, where, headers in order}
+                added_ttft.append(timings["proxy"][0] - timings["direct"][0])
+                added_total.append(timings["proxy"][1] - timings["direct"][1])
+                added_whole.append(whole["proxy"] - whole["direct"])
+                direct_ttft.append(timings["direct"][0])
+                proxy_ttft.append(timings["proxy"][0])
+                if (i + 1) % 50 == 0:
+                    progress(f"  {'' if recall else 'no recall: '}{i + 1}/{len(queries) - 20} chats")
+        return {"added_ttft_ms": latency_summary(added_ttft), "added_total_ms": latency_summary(added_total),
+                "added_total_not_streamed_ms": latency_summary(added_whole),
+                "direct_ttft_ms": latency_summary(direct_ttft), "proxy_ttft_ms": latency_summary(proxy_ttft)}
+    finally:
+        proxy.terminate()
+        try:
+            proxy.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proxy.kill()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Load, measure, print the table (or JSON) and write ``bench/results/proxy_latency_n<N>.json``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--n", type=int, default=10_000, help="synthetic memories (default 10000)")
+    parser.add_argument("--users", type=int, default=10, help="users the rows are spread over (default 10)")
+    parser.add_argument("--queries", type=int, default=200, help="chats measured (default 200)")
+    parser.add_argument("--seed", type=int, default=5)
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = parser.parse_args(argv)
+    settings = get_settings()
+    load_before = round(os.getloadavg()[0], 2)
+    with scratch_database(settings) as url, FakeOpenAIServer(chat_replier) as upstream:
+        progress(f"loading {args.n} memories over {args.users} users")
+        loaded = load(url, args.n, args.users, args.seed)
+        queries = _queries(loaded["rows"], args.queries + 20, args.seed)
+        figures = bench(url, queries, upstream)
+        plumbing = bench(url, queries, upstream, recall=False)
+    result = {"n": args.n, "users": args.users, "queries": args.queries, "load_seconds": loaded["seconds"],
+              **figures, "without_recall": plumbing, "target_added_p95_ms": TARGET_ADDED_P95_MS,
+              "load_average_1m": {"before": load_before, "after": round(os.getloadavg()[0], 2)}}
+    path = write_result(f"proxy_latency_n{args.n}", result)
+    if args.json:
+        print(json.dumps(result))
+        return 0
+    rows = []
+    for label, measured in (("", figures), ("no recall: ", plumbing)):
+        for name, key in (("added TTFT (streamed)", "added_ttft_ms"), ("added total (streamed)", "added_total_ms"),
+                          ("added total (not streamed)", "added_total_not_streamed_ms")):
+            lat = measured[key]
+            rows.append((f"{label}{name} p50 / p95", f"{lat['p50']:g} / {lat['p95']:g} ms",
+                         f"p95 ≤ {TARGET_ADDED_P95_MS:g} ms" if not label else "",
+                         verdict(lat["p95"], TARGET_ADDED_P95_MS, higher_is_better=False) if not label else ""))
+    print_table(f"memory proxy, N = {args.n:,}, U = {args.users}, {args.queries} chats "
+                f"(load {load_before} → {result['load_average_1m']['after']})", rows)
+    progress(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

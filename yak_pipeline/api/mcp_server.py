@@ -1,0 +1,238 @@
+"""``yak mcp``: Yak's memory as MCP tools, on the official ``mcp`` SDK, over stdio or streamable HTTP.
+
+Four tools, each a thin shell over what the HTTP API calls: ``memory_search`` (the one recall
+engine, ``services.recall.search_memories``), ``memory_save`` (a fact or an exchange, stored like
+``POST /api/memories``), ``memory_forget`` (``services.forget``: an id at once, a phrase lists
+candidates and a confirmation token) and ``memory_recent``.
+
+Every call acts for one user. Over stdio that is ``--user`` (whoever can start the process can
+read its database anyway). Over HTTP it is the user the request's API key (``X-API-Key`` or
+``Authorization: Bearer``) is scoped to: every HTTP request without a valid key is answered 401
+before it reaches the SDK, and each tool call resolves its key again, so a session can never
+act for another user than its key's. An admin key acts for ``--user`` when given, else it is
+refused (an MCP client should hold a key that can reach one person's memories, not everyone's).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, TypeVar
+from uuid import UUID
+
+import anyio.to_thread
+from fastapi import HTTPException
+from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ToolError
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from yak_pipeline.api.auth import Principal, authenticate, key_from_headers
+from yak_pipeline.api.dependencies import ApiServices
+from yak_pipeline.core.exchanges import MAX_RECALL_QUERY_CHARS, MAX_TURN_MESSAGE_CHARS, format_exchange, turn_refusal
+from yak_pipeline.core.forget import ForgetCommandError
+from yak_pipeline.services.forget import ForgetOutcome, confirm_forget, run_forget_command
+from yak_pipeline.services.recall import recall_params, relevance_model, search_memories
+from yak_pipeline.store.errors import DatabaseUnavailable
+from yak_pipeline.store.memories import insert_memory, list_memories
+
+logger = logging.getLogger("yak.mcp")
+
+MCP_PATH = "/mcp"
+INSTRUCTIONS = """Yak is the user's long-term memory. Search it (memory_search) before answering anything
+that may depend on what the user said before; save durable facts and finished exchanges
+(memory_save); list what was stored lately (memory_recent). Forget only when the user asks
+explicitly (memory_forget): a phrase returns candidates and a token; confirm with the token only
+after the user agreed."""
+
+T = TypeVar("T")
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with datetimes and UUIDs as strings, fit for a tool's JSON result."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, UUID):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _forget_result(outcome: ForgetOutcome) -> dict[str, Any]:
+    return _plain({"action": outcome.action, "deleted_memory_ids": outcome.deleted_memory_ids,
+                   "not_found": outcome.not_found, "candidates": outcome.candidates,
+                   "confirmation_token": outcome.token, "expires_at": outcome.expires_at})
+
+
+class YakMemoryTools:
+    """The tools' work, synchronous (run in worker threads), for a resolved user."""
+
+    def __init__(self, services: ApiServices) -> None:
+        self.services = services
+
+    def search(self, user_id: str, query: str, limit: int, threshold: float, explain: bool) -> dict[str, Any]:
+        """The user's best memories for ``query`` (the recall engine of ``/api/distillations/search``)."""
+        settings, embedder = self.services.settings, self.services.embedder
+        hits = search_memories(self.services.database, embedder, user_id=user_id, query=query,
+                               params=recall_params(settings, threshold=threshold, limit=limit),
+                               model=relevance_model(settings, embedder))
+        return _plain({"memories": [{
+            "id": h.id, "memory_id": h.memory_id, "content": h.content, "tier": h.tier, "said_at": h.occurred_at,
+            "relevance": round(h.relevance, 4), "score": h.score, "superseded": h.superseded_by is not None,
+            "in_conflict": h.in_conflict, **({"explain": h.explain()} if explain else {})} for h in hits]})
+
+    def save(self, user_id: str, content: str, actor: str) -> dict[str, Any]:
+        """Store ``content`` as a pending memory, like ``POST /api/memories`` (the same text once)."""
+        with self.services.database.connection() as conn:
+            stored = insert_memory(conn, user_id=user_id, content=content, source="api", actor=actor)
+        return {"memory_id": str(stored.id), "stored": stored.created,
+                "note": "stored; the pipeline distils it shortly" if stored.created else "already stored"}
+
+    def forget(self, user_id: str, target: str | None, token: str | None, actor: str) -> dict[str, Any]:
+        """Forget by id at once, list a phrase's candidates with a token, or confirm a token."""
+        if token:
+            return _forget_result(confirm_forget(self.services.database, user_id=user_id, token=token, actor=actor))
+        return _forget_result(run_forget_command(self.services.database, user_id=user_id, command=f"/forget {target}",
+                                                 actor=actor))
+
+    def recent(self, user_id: str, limit: int) -> dict[str, Any]:
+        """The user's latest memories, newest exchange first."""
+        with self.services.database.connection() as conn:
+            rows = list_memories(conn, user_id=user_id, limit=limit)
+        return _plain({"memories": [{"memory_id": r["id"], "content": r["content"], "said_at": r["occurred_at"],
+                                     "status": r["status"]} for r in rows]})
+
+
+def build_mcp_server(services: ApiServices, *, user: str | None) -> MCPServer:
+    """The MCP server acting for ``user`` (stdio), or for each HTTP request's key's user (``user`` then
+    only serves admin keys)."""
+    server = MCPServer("yak", instructions=INSTRUCTIONS, description="Yak, a personal memory for LLMs")
+    tools = YakMemoryTools(services)
+
+    def principal_of(ctx: Context) -> Principal | None:
+        headers = ctx.headers
+        if headers is None:
+            return None  # stdio: the process was started for --user
+        try:
+            return authenticate(services, key_from_headers(headers.get("x-api-key"), headers.get("authorization")))
+        except HTTPException as exc:
+            raise ToolError(str(exc.detail)) from None
+
+    async def run(tool: str, ctx: Context, work: Callable[[str, str], T]) -> T:
+        """``work(user_id, actor)`` in a worker thread for the caller's user; counted; errors in one line."""
+        outcome = "error"
+        try:
+            principal = await anyio.to_thread.run_sync(principal_of, ctx)
+            if principal is not None and principal.user_id is not None:
+                user_id, actor = principal.user_id, "mcp:" + principal.actor.removeprefix("api:")
+            elif user is not None:
+                user_id, actor = user, "mcp:" + ("admin" if principal is not None else "stdio")
+            else:
+                raise ToolError("an admin key cannot say whose memories to use: use a key scoped to one user "
+                                "(yak keys create --user U)")
+            result = await anyio.to_thread.run_sync(lambda: work(user_id, actor))
+            outcome = "ok"
+            return result
+        except ToolError:
+            outcome = "refused"
+            raise
+        except ForgetCommandError as exc:
+            outcome = "refused"
+            raise ToolError(str(exc)) from None
+        except DatabaseUnavailable:
+            raise ToolError("the database is unavailable; try again shortly") from None
+        finally:
+            services.metrics.count_mcp_tool_call(tool, outcome)
+            database = services.database_if_open
+            if database is not None and services.metrics.flush_due():
+                try:
+                    await anyio.to_thread.run_sync(services.metrics.flush, database)
+                except Exception as exc:  # noqa: BLE001 - kept buffered; the next flush retries
+                    logger.warning("could not write metrics yet: %s", type(exc).__name__)
+
+    @server.tool()
+    async def memory_search(query: str, ctx: Context, limit: int = 5, explain: bool = False,
+                            threshold: float = 0.7) -> dict[str, Any]:
+        """Search the user's memories for what is relevant to `query` (a question or topic), best first.
+        `limit` 1-50; `explain` adds each memory's score breakdown; `threshold` 0-1 (lower finds more)."""
+        if not query.strip() or len(query) > MAX_RECALL_QUERY_CHARS:
+            raise ToolError(f"query: give 1 to {MAX_RECALL_QUERY_CHARS:,} characters")
+        if not 1 <= limit <= 50 or not 0.0 <= threshold <= 1.0:
+            raise ToolError("limit must be 1-50 and threshold 0-1")
+        return await run("memory_search", ctx, lambda u, _: tools.search(u, query, limit, threshold, explain))
+
+    @server.tool()
+    async def memory_save(ctx: Context, fact: str | None = None, user_message: str | None = None,
+                          assistant_message: str | None = None) -> dict[str, Any]:
+        """Remember something: either a `fact` (a sentence about the user), or an exchange
+        (`user_message` and `assistant_message`). The pipeline distils it into memories."""
+        if fact is not None and (user_message is not None or assistant_message is not None):
+            raise ToolError("give either a fact or an exchange (user_message and assistant_message), not both")
+        if fact is not None:
+            refusal = turn_refusal(fact, "-")
+            content = fact
+        elif user_message is not None and assistant_message is not None:
+            refusal = turn_refusal(user_message, assistant_message)
+            content = format_exchange(user_message, assistant_message)
+        else:
+            raise ToolError("give a fact, or both user_message and assistant_message")
+        if refusal is not None:
+            raise ToolError(refusal.replace("the user message", "the fact" if fact is not None else "the user message")
+                            + f" (limit {MAX_TURN_MESSAGE_CHARS:,} characters, no NUL)")
+        return await run("memory_save", ctx, lambda u, actor: tools.save(u, content, actor))
+
+    @server.tool()
+    async def memory_forget(ctx: Context, target: str | None = None,
+                            confirmation_token: str | None = None) -> dict[str, Any]:
+        """Forget memories the user explicitly asked to forget. `target` a memory id (deleted at once)
+        or an exact phrase (nothing deleted: returns the matching memories and a `confirmation_token`);
+        call again with only `confirmation_token` once the user confirmed, to delete those."""
+        if bool(target and target.strip()) == bool(confirmation_token):
+            raise ToolError("give either a target (memory id or phrase) or a confirmation_token")
+        return await run("memory_forget", ctx, lambda u, actor: tools.forget(u, target, confirmation_token, actor))
+
+    @server.tool()
+    async def memory_recent(ctx: Context, limit: int = 10) -> dict[str, Any]:
+        """The user's most recently said memories (raw exchanges and facts), newest first; `limit` 1-100."""
+        if not 1 <= limit <= 100:
+            raise ToolError("limit must be 1-100")
+        return await run("memory_recent", ctx, lambda u, _: tools.recent(u, limit))
+
+    return server
+
+
+class ApiKeyGate:
+    """ASGI middleware: HTTP requests without a valid Yak API key get 401 before they reach the MCP SDK."""
+
+    def __init__(self, app: ASGIApp, services: ApiServices) -> None:
+        self.app = app
+        self.services = services
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = Headers(scope=scope)
+            try:
+                await run_in_threadpool(authenticate, self.services,
+                                        key_from_headers(headers.get("x-api-key"), headers.get("authorization")))
+            except HTTPException as exc:
+                await JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)(
+                    scope, receive, send)
+                return
+            except DatabaseUnavailable:
+                await JSONResponse({"detail": "the database is unavailable; try again shortly"}, status_code=503,
+                                   headers={"Retry-After": "5"})(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def mcp_http_app(services: ApiServices, *, user: str | None = None, host: str = "127.0.0.1") -> ASGIApp:
+    """The streamable-HTTP MCP app at ``/mcp``, behind the API-key gate."""
+    server = build_mcp_server(services, user=user)
+    return ApiKeyGate(server.streamable_http_app(streamable_http_path=MCP_PATH, host=host), services)

@@ -1,0 +1,611 @@
+"""The memory proxy (issue 13): an OpenAI chat-completions endpoint that remembers.
+
+A client points its OpenAI base URL at Yak and its API key at a Yak key. For each chat:
+
+1. the user is the one the key is scoped to (an admin key names one in the body's ``user``);
+2. a forget command as the last user message (``/forget …``, DESIGN §4, or ``/forget confirm
+   <token>``) is carried out by Yak (:mod:`yak_pipeline.services.forget`) and answered as the
+   assistant; it never goes upstream, and it is never stored as a turn (that would store the
+   very text being forgotten);
+3. recall runs on the last user message (the one engine, :func:`services.recall.build_context`)
+   and the block goes in as its own system message before that message
+   (:func:`core.memory_block.insert_memory_block`); recall failing forwards the chat unchanged
+   and counts a ``recall_failed`` degradation;
+4. the chat goes upstream (``YAK_UPSTREAM_BASE_URL``, ``YAK_UPSTREAM_API_KEY``; never the
+   client's Yak key) and the answer comes back byte for byte: the same body, or the same
+   server-sent events with their finish reasons and usage;
+5. a complete answer is stored exactly as ``POST /api/turns`` stores it
+   (``store_exchange_turn``): the exchange becomes a memory, the turn is queued with the recalled
+   ids for warmth.
+
+What is stored is a finished exchange or nothing ("nothing half-stored"): a stream that breaks
+off (the upstream dies, or never sends a finish reason) stores no turn, because its truncated
+answer would be distilled into facts the model never finished saying and its warmth judged
+against half an answer; the client gets an error event instead of a silent end, retries, and the
+retry's complete answer is stored. Chats Yak cannot store at full fidelity go through with their
+memory block but store nothing: an answer with tool calls or without text, ``n`` > 1 choices,
+a last user message with image or audio parts. Chats that do not end with a user message (a
+tool result going back to the model) go through unchanged: they continue a turn already recalled for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+import anyio.to_thread
+import httpx
+
+from yak_pipeline.core.exchanges import MAX_RECALL_QUERY_CHARS, turn_refusal
+from yak_pipeline.core.forget import ForgetCommandError, parse_forget_command, parse_forget_confirmation
+from yak_pipeline.core.memory_block import insert_memory_block
+from yak_pipeline.core.types import InvalidUserId, validate_user_id
+from yak_pipeline.embeddings import Embedder
+from yak_pipeline.services.forget import ForgetOutcome, confirm_forget, run_forget_command
+from yak_pipeline.services.recall import build_context, recall_params, relevance_model
+from yak_pipeline.settings import Settings
+from yak_pipeline.store.database import Database
+from yak_pipeline.store.errors import DatabaseUnavailable
+from yak_pipeline.store.exchange_turns import store_exchange_turn
+
+logger = logging.getLogger("yak.proxy")
+
+# Chats carry whole conversations and images as data URLs: more room than the API's 1 MiB.
+PROXY_MAX_BODY_BYTES: Final = 16 * 1024 * 1024
+# Where the API mounts the proxy: OpenAI clients append /chat/completions to a base URL ending in /v1.
+PROXY_PREFIX: Final = "/v1"
+_MAX_MESSAGE_CHARS: Final = 300
+_CONNECT_TIMEOUT_SECONDS: Final = 10.0
+_DONE_RE: Final = re.compile(rb"data:[ \t]*\[DONE\]")
+
+
+class ProxyMetrics(Protocol):
+    """What the proxy counts (the API's ``MetricsBuffer`` is one)."""
+
+    def count_proxy_request(self, outcome: str, *, stream: bool) -> None: ...  # noqa: D102
+    def count_injected_memories(self, count: int) -> None: ...  # noqa: D102
+    def count_proxy_degradation(self, reason: str) -> None: ...  # noqa: D102
+    def observe_recall(self, milliseconds: float) -> None: ...  # noqa: D102
+
+
+class ProxyError(Exception):
+    """A request the proxy answers with an error, in the OpenAI error shape (plus Yak's one-line ``detail``)."""
+
+    def __init__(self, status_code: int, message: str, *, error_type: str = "invalid_request_error",
+                 code: str | int | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = _one_line(message)
+        self.error_type = error_type
+        self.code = code
+        self.param = param
+
+    def body(self) -> dict[str, Any]:
+        """``{"error": {message, type, param, code}, "detail": message}``: what OpenAI clients read, and Yak's line."""
+        return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code},
+                "detail": self.message}
+
+
+@dataclass(frozen=True)
+class ProxyAnswer:
+    """A whole answer: status, body bytes as they are sent, content type."""
+
+    status_code: int
+    content: bytes
+    media_type: str
+
+
+@dataclass(frozen=True)
+class ProxyStream:
+    """A streamed answer: the bytes to relay as they come, and their content type."""
+
+    chunks: AsyncIterator[bytes]
+    media_type: str = "text/event-stream"
+
+
+def _one_line(text: object) -> str:
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= _MAX_MESSAGE_CHARS else flat[: _MAX_MESSAGE_CHARS - 1] + "…"
+
+
+# --- reading the chat ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """A chat-completions body, checked for what Yak itself reads; everything else passes through."""
+
+    body: dict[str, Any]
+    stream: bool
+    # The last message's text when the chat ends with a user message, else None (nothing to recall for).
+    user_text: str | None
+    # Whether a turn can be stored at full fidelity: text-only last user message, one choice.
+    storable: bool
+
+
+def _text_of(content: object) -> tuple[str | None, bool]:
+    """A user message's text and whether that is all of it (image or audio parts are not text)."""
+    if isinstance(content, str):
+        return content, True
+    if not isinstance(content, list):
+        return None, False
+    texts, text_only = [], True
+    for part in content:
+        if isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        else:
+            text_only = False
+    return ("\n".join(texts) if texts else None), text_only
+
+
+def _refuse_constant(name: str) -> float:
+    # Python reads NaN and Infinity, JSON has neither: forwarded, they would break a strict upstream.
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_chat_request(raw: bytes) -> ChatRequest:
+    """Check a chat-completions body as far as Yak reads it; raises :class:`ProxyError` (400) saying what is wrong."""
+    try:
+        body = json.loads(raw, parse_constant=_refuse_constant)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProxyError(400, f"body: invalid JSON ({exc})") from None
+    except ValueError as exc:
+        raise ProxyError(400, f"body: invalid JSON ({exc})") from None
+    if not isinstance(body, dict):
+        raise ProxyError(400, "body: must be a JSON object with 'model' and 'messages'")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise ProxyError(400, "messages: must be a non-empty list of messages", param="messages")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise ProxyError(400, f"messages[{index}]: each message must be an object with a 'role' string",
+                             param=f"messages[{index}]")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise ProxyError(400, "stream: must be true or false", param="stream")
+    last = messages[-1]
+    text, text_only = _text_of(last.get("content")) if last["role"] == "user" else (None, False)
+    choices = body.get("n")
+    storable = text is not None and text_only and choices in (None, 1)
+    return ChatRequest(body=body, stream=stream, user_text=text, storable=storable)
+
+
+def resolve_user(key_user: str | None, body: Mapping[str, Any]) -> str:
+    """Whose memories a chat uses: the key's user; for an admin key, the body's ``user`` (400 without one).
+
+    A user-scoped key ignores ``user``: clients fill it with their own end-user ids, and a key
+    must never reach another user's memories whatever the body says.
+    """
+    if key_user is not None:
+        return key_user
+    named = body.get("user")
+    if named is None:
+        raise ProxyError(400, "user: an admin key must name the Yak user whose memories to use in the request's "
+                              "'user' field (or use a key scoped to that user)", param="user")
+    try:
+        return validate_user_id(named)
+    except InvalidUserId as exc:
+        raise ProxyError(400, f"user: {exc}", param="user") from None
+
+
+# --- Yak's own answers (forget commands) -----------------------------------------------------
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word.removesuffix('y') + 'ies' if word.endswith('y') else word + 's'}"
+
+
+def describe_forget(outcome: ForgetOutcome) -> str:
+    """What Yak answers in the chat after a forget command."""
+    if outcome.action == "deleted":
+        text = f"Forgotten: {_plural(len(outcome.deleted_memory_ids), 'memory')} and everything distilled from it " \
+               f"({', '.join(outcome.deleted_memory_ids)})."
+        if outcome.not_found:
+            text += f" Not found: {', '.join(outcome.not_found)}."
+        return text
+    if outcome.action == "not_found":
+        if outcome.not_found:
+            return f"No memory {', '.join(outcome.not_found)} of yours was found; nothing was forgotten."
+        return "That confirmation is unknown, used or expired; nothing was forgotten. Send the /forget command again."
+    if outcome.action == "nothing":
+        return "No memory contains that phrase; nothing was forgotten."
+    lines = [f"{_plural(len(outcome.candidates), 'memory')} contain that phrase:"]
+    for number, candidate in enumerate(outcome.candidates, 1):
+        lines.append(f"{number}. [{candidate['occurred_at']:%Y-%m-%d}] {_one_line(candidate['content'])}")
+    lines.append(f"To forget them, send: /forget confirm {outcome.token}")
+    lines.append("(within 10 minutes; anything else keeps them)")
+    return "\n".join(lines)
+
+
+def _completion_id() -> str:
+    return f"chatcmpl-yak-{uuid.uuid4().hex}"
+
+
+def yak_answer(text: str, *, body: Mapping[str, Any], stream: bool) -> ProxyAnswer | ProxyStream:
+    """``text`` as the assistant's answer in the chat-completions protocol, streamed if asked."""
+    model = body.get("model") if isinstance(body.get("model"), str) else "yak"
+    common = {"id": _completion_id(), "created": int(time.time()), "model": model, "system_fingerprint": "yak"}
+    usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    if not stream:
+        completion = {**common, "object": "chat.completion", "usage": usage, "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop", "logprobs": None}]}
+        return ProxyAnswer(200, json.dumps(completion).encode("utf-8"), "application/json")
+    chunk = {**common, "object": "chat.completion.chunk"}
+    events = [
+        {**chunk, "choices": [{"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": None}]},
+        {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+    ]
+    options = body.get("stream_options")
+    if isinstance(options, Mapping) and options.get("include_usage"):
+        events.append({**chunk, "choices": [], "usage": usage})
+
+    async def relay() -> AsyncIterator[bytes]:
+        for event in events:
+            yield f"data: {json.dumps(event)}\n\n".encode("utf-8")
+        yield b"data: [DONE]\n\n"
+
+    return ProxyStream(relay())
+
+
+# --- reading the upstream's answer -----------------------------------------------------------
+
+@dataclass
+class StreamedAnswer:
+    """The answer carried by a stream of server-sent events, gathered as the bytes go by."""
+
+    text: list[str] = field(default_factory=list)
+    finish_reason: str | None = None
+    tool_calls: bool = False
+    error: bool = False
+    _pending: bytes = b""
+
+    def feed(self, chunk: bytes) -> None:
+        """Read the complete lines of ``chunk`` (a partial line waits for the next chunk)."""
+        self._pending += chunk
+        *lines, self._pending = self._pending.split(b"\n")
+        for line in lines:
+            self._read_line(line.strip())
+
+    def _read_line(self, line: bytes) -> None:
+        if not line.startswith(b"data:"):
+            return
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            return
+        try:
+            event = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            self.error = True
+            return
+        if not isinstance(event, dict):
+            return
+        if event.get("error"):
+            self.error = True
+        for choice in event.get("choices") or []:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            if isinstance(delta, dict):
+                if isinstance(delta.get("content"), str):
+                    self.text.append(delta["content"])
+                if delta.get("tool_calls") or delta.get("function_call"):
+                    self.tool_calls = True
+            if choice.get("finish_reason"):
+                self.finish_reason = str(choice["finish_reason"])
+
+    @property
+    def complete(self) -> bool:
+        """The stream said it finished (a finish reason) and carried no error."""
+        return self.finish_reason is not None and not self.error
+
+
+def answer_of_completion(body: object) -> tuple[str | None, bool]:
+    """The first choice's text of a ``chat.completion`` body and whether the body is one at all."""
+    if not isinstance(body, dict) or not isinstance(body.get("choices"), list):
+        return None, False
+    choices = body["choices"]
+    if not choices or not isinstance(choices[0], dict):
+        return None, True
+    message = choices[0].get("message") or {}
+    if not isinstance(message, dict) or message.get("tool_calls") or message.get("function_call"):
+        return None, True
+    content = message.get("content")
+    return (content if isinstance(content, str) and content else None), True
+
+
+def upstream_error(status_code: int, content: bytes) -> ProxyError:
+    """The upstream's error as the client gets it: the upstream's status, its message said clearly."""
+    message, error_type, code = None, "upstream_error", status_code
+    try:
+        body = json.loads(content)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        body = None
+    if isinstance(body, dict):
+        error = body.get("error", body.get("detail"))
+        if isinstance(error, dict):
+            message = error.get("message")
+            error_type = error.get("type") if isinstance(error.get("type"), str) else error_type
+            code = error.get("code") if isinstance(error.get("code"), (str, int)) else code
+        elif isinstance(error, str):
+            message = error
+    if not isinstance(message, str) or not message.strip():
+        message = content.decode("utf-8", "replace").strip() or "no error message"
+    return ProxyError(status_code, f"the upstream model server answered {status_code}: {message}",
+                      error_type=error_type, code=code)
+
+
+def _stream_error_event(message: str) -> bytes:
+    """A server-sent event that makes OpenAI clients raise instead of ending quietly (how OpenAI reports mid-stream errors)."""
+    error = {"error": {"message": message, "type": "upstream_error", "param": None, "code": "upstream_cut"}}
+    return f"data: {json.dumps(error)}\n\n".encode("utf-8")
+
+
+# --- the proxy -------------------------------------------------------------------------------
+
+class MemoryProxy:
+    """The proxy's flow (module docstring) over the app's parts, given as getters so nothing is built before use."""
+
+    def __init__(self, settings: Settings, *, database: Callable[[], Database], embedder: Callable[[], Embedder],
+                 metrics: ProxyMetrics) -> None:
+        self.settings = settings
+        self._database = database
+        self._embedder = embedder
+        self.metrics = metrics
+        self._client: httpx.AsyncClient | None = None
+        self._client_loop: object | None = None
+
+    # -- upstream plumbing
+
+    def _upstream(self) -> tuple[str, dict[str, str]]:
+        base_url, key = self.settings.resolved_upstream
+        if base_url is None:
+            raise ProxyError(503, "the memory proxy has no upstream model server: set YAK_UPSTREAM_BASE_URL",
+                             error_type="server_error", code="no_upstream")
+        headers = {"Content-Type": "application/json"}
+        if key is not None and key.get_secret_value():
+            headers["Authorization"] = f"Bearer {key.get_secret_value()}"
+        return base_url.rstrip("/"), headers
+
+    def _http(self) -> httpx.AsyncClient:
+        # One pooled client per event loop: uvicorn has one; each test client runs its own.
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._client_loop is not loop:
+            timeout = httpx.Timeout(self.settings.upstream_timeout_seconds, connect=_CONNECT_TIMEOUT_SECONDS)
+            self._client = httpx.AsyncClient(timeout=timeout, follow_redirects=False)
+            self._client_loop = loop
+        return self._client
+
+    async def aclose(self) -> None:
+        """Close the upstream connections (at shutdown)."""
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    @staticmethod
+    def _transport_error(exc: httpx.HTTPError) -> ProxyError:
+        # Only the error's type: its text can carry the upstream URL, which may hold credentials.
+        logger.warning("upstream model server failed: %s", type(exc).__name__)
+        if isinstance(exc, httpx.TimeoutException):
+            return ProxyError(504, "the upstream model server did not answer in time", error_type="upstream_error",
+                              code="upstream_timeout")
+        return ProxyError(502, f"could not reach the upstream model server ({type(exc).__name__})",
+                          error_type="upstream_error", code="upstream_unreachable")
+
+    async def list_models(self) -> ProxyAnswer:
+        """``GET /models`` of the upstream, passed through (its errors mapped like a chat's)."""
+        base_url, headers = self._upstream()
+        try:
+            response = await self._http().get(f"{base_url}/models", headers=headers)
+        except httpx.HTTPError as exc:
+            raise self._transport_error(exc) from None
+        if response.status_code >= 400:
+            raise upstream_error(response.status_code, response.content)
+        return ProxyAnswer(response.status_code, response.content,
+                           response.headers.get("content-type", "application/json"))
+
+    # -- memory
+
+    def _recall(self, user_id: str, query: str) -> tuple[str, list[str]]:
+        """The block and recalled ids for ``query``; ``("", [])`` and a counted degradation when recall fails."""
+        started = time.perf_counter()
+        try:
+            database, embedder = self._database(), self._embedder()
+            params = recall_params(self.settings, threshold=self.settings.proxy_recall_threshold,
+                                   limit=self.settings.proxy_recall_limit)
+            # A pasted document's question is usually at its end; /api/context takes as much.
+            query = query[-MAX_RECALL_QUERY_CHARS:]
+            block, built = build_context(database, embedder, user_id=user_id, query=query, params=params,
+                                         model=relevance_model(self.settings, embedder))
+            error = built.recall_error
+        except Exception as exc:  # noqa: BLE001 - no memories is better than no answer
+            block, built, error = "", None, f"{type(exc).__name__}: {_one_line(exc)}"
+        if error is not None or built is None:
+            self.metrics.count_proxy_degradation("recall_failed")
+            logger.warning("recall failed; the chat goes upstream without memories: %s", error)
+            return "", []
+        self.metrics.observe_recall((time.perf_counter() - started) * 1000)
+        self.metrics.count_injected_memories(len(built.recalled_ids))
+        return block, built.recalled_ids
+
+    def _store_turn(self, *, user_id: str, user_text: str, answer: str, recalled_ids: list[str], actor: str) -> bool:
+        """Store the finished turn as ``POST /api/turns`` does; False (counted, logged) when that would refuse
+        it (too long, NUL characters) or the database fails."""
+        refusal = turn_refusal(user_text, answer)
+        if refusal is not None:
+            self.metrics.count_proxy_degradation("turn_not_stored")
+            logger.warning("the proxied turn of %s was not stored: %s", user_id, refusal)
+            return False
+        try:
+            with self._database().connection() as conn:
+                store_exchange_turn(conn, user_id=user_id, user_message=user_text, assistant_message=answer,
+                                    recalled_ids=recalled_ids, actor=actor)
+        except Exception as exc:  # noqa: BLE001 - the client has its answer already; the turn is lost, said so
+            self.metrics.count_proxy_degradation("turn_not_stored")
+            logger.warning("the proxied turn of %s was not stored: %s", user_id, type(exc).__name__)
+            return False
+        return True
+
+    def _forget(self, *, user_id: str, text: str, actor: str) -> str | None:
+        """Yak's answer to a forget command in ``text``, or None when ``text`` is not one."""
+        token = parse_forget_confirmation(text)
+        try:
+            if token is not None:
+                outcome = confirm_forget(self._database(), user_id=user_id, token=token, actor=actor)
+            else:
+                if parse_forget_command(text) is None:
+                    return None
+                outcome = run_forget_command(self._database(), user_id=user_id, command=text, actor=actor)
+        except ForgetCommandError as exc:
+            return f"Nothing was forgotten: {_one_line(exc)}"
+        except DatabaseUnavailable:
+            raise ProxyError(503, "the database is unavailable; nothing was forgotten, try again shortly",
+                             error_type="server_error", code="database_unavailable") from None
+        return describe_forget(outcome)
+
+    @staticmethod
+    def _looks_like_forget(text: str) -> bool:
+        try:
+            return parse_forget_confirmation(text) is not None or parse_forget_command(text) is not None
+        except ForgetCommandError:
+            return True  # meant as a command: Yak explains what is wrong, nothing goes upstream
+
+    # -- the chat
+
+    async def chat_completions(self, raw: bytes, *, key_user: str | None, actor: str) -> ProxyAnswer | ProxyStream:
+        """One chat completion through the proxy (module docstring); raises :class:`ProxyError` for the client."""
+        chat = parse_chat_request(raw)
+        user_id = resolve_user(key_user, chat.body)
+        if chat.user_text is not None and self._looks_like_forget(chat.user_text):
+            text = await anyio.to_thread.run_sync(lambda: self._forget(user_id=user_id, text=chat.user_text,
+                                                                       actor=actor))
+            self.metrics.count_proxy_request("forget", stream=chat.stream)
+            return yak_answer(text or "", body=chat.body, stream=chat.stream)
+        base_url, headers = self._upstream()
+        block, recalled_ids = "", []
+        if chat.user_text is not None and self.settings.proxy_recall_limit > 0:
+            block, recalled_ids = await anyio.to_thread.run_sync(self._recall, user_id, chat.user_text)
+        # Only the messages change; every other field goes upstream as the client sent it.
+        forwarded = {**chat.body, "messages": insert_memory_block(chat.body["messages"], block)}
+        request = self._http().build_request("POST", f"{base_url}/chat/completions", headers=headers,
+                                             content=json.dumps(forwarded).encode("utf-8"))
+        store = self._turn_storer(chat, user_id=user_id, recalled_ids=recalled_ids, actor=actor)
+        if chat.stream:
+            return await self._stream(request, store)
+        return await self._complete(request, store)
+
+    def _turn_storer(self, chat: ChatRequest, *, user_id: str, recalled_ids: list[str],
+                     actor: str) -> Callable[[str | None], Any] | None:
+        if not chat.storable or chat.user_text is None:
+            return None
+        user_text = chat.user_text
+
+        async def store(answer: str | None) -> bool:
+            if not answer:
+                return False  # tool calls or an empty answer: no exchange to remember
+            return await anyio.to_thread.run_sync(lambda: self._store_turn(
+                user_id=user_id, user_text=user_text, answer=answer, recalled_ids=recalled_ids, actor=actor))
+
+        return store
+
+    async def _complete(self, request: httpx.Request, store: Callable[[str | None], Any] | None) -> ProxyAnswer:
+        try:
+            response = await self._http().send(request)
+        except httpx.HTTPError as exc:
+            self.metrics.count_proxy_request("upstream_error", stream=False)
+            raise self._transport_error(exc) from None
+        if response.status_code >= 400:
+            self.metrics.count_proxy_request("upstream_error", stream=False)
+            raise upstream_error(response.status_code, response.content)
+        return await self._answered(response.status_code, response.content, response.headers, store, stream=False)
+
+    async def _answered(self, status_code: int, content: bytes, headers: httpx.Headers,
+                        store: Callable[[str | None], Any] | None, *, stream: bool) -> ProxyAnswer:
+        """A whole chat completion from upstream: the turn stored (when it can be), the body passed on as it came."""
+        try:
+            body = json.loads(content)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            body = None
+        answer, is_completion = answer_of_completion(body)
+        if not is_completion:
+            self.metrics.count_proxy_request("upstream_error", stream=stream)
+            raise ProxyError(502, "the upstream model server answered with something that is not a chat completion",
+                             error_type="upstream_error", code="upstream_garbage")
+        if store is not None:
+            await store(answer)
+        self.metrics.count_proxy_request("answered", stream=stream)
+        return ProxyAnswer(status_code, content, headers.get("content-type", "application/json"))
+
+    async def _stream(self, request: httpx.Request,
+                      store: Callable[[str | None], Any] | None) -> ProxyStream | ProxyAnswer:
+        try:
+            response = await self._http().send(request, stream=True)
+        except httpx.HTTPError as exc:
+            self.metrics.count_proxy_request("upstream_error", stream=True)
+            raise self._transport_error(exc) from None
+        if response.status_code >= 400:
+            content = await response.aread()
+            await response.aclose()
+            self.metrics.count_proxy_request("upstream_error", stream=True)
+            raise upstream_error(response.status_code, content)
+        if "text/event-stream" not in response.headers.get("content-type", ""):
+            # A server that ignores "stream" answers one body; it is passed on whole, never as events.
+            content = await response.aread()
+            await response.aclose()
+            return await self._answered(response.status_code, content, response.headers, store, stream=True)
+        return ProxyStream(self._relay(response, store),
+                           response.headers.get("content-type", "text/event-stream"))
+
+    async def _relay(self, response: httpx.Response, store: Callable[[str | None], Any] | None) -> AsyncIterator[bytes]:
+        """The upstream's bytes as they come; the turn is stored once the stream finished, before its
+        ``[DONE]`` is passed on, so a client that has read the whole stream finds its turn stored."""
+        answer = StreamedAnswer()
+        outcome = "client_gone"  # until the loop below ends: a client that hangs up stops the relay
+        stored = store is None
+
+        async def store_once() -> None:
+            nonlocal stored
+            if not stored and answer.complete and not answer.tool_calls:
+                stored = True
+                await store("".join(answer.text))  # type: ignore[misc] - store is set when stored is False
+
+        try:
+            try:
+                async for chunk in response.aiter_bytes():
+                    done = _DONE_RE.search(chunk)
+                    if done is None:
+                        answer.feed(chunk)
+                        yield chunk
+                        continue
+                    head, tail = chunk[: done.start()], chunk[done.start():]
+                    answer.feed(head)
+                    if head:
+                        yield head
+                    await store_once()
+                    answer.feed(tail)
+                    yield tail
+            except httpx.HTTPError as exc:
+                logger.warning("the upstream stream broke off: %s", type(exc).__name__)
+                outcome = "upstream_cut"
+                yield _stream_error_event("the upstream model server stopped in the middle of its answer; "
+                                          "nothing was stored, please retry")
+                return
+            answer.feed(b"\n")
+            if not answer.complete:
+                outcome = "upstream_cut"
+                yield _stream_error_event("the upstream model server ended its answer without finishing it; "
+                                          "nothing was stored, please retry")
+                return
+            outcome = "answered"
+            await store_once()
+        finally:
+            await response.aclose()
+            if outcome == "upstream_cut":
+                self.metrics.count_proxy_degradation("upstream_cut")
+            self.metrics.count_proxy_request(outcome, stream=True)

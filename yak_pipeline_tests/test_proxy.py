@@ -1,0 +1,479 @@
+"""The memory proxy (issue 13): the real ``openai`` client → ``/v1`` of a live Yak → a loopback upstream.
+
+Yak runs under uvicorn on 127.0.0.1 on the test's database (hashing embedder); the upstream is
+the fake OpenAI-protocol server, which records every request it gets and every stream it sends.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from hypothesis import HealthCheck, given, settings as hypothesis_settings, strategies as st
+from pydantic import SecretStr
+
+from yak_pipeline.api.app import create_app
+from yak_pipeline.core.memory_block import BLOCK_OPEN
+from yak_pipeline.defs.scores.assets import warmth
+from yak_pipeline.embeddings.hashing import HashingEmbedder
+from yak_pipeline.settings import Settings
+from yak_pipeline.store.database import Database
+from yak_pipeline_tests.api_fixtures import (  # noqa: F401
+    ADMIN_KEY,
+    Seeded,
+    api_settings,
+    rows_mentioning,
+    seeded,
+    serve_in_thread,
+)
+from yak_pipeline_tests.fake_openai import FakeOpenAIServer, Reply, chat_replier
+from yak_pipeline_tests.pipeline_helpers import fetch_all, fetch_one, new_instance, pipeline_resources, run_partition
+from yak_pipeline_tests.reliability_helpers import yak_env
+
+ROOT = Path(__file__).resolve().parents[1]
+UPSTREAM_KEY = "sk-upstream-secret-5f2a9c"
+QUESTION = "What is my locker code?"
+
+
+@pytest.fixture
+def upstream() -> Iterator[FakeOpenAIServer]:
+    """The loopback model server, answering any chat with ``You said: …``."""
+    with FakeOpenAIServer(chat_replier) as server:
+        yield server
+
+
+@pytest.fixture
+def proxy_settings(api_settings: Settings, upstream: FakeOpenAIServer) -> Settings:  # noqa: F811
+    """Settings whose upstream is the loopback server (threshold 0.1: the seeded memories are recalled)."""
+    return api_settings.model_copy(update={"upstream_base_url": upstream.base_url,
+                                           "upstream_api_key": SecretStr(UPSTREAM_KEY),
+                                           "proxy_recall_threshold": 0.1, "upstream_timeout_seconds": 2.0})
+
+
+@pytest.fixture
+def yak_url(proxy_settings: Settings, database: Database) -> Iterator[str]:
+    """A live Yak (API and proxy) on the test's database."""
+    with serve_in_thread(create_app(proxy_settings, database=database)) as url:
+        yield url
+
+
+def client(yak_url: str, key: str | None) -> openai.OpenAI:
+    """The real OpenAI client pointed at Yak's proxy with ``key`` (no retries: errors show at once)."""
+    return openai.OpenAI(base_url=f"{yak_url}/v1", api_key=key or "", max_retries=0, timeout=15)
+
+
+def chat(system: str = "You are terse.") -> list[dict]:
+    """A conversation with history whose last message is the question."""
+    return [{"role": "system", "content": system}, {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"}, {"role": "user", "content": QUESTION}]
+
+
+def turns(database: Database, user_id: str) -> list[tuple]:
+    """The user's turns: user message, assistant message, recalled ids (as text)."""
+    return fetch_all(database, """SELECT user_message, assistant_message, recalled_ids::text[] FROM turns
+                                  WHERE user_id = %s ORDER BY created_at""", (user_id,))
+
+
+def scrape(yak_url: str) -> str:
+    """The Prometheus text of ``/metrics``."""
+    return httpx.get(f"{yak_url}/metrics", headers={"X-API-Key": ADMIN_KEY}).text
+
+
+def sample(text: str, line_start: str) -> float:
+    """The value of the first sample line starting with ``line_start``."""
+    return float(next(line for line in text.splitlines() if line.startswith(line_start)).rsplit(" ", 1)[1])
+
+
+# --- the loop ---------------------------------------------------------------------------------
+
+def test_block_sits_before_the_last_user_message_and_the_turn_is_stored(
+        yak_url: str, upstream: FakeOpenAIServer, seeded: Seeded, database: Database) -> None:  # noqa: F811
+    sent = chat()
+    answer = client(yak_url, seeded.alice_key).chat.completions.create(model="fake-model", messages=sent)
+    assert answer.choices[0].message.content == f"You said: {QUESTION}"
+    assert answer.choices[0].finish_reason == "stop" and answer.usage is not None and answer.usage.total_tokens > 0
+    assert answer.id.startswith("chatcmpl-fake-")  # the upstream's own body, not a rebuilt one
+
+    (received,) = upstream.chat_requests
+    messages = received.body["messages"]
+    assert messages[:3] == sent[:3] and messages[4] == sent[3] and len(messages) == 5
+    block = messages[3]
+    assert block["role"] == "system" and block["content"].startswith(BLOCK_OPEN)
+    assert seeded.alice.secret in block["content"] and seeded.bob.secret not in block["content"]
+    assert {k: v for k, v in received.body.items() if k != "messages"} == {"model": "fake-model"}
+    # The upstream gets Yak's upstream key, never the client's Yak key.
+    assert received.headers["authorization"] == f"Bearer {UPSTREAM_KEY}"
+    assert seeded.alice_key not in json.dumps(received.headers)
+
+    ((user_message, assistant_message, recalled),) = turns(database, "alice")[-1:]
+    assert (user_message, assistant_message) == (QUESTION, f"You said: {QUESTION}")
+    assert seeded.alice.distillation_id in recalled
+    memory = fetch_one(database, "SELECT content, status FROM memories WHERE content LIKE %s", (f"User: {QUESTION}%",))
+    assert memory == (f"User: {QUESTION}\nAssistant: You said: {QUESTION}", "pending")
+    actors = {r[0] for r in fetch_all(database, "SELECT actor FROM audit_log WHERE action = 'ingest'")}
+    assert any(a.startswith("proxy:key:") for a in actors)
+
+    metrics = scrape(yak_url)
+    assert sample(metrics, 'yak_proxy_requests_total{outcome="answered",stream="false"}') == 1
+    assert sample(metrics, "yak_proxy_memories_injected_total") == len(recalled)
+
+
+def test_a_stream_is_relayed_byte_for_byte_and_its_full_answer_stored(
+        yak_url: str, upstream: FakeOpenAIServer, seeded: Seeded, database: Database) -> None:  # noqa: F811
+    raw = httpx.post(f"{yak_url}/v1/chat/completions", headers={"Authorization": f"Bearer {seeded.alice_key}"},
+                     json={"model": "fake-model", "messages": chat(), "stream": True,
+                           "stream_options": {"include_usage": True}}, timeout=15)
+    assert raw.status_code == 200 and raw.headers["content-type"].startswith("text/event-stream")
+    assert raw.content == upstream.streams_sent[-1]  # same events, same finish reason, same usage
+
+    stream = client(yak_url, seeded.alice_key).chat.completions.create(
+        model="fake-model", messages=chat(), stream=True, stream_options={"include_usage": True})
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == f"You said: {QUESTION}"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == len(text.split())
+    assert BLOCK_OPEN in json.dumps(upstream.chat_requests[-1].body["messages"][-2])
+    # Both streams were complete: the turn is stored once (the same exchange twice is one memory).
+    assert turns(database, "alice")[-1][:2] == (QUESTION, text)
+    assert sample(scrape(yak_url), 'yak_proxy_requests_total{outcome="answered",stream="true"}') == 2
+
+
+def test_an_upstream_that_ignores_stream_has_its_whole_answer_passed_on_and_stored(
+        yak_url: str, upstream: FakeOpenAIServer, seeded: Seeded, database: Database) -> None:  # noqa: F811
+    completion = {"id": "chatcmpl-whole", "object": "chat.completion", "created": 0, "model": "fake-model",
+                  "choices": [{"index": 0, "message": {"role": "assistant", "content": "All at once."},
+                               "finish_reason": "stop"}]}
+    upstream.script(Reply.raw(completion))
+    response = httpx.post(f"{yak_url}/v1/chat/completions", headers={"Authorization": f"Bearer {seeded.alice_key}"},
+                          json={"model": "fake-model", "messages": chat(), "stream": True}, timeout=15)
+    assert response.status_code == 200 and response.json() == completion
+    assert turns(database, "alice")[-1][:2] == (QUESTION, "All at once.")
+
+
+def test_concurrent_streams_each_get_and_store_their_own_answer(
+        yak_url: str, upstream: FakeOpenAIServer, seeded: Seeded, database: Database) -> None:  # noqa: F811
+    def ask(number: int) -> str:
+        stream = client(yak_url, seeded.alice_key).chat.completions.create(
+            model="fake-model", stream=True, messages=[{"role": "user", "content": f"question number {number}"}])
+        return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(ask, range(8)))
+    assert answers == [f"You said: question number {n}" for n in range(8)]
+    stored = {u: a for u, a, _ in turns(database, "alice")}
+    assert all(stored[f"question number {n}"] == answers[n] for n in range(8))
+
+
+def test_warmth_changes_after_the_pipeline_evaluates_a_proxied_turn(
+        yak_url: str, upstream: FakeOpenAIServer, seeded: Seeded, database: Database,  # noqa: F811
+        settings: Settings) -> None:
+    upstream.script(Reply.text(f"Your locker code is {seeded.alice.secret}."))
+    client(yak_url, seeded.alice_key).chat.completions.create(model="fake-model", messages=chat())
+    before = fetch_one(database, "SELECT warmth FROM distillations WHERE id = %s", (seeded.alice.distillation_id,))[0]
+    today = datetime.now(timezone.utc).date()
+    result = run_partition(new_instance("alice"), pipeline_resources(settings), "alice", today, assets=[warmth])
+    assert result.success
+    events = fetch_all(database, """SELECT e.distillation_id::text, e.delta FROM warmth_events e
+                                    JOIN turns t ON t.id = e.turn_id WHERE t.user_message = %s""", (QUESTION,))
+    assert (seeded.alice.distillation_id, pytest.approx(0.1)) in [(d, float(x)) for d, x in events]
+    after = fetch_one(database, "SELECT warmth FROM distillations WHERE id = %s", (seeded.alice.distillation_id,))[0]
+    assert after == pytest.approx(before + 0.1)
+
+
+# --- forget through chat ----------------------------------------------------------------------
+
+def test_forget_by_phrase_asks_then_deletes_and_never_goes_upstream(
+        yak_url: str, upstream: FakeOpenAIServer, seeded: Seeded, database: Database) -> None:  # noqa: F811
+    alice = client(yak_url, seeded.alice_key)
+    listed = alice.chat.completions.create(
+        model="fake-model", messages=[{"role": "user", "content": f"/forget {seeded.alice.secret}"}])
+    text = listed.choices[0].message.content
+    assert "contain that phrase" in text and seeded.alice.secret in text
+    token = text.split("/forget confirm ", 1)[1].split()[0]
+    with database.connection() as conn:
+        assert rows_mentioning(conn, seeded.alice.secret)  # nothing deleted yet
+
+    stream = alice.chat.completions.create(model="fake-model", stream=True,
+                                           messages=[{"role": "user", "content": f"/forget confirm {token}"}])
+    done = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert done.startswith("Forgotten: 3 memories")
+    with database.connection() as conn:
+        assert set(rows_mentioning(conn, seeded.alice.secret)) <= {"audit_log"}
+        assert rows_mentioning(conn, seeded.bob.secret)  # bob's are untouched
+    assert upstream.chat_requests == []
+    assert not [t for t in turns(database, "alice") if t[0].startswith("/forget")]  # commands are not remembered
+
+    again = alice.chat.completions.create(model="fake-model",
+                                          messages=[{"role": "user", "content": f"/forget confirm {token}"}])
+    assert "unknown, used or expired" in again.choices[0].message.content
+
+
+def test_forget_by_id_only_reaches_the_keys_own_memories(
+        yak_url: str, upstream: FakeOpenAIServer, seeded: Seeded, database: Database) -> None:  # noqa: F811
+    alice = client(yak_url, seeded.alice_key)
+    refused = alice.chat.completions.create(
+        model="fake-model", messages=[{"role": "user", "content": f"/forget {seeded.bob.memory_id}"}])
+    assert refused.choices[0].message.content.startswith(f"No memory {seeded.bob.memory_id} of yours")
+    assert fetch_one(database, "SELECT count(*) FROM memories WHERE id = %s", (seeded.bob.memory_id,))[0] == 1
+    done = alice.chat.completions.create(
+        model="fake-model", messages=[{"role": "user", "content": f"/forget {seeded.alice.memory_id}"}])
+    assert done.choices[0].message.content.startswith("Forgotten: 1 memory")
+    assert fetch_one(database, "SELECT count(*) FROM memories WHERE id = %s", (seeded.alice.memory_id,))[0] == 0
+    unusable = alice.chat.completions.create(model="fake-model",
+                                             messages=[{"role": "user", "content": "forget this memory"}])
+    assert unusable.choices[0].message.content.startswith("Nothing was forgotten: 'forget this memory' needs")
+    assert upstream.chat_requests == []
+
+
+# --- who is asking ----------------------------------------------------------------------------
+
+def test_a_user_key_reaches_only_its_own_memories_whatever_the_body_says(
+        yak_url: str, upstream: FakeOpenAIServer, seeded: Seeded, database: Database) -> None:  # noqa: F811
+    client(yak_url, seeded.alice_key).chat.completions.create(model="fake-model", messages=chat(), user="bob")
+    client(yak_url, seeded.bob_key).chat.completions.create(model="fake-model", messages=chat())
+    alice_block, bob_block = (r.body["messages"][-2]["content"] for r in upstream.chat_requests)
+    assert seeded.alice.secret in alice_block and seeded.bob.secret not in alice_block
+    assert seeded.bob.secret in bob_block and seeded.alice.secret not in bob_block
+    assert turns(database, "alice")[-1][0] == QUESTION and turns(database, "bob")[-1][0] == QUESTION
+    assert len(turns(database, "bob")) == 2  # the seeded turn and bob's own; alice's "user" did not land there
+
+
+def test_an_admin_key_must_name_the_user_and_no_key_gets_no_memory(
+        yak_url: str, upstream: FakeOpenAIServer, seeded: Seeded) -> None:  # noqa: F811
+    admin = client(yak_url, ADMIN_KEY)
+    with pytest.raises(openai.BadRequestError, match="an admin key must name the Yak user"):
+        admin.chat.completions.create(model="fake-model", messages=chat())
+    with pytest.raises(openai.BadRequestError, match="invalid user id"):
+        admin.chat.completions.create(model="fake-model", messages=chat(), user="bob|x")
+    admin.chat.completions.create(model="fake-model", messages=chat(), user="bob")
+    assert seeded.bob.secret in upstream.chat_requests[-1].body["messages"][-2]["content"]
+    with pytest.raises(openai.AuthenticationError, match="invalid or revoked API key"):
+        client(yak_url, "not-a-yak-key").chat.completions.create(model="fake-model", messages=chat())
+    for path in ("/v1/chat/completions", "/v1/models"):
+        keyless = httpx.request("POST" if "chat" in path else "GET", f"{yak_url}{path}",
+                                json={"model": "fake-model", "messages": chat()})
+        assert keyless.status_code == 401 and keyless.json()["error"]["message"].startswith("missing API key")
+    assert len(upstream.chat_requests) == 1
+
+
+def test_models_are_passed_through(yak_url: str, upstream: FakeOpenAIServer, seeded: Seeded) -> None:  # noqa: F811
+    assert [m.id for m in client(yak_url, seeded.alice_key).models.list()] == ["fake-model"]
+    assert upstream.requests[-1].headers["authorization"] == f"Bearer {UPSTREAM_KEY}"
+
+
+# --- failures ---------------------------------------------------------------------------------
+
+def test_upstream_errors_reach_the_client_with_their_status_and_nothing_is_stored(
+        yak_url: str, upstream: FakeOpenAIServer, seeded: Seeded, database: Database) -> None:  # noqa: F811
+    alice = client(yak_url, seeded.alice_key)
+    stored_before = len(turns(database, "alice"))
+    upstream.script(Reply.status(500), Reply.status(404, {"error": {"message": "model 'nope' not found",
+                                                                     "type": "not_found_error"}}),
+                    Reply.status(429), Reply.raw({"hello": "world"}), Reply.delay(5))
+    with pytest.raises(openai.InternalServerError, match="the upstream model server answered 500: fake server error"):
+        alice.chat.completions.create(model="fake-model", messages=chat())
+    with pytest.raises(openai.NotFoundError, match="model 'nope' not found") as missing:
+        alice.chat.completions.create(model="nope", messages=chat())
+    assert missing.value.body["type"] == "not_found_error"
+    with pytest.raises(openai.RateLimitError):
+        alice.chat.completions.create(model="fake-model", messages=chat(), stream=True)
+    with pytest.raises(openai.APIStatusError, match="not a chat completion") as garbage:
+        alice.chat.completions.create(model="fake-model", messages=chat())
+    assert garbage.value.status_code == 502
+    with pytest.raises(openai.APIStatusError, match="did not answer in time") as slow:
+        alice.chat.completions.create(model="fake-model", messages=chat())
+    assert slow.value.status_code == 504
+    assert len(turns(database, "alice")) == stored_before
+    assert sample(scrape(yak_url), 'yak_proxy_requests_total{outcome="upstream_error",stream="false"}') == 4
+
+
+def test_an_unreachable_upstream_is_a_502(proxy_settings: Settings, database: Database, seeded: Seeded) -> None:  # noqa: F811
+    gone = FakeOpenAIServer().start()
+    dead_url = gone.base_url
+    gone.stop()
+    app = create_app(proxy_settings.model_copy(update={"upstream_base_url": dead_url}), database=database)
+    with serve_in_thread(app) as url:
+        with pytest.raises(openai.APIStatusError, match="could not reach the upstream model server") as refused:
+            client(url, seeded.alice_key).chat.completions.create(model="fake-model", messages=chat())
+    assert refused.value.status_code == 502
+
+
+def test_a_stream_killed_midway_ends_in_an_error_and_stores_no_turn(
+        yak_url: str, upstream: FakeOpenAIServer, seeded: Seeded, database: Database) -> None:  # noqa: F811
+    stored_before = len(turns(database, "alice"))
+    upstream.script(Reply.cut("one two three four five six", after=3))
+    stream = client(yak_url, seeded.alice_key).chat.completions.create(model="fake-model", messages=chat(), stream=True)
+    received = []
+    with pytest.raises(openai.APIError, match="stopped in the middle of its answer"):
+        for chunk in stream:
+            received.append(chunk.choices[0].delta.content or "")
+    assert "".join(received) == "one two "  # what came before the cut was relayed as it came
+    assert len(turns(database, "alice")) == stored_before
+    metrics = scrape(yak_url)
+    assert sample(metrics, 'yak_proxy_degradations_total{reason="upstream_cut"}') == 1
+    assert sample(metrics, 'yak_proxy_requests_total{outcome="upstream_cut",stream="true"}') == 1
+
+
+def test_recall_failing_still_answers_without_a_block_and_counts_it(
+        proxy_settings: Settings, database: Database, upstream: FakeOpenAIServer, seeded: Seeded) -> None:  # noqa: F811
+    # An embedder nobody calibrated a relevance model for: recall refuses to guess, really failing.
+    app = create_app(proxy_settings, database=database, embedder=HashingEmbedder(dimensions=256))
+    with serve_in_thread(app) as url:
+        answer = client(url, seeded.alice_key).chat.completions.create(model="fake-model", messages=chat())
+        metrics = scrape(url)
+    assert answer.choices[0].message.content == f"You said: {QUESTION}"
+    assert upstream.chat_requests[-1].body["messages"] == chat()  # forwarded exactly as sent
+    assert sample(metrics, 'yak_proxy_degradations_total{reason="recall_failed"}') == 1
+    assert turns(database, "alice")[-1][:3] == (QUESTION, f"You said: {QUESTION}", [])
+
+
+# --- bad input --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("body", "message"), [
+    (b"{not json", "body: invalid JSON"),
+    (b"[1, 2]", "body: must be a JSON object"),
+    (b'{"model": "m"}', "messages: must be a non-empty list"),
+    (b'{"model": "m", "messages": "hello"}', "messages: must be a non-empty list"),
+    (b'{"model": "m", "messages": [{"content": "no role"}]}', "messages[0]: each message must be an object"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}', "stream: must be true or false"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": NaN}', "body: invalid JSON (NaN"),
+])
+def test_malformed_bodies_get_a_clear_400_and_go_nowhere(
+        yak_url: str, upstream: FakeOpenAIServer, seeded: Seeded, body: bytes, message: str) -> None:  # noqa: F811
+    response = httpx.post(f"{yak_url}/v1/chat/completions", content=body,
+                          headers={"Authorization": f"Bearer {seeded.alice_key}", "Content-Type": "application/json"})
+    assert response.status_code == 400
+    assert response.json()["error"]["message"].startswith(message) and response.json()["detail"].startswith(message)
+    assert upstream.chat_requests == []
+
+
+_JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=30),
+                     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+                     max_leaves=12)
+_MESSAGE = st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "assistant", "tool", "", "x"]) | _JSON},
+                                 optional={"content": _JSON | st.text(max_size=60)})
+_BODY = st.fixed_dictionaries({}, optional={
+    "model": _JSON, "messages": st.lists(_MESSAGE, max_size=4) | _JSON, "stream": st.booleans() | _JSON,
+    "n": _JSON, "user": _JSON, "tools": _JSON, "stream_options": _JSON})
+
+
+@hypothesis_settings(max_examples=60, deadline=None, derandomize=True,
+                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(body=_BODY | _JSON)
+def test_fuzzed_bodies_never_get_a_5xx_and_store_only_finished_text_turns(
+        yak_url: str, seeded: Seeded, database: Database, body: object) -> None:  # noqa: F811
+    before = len(turns(database, "alice"))
+    response = httpx.post(f"{yak_url}/v1/chat/completions", json=body, timeout=15,
+                          headers={"Authorization": f"Bearer {seeded.alice_key}"})
+    assert response.status_code in (200, 400), response.text
+    stored = turns(database, "alice")[before:]
+    if response.status_code == 400:
+        assert response.json()["error"]["message"] and not stored
+    for user_message, assistant_message, _ in stored:
+        # Only a text question with its complete answer is ever stored.
+        assert assistant_message == f"You said: {user_message}"
+
+
+def test_chats_get_16_mib_and_a_bigger_body_is_refused_with_413(
+        yak_url: str, upstream: FakeOpenAIServer, seeded: Seeded, database: Database) -> None:  # noqa: F811
+    headers = {"Authorization": f"Bearer {seeded.alice_key}", "Content-Type": "application/json"}
+    long_chat = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x " * (1024 * 1024)}]})
+    assert httpx.post(f"{yak_url}/v1/chat/completions", content=long_chat, headers=headers, timeout=30).status_code == 200
+    # Answered, but longer than POST /api/turns takes: not stored, and counted.
+    assert len(turns(database, "alice")) == 1
+    assert sample(scrape(yak_url), 'yak_proxy_degradations_total{reason="turn_not_stored"}') == 1
+    huge = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * (17 * 1024 * 1024)}]})
+    response = httpx.post(f"{yak_url}/v1/chat/completions", content=huge, headers=headers, timeout=30)
+    assert response.status_code == 413
+    assert len(upstream.chat_requests) == 1
+
+
+def test_multimodal_parts_and_tool_calls_pass_through_and_store_nothing(
+        yak_url: str, upstream: FakeOpenAIServer, seeded: Seeded, database: Database) -> None:  # noqa: F811
+    alice = client(yak_url, seeded.alice_key)
+    stored_before = len(turns(database, "alice"))
+    parts = [{"type": "text", "text": QUESTION},
+             {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]
+    answer = alice.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": parts}])
+    assert answer.choices[0].message.content == f"You said: {QUESTION}"
+    forwarded = upstream.chat_requests[-1].body["messages"]
+    assert forwarded[-1] == {"role": "user", "content": parts} and BLOCK_OPEN in forwarded[-2]["content"]
+
+    tools = [{"type": "function", "function": {"name": "open_locker", "parameters": {"type": "object"}}}]
+    upstream.script(Reply.tool_call("open_locker", {"code": "1234"}))
+    called = alice.chat.completions.create(model="fake-model", messages=chat(), tools=tools)
+    assert called.choices[0].finish_reason == "tool_calls"
+    assert called.choices[0].message.tool_calls[0].function.name == "open_locker"
+    assert upstream.chat_requests[-1].body["tools"] == tools
+
+    # The tool's result goes back to the model unchanged: the turn was recalled for already.
+    follow_up = [*chat(), called.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": "call_fake_1", "content": "opened"}]
+    upstream.script(Reply.text("Opened it."))
+    alice.chat.completions.create(model="fake-model", messages=follow_up, tools=tools)
+    assert upstream.chat_requests[-1].body["messages"] == follow_up
+    assert len(turns(database, "alice")) == stored_before
+
+
+def test_no_secret_reaches_the_logs(yak_url: str, upstream: FakeOpenAIServer, seeded: Seeded,  # noqa: F811
+                                    caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    alice = client(yak_url, seeded.alice_key)
+    alice.chat.completions.create(model="fake-model", messages=chat())
+    upstream.script(Reply.status(500, {"error": {"message": "boom"}}), Reply.cut("a b c d", after=2))
+    with pytest.raises(openai.InternalServerError):
+        alice.chat.completions.create(model="fake-model", messages=chat())
+    with pytest.raises(openai.APIError):
+        list(alice.chat.completions.create(model="fake-model", messages=chat(), stream=True))
+    text = caplog.text
+    assert "upstream" in text  # the failures were logged...
+    for secret in (UPSTREAM_KEY, seeded.alice_key, ADMIN_KEY):
+        assert secret not in text  # ...without any key
+
+
+def test_yak_proxy_serves_the_proxy_alone(db_url: str, upstream: FakeOpenAIServer, seeded: Seeded,  # noqa: F811
+                                          database: Database, tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = yak_env(db_url, tmp_path / "home", YAK_UPSTREAM_BASE_URL=upstream.base_url,
+                  YAK_UPSTREAM_API_KEY=UPSTREAM_KEY, YAK_ADMIN_API_KEY=ADMIN_KEY, YAK_PROXY_RECALL_THRESHOLD="0.1")
+    out, err = tmp_path / "proxy.out", tmp_path / "proxy.err"
+    # `python -m` from the project folder: the subprocess runs this checkout's code.
+    with out.open("w") as stdout, err.open("w") as stderr:
+        process = subprocess.Popen([sys.executable, "-m", "yak_pipeline.cli.main", "proxy", "--port", str(port),
+                                    "--json"], env=env, cwd=ROOT, stdout=stdout, stderr=stderr)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, err.read_text()
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, err.read_text()
+                time.sleep(0.1)
+        answer = client(url, seeded.alice_key).chat.completions.create(model="fake-model", messages=chat())
+        assert answer.choices[0].message.content == f"You said: {QUESTION}"
+        assert seeded.alice.secret in upstream.chat_requests[-1].body["messages"][-2]["content"]
+        assert httpx.get(f"{url}/api/memories", headers={"X-API-Key": ADMIN_KEY}).status_code == 404
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+    assert json.loads(out.read_text().splitlines()[0]) == {"url": f"{url}/v1", "upstream": upstream.base_url,
+                                                           "warnings": []}
+    assert turns(database, "alice")[-1][0] == QUESTION
+    assert UPSTREAM_KEY not in out.read_text() + err.read_text()
