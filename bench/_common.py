@@ -10,7 +10,9 @@ import json
 import os
 import platform
 import socket
+import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -57,6 +59,39 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextmanager
+def running_yak(command: str, env: dict[str, str], *, startup_seconds: float = 120) -> Iterator[int]:
+    """``yak <command> --port P`` in a subprocess on a free port, once its ``/health`` answers; yields P.
+
+    The process is stopped (terminate, then kill after 20 s) when the block ends, whatever happens.
+    """
+    import httpx
+
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "yak_pipeline.cli.main", command, "--port", str(port)],
+                               env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + startup_seconds
+        with httpx.Client(timeout=10) as client:
+            while True:
+                try:
+                    if client.get(f"http://127.0.0.1:{port}/health").status_code < 500:
+                        break
+                except httpx.TransportError:
+                    pass
+                if process.poll() is not None or time.monotonic() > deadline:
+                    detail = process.stderr.read().decode()[-500:] if process.stderr else ""
+                    raise RuntimeError(f"yak {command} did not start: {detail}")
+                time.sleep(0.5)
+        yield port
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
 
 
 def percentile(values: Sequence[float], pct: float) -> float:

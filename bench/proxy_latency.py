@@ -27,7 +27,6 @@ import argparse
 import json
 import os
 import secrets
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,10 +34,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
     ROOT,
-    free_port,
     latency_summary,
     print_table,
     progress,
+    running_yak,
     scratch_database,
     verdict,
     write_result,
@@ -76,58 +75,38 @@ def bench(url: str, queries: list, upstream: FakeOpenAIServer, *, recall: bool =
     import httpx
 
     key = secrets.token_urlsafe(24)
-    port = free_port()
     env = {**os.environ, "YAK_DATABASE_URL": url, "YAK_ADMIN_API_KEY": key, "YAK_UPSTREAM_BASE_URL": upstream.base_url,
            "YAK_HOME": str(Path(os.environ.get("YAK_HOME", ROOT / ".yak")).resolve()),
            "YAK_PROXY_RECALL_LIMIT": "5" if recall else "0"}
-    proxy = subprocess.Popen([sys.executable, "-m", "yak_pipeline.cli.main", "proxy", "--port", str(port)], env=env,
-                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    base = f"http://127.0.0.1:{port}/v1"
     direct_headers, proxy_headers = {}, {"X-API-Key": key}
-    try:
-        with httpx.Client(timeout=60) as client:
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    if client.get(f"http://127.0.0.1:{port}/health").status_code < 500:
-                        break
-                except httpx.TransportError:
-                    pass
-                if proxy.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"yak proxy did not start: {proxy.stderr.read().decode()[-500:]}")
-                time.sleep(0.5)
+    with running_yak("proxy", env) as port, httpx.Client(timeout=60) as client:
+        base = f"http://127.0.0.1:{port}/v1"
 
-            def body(user: str, text: str, stream: bool) -> dict:
-                return {"model": "fake-model", "user": user, "stream": stream,
-                        "messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": text}]}
+        def body(user: str, text: str, stream: bool) -> dict:
+            return {"model": "fake-model", "user": user, "stream": stream,
+                    "messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": text}]}
 
-            for user, text, _ in queries[:20]:  # loads the query embedder, warms the pool and the caches
-                _chat(client, f"{base}/chat/completions", proxy_headers, body(user, f"warm up: {text}", True))
-            added_ttft, added_total, added_whole, direct_ttft, proxy_ttft = [], [], [], [], []
-            for i, (user, text, _) in enumerate(queries[20:]):
-                order = [("direct", upstream.base_url, direct_headers), ("proxy", base, proxy_headers)]
-                if i % 2:
-                    order.reverse()
-                timings = {name: _chat(client, f"{where}/chat/completions", headers, body(user, text, True))
-                           for name, where, headers in order}
-                whole = {name: _whole(client, f"{where}/chat/completions", headers, body(user, f"{text} (whole)", False))
-                         for name, where, headers in order}
-                added_ttft.append(timings["proxy"][0] - timings["direct"][0])
-                added_total.append(timings["proxy"][1] - timings["direct"][1])
-                added_whole.append(whole["proxy"] - whole["direct"])
-                direct_ttft.append(timings["direct"][0])
-                proxy_ttft.append(timings["proxy"][0])
-                if (i + 1) % 50 == 0:
-                    progress(f"  {'' if recall else 'no recall: '}{i + 1}/{len(queries) - 20} chats")
-        return {"added_ttft_ms": latency_summary(added_ttft), "added_total_ms": latency_summary(added_total),
-                "added_total_not_streamed_ms": latency_summary(added_whole),
-                "direct_ttft_ms": latency_summary(direct_ttft), "proxy_ttft_ms": latency_summary(proxy_ttft)}
-    finally:
-        proxy.terminate()
-        try:
-            proxy.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proxy.kill()
+        for user, text, _ in queries[:20]:  # loads the query embedder, warms the pool and the caches
+            _chat(client, f"{base}/chat/completions", proxy_headers, body(user, f"warm up: {text}", True))
+        added_ttft, added_total, added_whole, direct_ttft, proxy_ttft = [], [], [], [], []
+        for i, (user, text, _) in enumerate(queries[20:]):
+            order = [("direct", upstream.base_url, direct_headers), ("proxy", base, proxy_headers)]
+            if i % 2:
+                order.reverse()
+            timings = {name: _chat(client, f"{where}/chat/completions", headers, body(user, text, True))
+                       for name, where, headers in order}
+            whole = {name: _whole(client, f"{where}/chat/completions", headers, body(user, f"{text} (whole)", False))
+                     for name, where, headers in order}
+            added_ttft.append(timings["proxy"][0] - timings["direct"][0])
+            added_total.append(timings["proxy"][1] - timings["direct"][1])
+            added_whole.append(whole["proxy"] - whole["direct"])
+            direct_ttft.append(timings["direct"][0])
+            proxy_ttft.append(timings["proxy"][0])
+            if (i + 1) % 50 == 0:
+                progress(f"  {'' if recall else 'no recall: '}{i + 1}/{len(queries) - 20} chats")
+    return {"added_ttft_ms": latency_summary(added_ttft), "added_total_ms": latency_summary(added_total),
+            "added_total_not_streamed_ms": latency_summary(added_whole),
+            "direct_ttft_ms": latency_summary(direct_ttft), "proxy_ttft_ms": latency_summary(proxy_ttft)}
 
 
 def main(argv: list[str] | None = None) -> int:

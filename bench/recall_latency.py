@@ -51,7 +51,6 @@ import argparse
 import hashlib
 import os
 import secrets
-import subprocess
 import sys
 import time
 import uuid
@@ -62,10 +61,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
-    free_port,
     latency_summary,
     print_table,
     progress,
+    running_yak,
     scratch_database,
     verdict,
     write_result,
@@ -349,41 +348,21 @@ def bench_http(url: str, queries: list, limit: int) -> dict:
     import httpx
 
     key = secrets.token_urlsafe(24)
-    port = free_port()
     env = {**os.environ, "YAK_DATABASE_URL": url, "YAK_ADMIN_API_KEY": key,
            "YAK_HOME": str(Path(os.environ.get("YAK_HOME", ".yak")).resolve())}
-    server = subprocess.Popen([sys.executable, "-m", "yak_pipeline.cli.main", "serve", "--port", str(port)],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        with httpx.Client(base_url=base, headers={"X-API-Key": key}, timeout=30) as client:
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    if client.get("/health").status_code < 500:
-                        break
-                except httpx.TransportError:
-                    pass
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"yak serve did not start: {server.stderr.read().decode()[-500:] if server.stderr else ''}")
-                time.sleep(0.5)
-            for user, text, _ in queries[:20]:  # loads the embedding model, warms the pool
-                client.post("/api/distillations/search", json={"query": text, "user_id": user, "limit": limit})
-            samples, errors = [], 0
-            for i, (user, text, _) in enumerate(queries):
-                began = time.perf_counter()
-                response = client.post("/api/distillations/search", json={"query": text, "user_id": user, "limit": limit})
-                samples.append((time.perf_counter() - began) * 1000)
-                errors += response.status_code != 200
-                if (i + 1) % 100 == 0:
-                    progress(f"  http: {i + 1}/{len(queries)} requests")
-        return {"latency_ms": latency_summary(samples), "errors": errors}
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
+    with running_yak("serve", env) as port, httpx.Client(base_url=f"http://127.0.0.1:{port}",
+                                                        headers={"X-API-Key": key}, timeout=30) as client:
+        for user, text, _ in queries[:20]:  # loads the embedding model, warms the pool
+            client.post("/api/distillations/search", json={"query": text, "user_id": user, "limit": limit})
+        samples, errors = [], 0
+        for i, (user, text, _) in enumerate(queries):
+            began = time.perf_counter()
+            response = client.post("/api/distillations/search", json={"query": text, "user_id": user, "limit": limit})
+            samples.append((time.perf_counter() - began) * 1000)
+            errors += response.status_code != 200
+            if (i + 1) % 100 == 0:
+                progress(f"  http: {i + 1}/{len(queries)} requests")
+    return {"latency_ms": latency_summary(samples), "errors": errors}
 
 
 def _load() -> float:
