@@ -229,3 +229,16 @@ def test_a_reply_is_found_by_the_meaning_of_the_question_it_answers(database: Da
     assert all(x.signals.cos_context is None for x in off.values())
     # As of a past moment a context may hold later words: the leg is off then.
     assert all(x.signals.cos_context is None and "context_vector" not in x.ranks for x in past.values())
+
+
+def test_a_distillation_run_fills_the_context_vectors_of_its_own_users_only(database: Database) -> None:
+    from yak_pipeline.llm import RulesProvider
+    from yak_pipeline.services.distill import DistillJob, distill_memories
+
+    with database.connection() as c:
+        ann = [_insert(c, text, T0 + timedelta(minutes=i)) for i, text in enumerate(["I keep bees.", "Two hives."])]
+        bob = [_insert(c, "I sail on Sundays.", T0, user="bob")]
+    distill_memories(DistillJob(database, llm=RulesProvider(), embedder=EMBEDDER, prompt_version="v1"), ann)
+    vectors = _context_vectors(database)
+    assert all(vectors[m] is not None for m in ann)
+    assert vectors[bob[0]] is None  # bob's own run (or `yak db index`) makes his

@@ -27,7 +27,7 @@ from yak_pipeline.services.reports import StageReport
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.distillations import NewDistillation, add_version, insert_distillation
 from yak_pipeline.store.recall import set_exchange_embeddings
-from yak_pipeline.store.memories import mark_memory_distilled, record_memory_error
+from yak_pipeline.store.memories import mark_memory_distilled, record_memory_error, users_of_memories
 from yak_pipeline.store.metrics import record_distillation_latency
 
 logger = logging.getLogger(__name__)
@@ -157,9 +157,13 @@ def distill_memories(job: DistillJob, memory_ids: Sequence[str], *, concurrency:
         for report in pool.map(lambda memory_id: _distill_one(job, memory_id), memory_ids):
             total.merge(report)
     # New exchanges gave themselves and their neighbours a new context (sql/008): recall's
-    # context vectors catch up here, in the same run, rather than waiting for another job.
+    # context vectors catch up here, in the same run, for these memories' users only (a run does
+    # its own users' work; another user's backlog is their runs' or `yak db index`'s).
     try:
-        embed_pending_contexts(job.db, job.embedder)
+        with job.db.connection() as conn:
+            users = users_of_memories(conn, memory_ids)
+        for user_id in users:
+            embed_pending_contexts(job.db, job.embedder, user_id=user_id)
     except EmbeddingError as exc:
         # Recall works without them (the exchange's own vector stands in); the next run retries.
         logger.warning("context vectors not updated: %s", exc)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timezone
 from typing import Any
@@ -175,6 +176,13 @@ def pending_memory_partitions(conn: psycopg.Connection, *, drop_folder: bool | N
            ORDER BY 2, 1""",
         {"drop": drop_folder},
     ).fetchall()
+
+
+def users_of_memories(conn: psycopg.Connection, memory_ids: Sequence[UUID | str]) -> list[str]:
+    """The users the given memories belong to, each once, in order."""
+    rows = conn.execute("SELECT DISTINCT user_id FROM memories WHERE id = ANY(%s::uuid[]) ORDER BY user_id",
+                        ([str(i) for i in memory_ids],)).fetchall()
+    return [r[0] for r in rows]
 
 
 def mark_memory_distilled(conn: psycopg.Connection, memory_id: UUID | str) -> None:
