@@ -23,6 +23,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from yak_pipeline.core.types import InvalidUserId
+from yak_pipeline.llm.errors import one_line as collapse_to_one_line
 from yak_pipeline.recall_models import RelevanceModelMissing
 from yak_pipeline.services.proxy import PROXY_PREFIX, ProxyError
 from yak_pipeline.store.errors import DatabaseUnavailable, StoreError
@@ -43,9 +44,8 @@ def body_too_large_detail(size: int | None = None, max_bytes: int = MAX_BODY_BYT
 
 
 def one_line(text: object) -> str:
-    """``text`` on a single line, cut to a readable length."""
-    flat = " ".join(str(text).split())
-    return flat if len(flat) <= _MAX_DETAIL_CHARS else flat[: _MAX_DETAIL_CHARS - 1] + "…"
+    """``text`` on a single line, cut to a readable length (an API error's ``detail``)."""
+    return collapse_to_one_line(text, _MAX_DETAIL_CHARS)
 
 
 def _with_openai_error(request: Request, body: dict, status_code: int) -> dict:

@@ -48,6 +48,7 @@ from yak_pipeline.core.forget import ForgetCommandError, parse_forget_command, p
 from yak_pipeline.core.memory_block import insert_memory_block
 from yak_pipeline.core.types import InvalidUserId, validate_user_id
 from yak_pipeline.embeddings import Embedder
+from yak_pipeline.llm.errors import one_line
 from yak_pipeline.services.forget import ForgetOutcome, confirm_forget, run_forget_command
 from yak_pipeline.services.recall import build_context, recall_params, relevance_model
 from yak_pipeline.settings import Settings
@@ -82,7 +83,7 @@ class ProxyError(Exception):
                  code: str | int | None = None, param: str | None = None) -> None:
         super().__init__(message)
         self.status_code = status_code
-        self.message = _one_line(message)
+        self.message = one_line(message, _MAX_MESSAGE_CHARS)
         self.error_type = error_type
         self.code = code
         self.param = param
@@ -108,11 +109,6 @@ class ProxyStream:
 
     chunks: AsyncIterator[bytes]
     media_type: str = "text/event-stream"
-
-
-def _one_line(text: object) -> str:
-    flat = " ".join(str(text).split())
-    return flat if len(flat) <= _MAX_MESSAGE_CHARS else flat[: _MAX_MESSAGE_CHARS - 1] + "…"
 
 
 # --- reading the chat ------------------------------------------------------------------------
@@ -218,7 +214,8 @@ def describe_forget(outcome: ForgetOutcome) -> str:
         return "No memory contains that phrase; nothing was forgotten."
     lines = [f"{_plural(len(outcome.candidates), 'memory')} contain that phrase:"]
     for number, candidate in enumerate(outcome.candidates, 1):
-        lines.append(f"{number}. [{candidate['occurred_at']:%Y-%m-%d}] {_one_line(candidate['content'])}")
+        text = one_line(candidate["content"], _MAX_MESSAGE_CHARS)
+        lines.append(f"{number}. [{candidate['occurred_at']:%Y-%m-%d}] {text}")
     lines.append(f"To forget them, send: /forget confirm {outcome.token}")
     lines.append("(within 10 minutes; anything else keeps them)")
     return "\n".join(lines)
@@ -425,7 +422,7 @@ class MemoryProxy:
                                          model=relevance_model(self.settings, embedder))
             error = built.recall_error
         except Exception as exc:  # noqa: BLE001 - no memories is better than no answer
-            block, built, error = "", None, f"{type(exc).__name__}: {_one_line(exc)}"
+            block, built, error = "", None, f"{type(exc).__name__}: {one_line(exc, _MAX_MESSAGE_CHARS)}"
         if error is not None or built is None:
             self.metrics.count_proxy_degradation("recall_failed")
             logger.warning("recall failed; the chat goes upstream without memories: %s", error)
@@ -463,7 +460,7 @@ class MemoryProxy:
                     return None
                 outcome = run_forget_command(self._database(), user_id=user_id, command=text, actor=actor)
         except ForgetCommandError as exc:
-            return f"Nothing was forgotten: {_one_line(exc)}"
+            return f"Nothing was forgotten: {one_line(exc, _MAX_MESSAGE_CHARS)}"
         except DatabaseUnavailable:
             raise ProxyError(503, "the database is unavailable; nothing was forgotten, try again shortly",
                              error_type="server_error", code="database_unavailable") from None
