@@ -86,6 +86,10 @@ class Settings(BaseSettings):
     admin_api_key: SecretStr | None = Field(
         default=None, description="An admin API key accepted in addition to stored keys (never logged)."
     )
+    api_url: str | None = Field(
+        default=None,
+        description="A running `yak serve` the CLI sends its requests to; unset = the one `yak serve` recorded in $YAK_HOME.",
+    )
     drop_dir: Path | None = Field(
         default=None, description="Drop folder watched for exchange files; unset = $YAK_HOME/drop."
     )

@@ -154,3 +154,41 @@ def test_cli_against_a_real_server(server: Server, database: Database) -> None:
     assert wrong.exit_code == 1 and wrong.stderr == "error: invalid or revoked API key\n"
     unreachable = runner.invoke(yak, ["memory", "list", "--remote", f"http://127.0.0.1:{_free_port()}"])
     assert unreachable.exit_code == 1 and unreachable.stderr.startswith("error: cannot reach")
+
+
+def test_the_cli_uses_the_server_yak_serve_recorded_and_falls_back_when_it_is_gone(
+        db_url: str, tmp_path: Path) -> None:
+    """No flags: the console script finds the running server through ``$YAK_HOME/server.json``.
+
+    Proof that the server answered and not an in-process app: the command's own database URL
+    points nowhere, which in-process would fail.
+    """
+    home = tmp_path / "home"
+    env = {**os.environ, "YAK_DATABASE_URL": db_url, "YAK_EMBEDDER": "hashing", "YAK_HOME": str(home)}
+    process, url, _ = start_serve(env, tmp_path)
+    nowhere = {**env, "YAK_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"}
+    try:
+        record = json.loads((home / "server.json").read_text())
+        assert record == {"url": url, "pid": process.pid}
+        added = subprocess.run([str(YAK), "memory", "add", "User: I keep bees.\nAssistant: Sweet.", "--user", "ana",
+                                "--json"], env=nowhere, capture_output=True, text=True, timeout=60)
+        assert added.returncode == 0 and added.stderr == "", added.stderr
+        listed = subprocess.run([str(YAK), "memory", "list", "--user", "ana", "--json"], env=nowhere,
+                                capture_output=True, text=True, timeout=60)
+        assert [m["id"] for m in json.loads(listed.stdout)["items"]] == [json.loads(added.stdout)["id"]]
+    finally:
+        stop_serve(process)
+    assert not (home / "server.json").exists()  # a stopped server removes its record
+
+    # A record left by a server that died without removing it: said on stderr, then in-process.
+    (home / "server.json").write_text(json.dumps({"url": url, "pid": os.getpid()}))
+    fallback = subprocess.run([str(YAK), "memory", "list", "--user", "ana", "--json"], env=env,
+                              capture_output=True, text=True, timeout=120)
+    assert fallback.returncode == 0, fallback.stderr
+    assert fallback.stderr == f"note: no Yak server answers at {url}; running this command in-process\n"
+    assert len(json.loads(fallback.stdout)["items"]) == 1
+    # YAK_API_URL names a server too; one that is not there is a note, not an error.
+    (home / "server.json").unlink()
+    configured = subprocess.run([str(YAK), "memory", "list", "--user", "ana", "--json"],
+                                env={**env, "YAK_API_URL": url}, capture_output=True, text=True, timeout=120)
+    assert configured.returncode == 0 and "no Yak server answers at" in configured.stderr

@@ -1,4 +1,11 @@
-"""The CLI's way to the API: a real server (``--remote URL``) or the app in this process.
+"""The CLI's way to the API: a running server, or the app in this process.
+
+Which server: ``--remote URL``; else ``YAK_API_URL``; else the one ``yak serve`` (and so
+``yak up``) recorded in ``$YAK_HOME/server.json`` while it runs. A command against a running
+server takes a fraction of a second; in-process it first loads the embedder and opens the
+database, seconds. When the configured or recorded server does not answer (it was stopped, or
+crashed), the command says so on stderr and runs in-process; an explicit ``--remote`` that does
+not answer is an error.
 
 In-process, requests go through ``httpx.ASGITransport`` to ``create_app`` on the configured
 database, so the commands behave exactly as against a server. Someone who can run Yak
@@ -11,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import secrets
 import sys
 import uuid
@@ -27,9 +35,12 @@ from yak_pipeline.settings import Settings, get_settings
 
 REQUEST_TIMEOUT_SECONDS: Final = 120.0
 ADMIN_KEY_FILE_NAME: Final = "admin-api-key"
+SERVER_RECORD_FILE_NAME: Final = "server.json"
 
 RemoteOption = Annotated[str | None, typer.Option(
-    "--remote", metavar="URL", help="URL of a running `yak serve` (default: run the API in this process).")]
+    "--remote", metavar="URL",
+    help="URL of a running `yak serve` (default: YAK_API_URL, else the server `yak serve` recorded, "
+         "else the API in this process).")]
 ApiKeyOption = Annotated[str | None, typer.Option(
     "--api-key", envvar="YAK_API_KEY", show_envvar=True, metavar="KEY",
     help="API key (default in-process: local admin; remote: the key file `yak serve` wrote).")]
@@ -49,6 +60,58 @@ class ApiError(Exception):
 def admin_key_file(settings: Settings) -> Path:
     """Where ``yak serve`` stores the admin key it creates on first start."""
     return settings.home / ADMIN_KEY_FILE_NAME
+
+
+def server_record_file(settings: Settings) -> Path:
+    """Where a running ``yak serve`` records the URL it answers on."""
+    return settings.home / SERVER_RECORD_FILE_NAME
+
+
+def record_server(settings: Settings, host: str, port: int) -> Callable[[], None]:
+    """Record this process's server for the CLI; returns the function that removes the record.
+
+    Written atomically (a reader never sees half a file); removed only if it is still this
+    process's (another ``yak serve`` may have started since).
+    """
+    # A server listening on every interface answers on loopback too.
+    reachable = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    url = f"http://[{reachable}]:{port}" if ":" in reachable else f"http://{reachable}:{port}"
+    path = server_record_file(settings)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    partial.write_text(json.dumps({"url": url, "pid": os.getpid()}))
+    partial.replace(path)
+
+    def forget() -> None:
+        if _read_record(path).get("pid") == os.getpid():
+            path.unlink(missing_ok=True)
+
+    return forget
+
+
+def _read_record(path: Path) -> dict:
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def configured_server(settings: Settings) -> str | None:
+    """``YAK_API_URL``, else the server ``yak serve`` recorded if its process is alive; else None."""
+    if settings.api_url:
+        return settings.api_url
+    record = _read_record(server_record_file(settings))
+    url, pid = record.get("url"), record.get("pid")
+    if not isinstance(url, str) or not isinstance(pid, int):
+        return None
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass  # it exists, as another user
+    return url
 
 
 def _detail(response: httpx.Response) -> tuple[str, Any]:
@@ -73,7 +136,11 @@ class ApiClient:
     """Sends requests to a remote server or to the in-process app (see the module docstring)."""
 
     def __init__(self, *, remote: str | None, api_key: str | None) -> None:
+        # A server found on its own (not named by --remote) may have gone: then run in-process.
+        self._fallback = remote is None
+        remote = remote or configured_server(get_settings())
         self._remote = remote.rstrip("/") if remote else None
+        self._api_key = api_key
         self._http: httpx.Client | None = None
         self._app = None
         self._database = None
@@ -82,8 +149,11 @@ class ApiClient:
             self._http = httpx.Client(base_url=self._remote, timeout=REQUEST_TIMEOUT_SECONDS,
                                       headers={"X-API-Key": key} if key else {})
         else:
-            local_admin = self._open_in_process()
-            self._key = api_key or local_admin
+            self._go_in_process()
+
+    def _go_in_process(self) -> None:
+        local_admin = self._open_in_process()
+        self._key = self._api_key or local_admin
 
     @staticmethod
     def _stored_admin_key() -> str | None:
@@ -115,6 +185,16 @@ class ApiClient:
         if self._http is not None:
             try:
                 response = self._http.request(method, path, **kwargs)
+            except httpx.ConnectError as exc:
+                if not self._fallback:
+                    raise ApiError(0, f"cannot reach {self._remote}: {type(exc).__name__}: {exc}") from None
+                # Nothing reached the server, so nothing can have happened twice.
+                print(f"note: no Yak server answers at {self._remote}; running this command in-process",
+                      file=sys.stderr)
+                self._http.close()
+                self._http = None
+                self._go_in_process()
+                return self.request(method, path, json_body=json_body, params=params)
             except httpx.HTTPError as exc:
                 raise ApiError(0, f"cannot reach {self._remote}: {type(exc).__name__}: {exc}") from None
         else:

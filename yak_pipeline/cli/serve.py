@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 from pathlib import Path
 
 import typer
 
-from yak_pipeline.cli.api_client import JsonOption, admin_key_file
+from yak_pipeline.cli.api_client import JsonOption, admin_key_file, record_server
 from yak_pipeline.cli.errors import friendly_errors
 from yak_pipeline.settings import Settings, get_settings
 from yak_pipeline.store.api_keys import create_api_key, find_api_key, has_admin_key
@@ -41,6 +42,10 @@ def ensure_admin_key(settings: Settings, database: Database) -> Path | None:
     with os.fdopen(descriptor, "w") as handle:
         handle.write(key + "\n")
     return path
+
+
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def register(app: typer.Typer) -> None:
@@ -79,7 +84,15 @@ def register(app: typer.Typer) -> None:
                 print(f"admin API key stored in {key_file}", flush=True)
             if warning:
                 print(f"warning: {warning}", file=sys.stderr, flush=True)
-        uvicorn.run(create_app(settings, database=database), host=host, port=port, log_level="info")
+        # The CLI finds this server through the record and sends its commands here (api_client).
+        forget = record_server(settings, host, port)
+        # uvicorn shuts down gracefully on SIGTERM, then raises the signal again under the handler
+        # it found: the default one would end the process before the record is removed.
+        signal.signal(signal.SIGTERM, _exit_on_signal)
+        try:
+            uvicorn.run(create_app(settings, database=database), host=host, port=port, log_level="info")
+        finally:
+            forget()
 
     @app.command("proxy")
     @friendly_errors
