@@ -12,6 +12,7 @@ import platform
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -62,16 +63,21 @@ def free_port() -> int:
 
 
 @contextmanager
-def running_yak(command: str, env: dict[str, str], *, startup_seconds: float = 120) -> Iterator[int]:
+def running_yak(command: str, env: dict[str, str], *, startup_seconds: float = 120, port_option: str = "--port",
+                extra_args: Sequence[str] = ()) -> Iterator[int]:
     """``yak <command> --port P`` in a subprocess on a free port, once its ``/health`` answers; yields P.
+
+    ``yak up`` names its API port ``--api-port`` (``port_option``); ``extra_args`` go after it.
 
     The process is stopped (terminate, then kill after 20 s) when the block ends, whatever happens.
     """
     import httpx
 
     port = free_port()
-    process = subprocess.Popen([sys.executable, "-m", "yak_pipeline.cli.main", command, "--port", str(port)],
-                               env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # A file, not a pipe: a long run's logs would fill a pipe nobody reads and block the server.
+    errors = tempfile.TemporaryFile()
+    process = subprocess.Popen([sys.executable, "-m", "yak_pipeline.cli.main", command, port_option, str(port),
+                                *extra_args], env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=errors)
     try:
         deadline = time.monotonic() + startup_seconds
         with httpx.Client(timeout=10) as client:
@@ -82,7 +88,8 @@ def running_yak(command: str, env: dict[str, str], *, startup_seconds: float = 1
                 except httpx.TransportError:
                     pass
                 if process.poll() is not None or time.monotonic() > deadline:
-                    detail = process.stderr.read().decode()[-500:] if process.stderr else ""
+                    errors.seek(0)
+                    detail = errors.read().decode(errors="replace")[-500:]
                     raise RuntimeError(f"yak {command} did not start: {detail}")
                 time.sleep(0.5)
         yield port
@@ -92,6 +99,7 @@ def running_yak(command: str, env: dict[str, str], *, startup_seconds: float = 1
             process.wait(timeout=20)
         except subprocess.TimeoutExpired:
             process.kill()
+        errors.close()
 
 
 def percentile(values: Sequence[float], pct: float) -> float:

