@@ -2,8 +2,9 @@
 
 The server is started here the way an operator would run one: its own data directory, listening
 on a TCP port of 127.0.0.1 (not a Unix socket), password authentication (scram-sha-256) for a
-role that is not the superuser Yak's embedded server uses, and pgvector created by that role's
-migrations. The store tests then run in a separate pytest process with ``YAK_TEST_DATABASE_URL``
+role that is not the superuser Yak's embedded server uses. pgvector is not a trusted extension,
+so the administrator creates it, as on a managed server: in ``template1``, which every database
+the tests create copies. The store tests then run in a separate pytest process with ``YAK_TEST_DATABASE_URL``
 pointing at it, so nothing of this session's embedded server is involved.
 """
 
@@ -57,9 +58,10 @@ def external_server(tmp_path: Path):
                      "-o", f"-h 127.0.0.1 -p {port} -k {folder}", "start"])
     admin = f"postgresql://admin:bootstrap-secret@127.0.0.1:{port}/postgres"
     try:
+        with psycopg.connect(admin.replace("/postgres", "/template1"), autocommit=True) as conn:
+            conn.execute("CREATE EXTENSION vector")
         with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute("CREATE ROLE yak LOGIN CREATEDB PASSWORD 'app-secret'")
-            # pgvector is a trusted extension: a database owner may create it without superuser.
             conn.execute("CREATE DATABASE yak OWNER yak")
         yield f"postgresql://yak:app-secret@127.0.0.1:{port}/yak"
     finally:
