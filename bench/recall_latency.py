@@ -60,6 +60,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
+    ROOT,
     latency_summary,
     print_table,
     progress,
@@ -105,12 +106,69 @@ def _unit(v: np.ndarray) -> np.ndarray:
     return (v / np.linalg.norm(v, axis=-1, keepdims=True)).astype(np.float32)
 
 
-def load(url: str, n: int, users: int, seed: int) -> dict:
+def synthetic_rows(n: int, rng: np.random.Generator):
+    """The stress case: (distillation text, exchange text, vector) from a 60-word vocabulary,
+    vectors around shared topic centres. A query's words match about half of a user's rows."""
+    centres = _unit(rng.normal(size=(max(50, n // 200), DIM)))
+    for i in range(n):
+        text = _text(rng)
+        vector = _unit(centres[rng.integers(len(centres))] + rng.normal(size=DIM) * 0.06)
+        yield text, f"User: {text.replace('User', 'I')}\nAssistant: Noted. ({i})", vector
+
+
+class RealisticCorpus:
+    """Real conversational text: the turns of the LoCoMo-format files in ``data_dir`` resampled.
+
+    Each row is one turn (what the user said) and the turn that answered it, drawn at random from
+    every conversation of every file; its distillation is the turn's own text and its vector the
+    local model's embedding of that text (each distinct turn embedded once; a little noise tells
+    the copies of one turn in different rows apart). The queries are the files' real questions,
+    embedded as recall embeds a question (``embed_query``). The vocabulary and the lengths are
+    real; that several users said the same sentence is not, and is the price of 100,000 rows.
+    """
+
+    def __init__(self, data_dir: Path) -> None:
+        from yak_pipeline.embeddings.local import LocalMiniLMEmbedder
+        from yak_pipeline.eval.locomo import load_locomo
+
+        files = sorted(data_dir.glob("*/*.json"))
+        if not files:
+            raise SystemExit(f"error: no LoCoMo-format .json files under {data_dir} (--data-dir)")
+        self.pairs: list[tuple[str, str]] = []
+        self.questions: list[str] = []
+        for path in files:
+            for conversation in load_locomo(path):
+                turns = conversation.turns
+                self.pairs += [(a.text, b.text) for a, b in zip(turns, turns[1:]) if a.text.strip() and b.text.strip()]
+                self.questions += [q.question for q in (*conversation.questions, *conversation.never_said)]
+        embedder = LocalMiniLMEmbedder()
+        distinct = sorted({said for said, _ in self.pairs})
+        progress(f"  realistic corpus: {len(self.pairs)} turn pairs, {len(distinct)} distinct turns, "
+                 f"{len(self.questions)} questions from {len(files)} files; embedding them …")
+        self.vectors = dict(zip(distinct, np.asarray(embedder.embed_documents(distinct), dtype=np.float32)))
+        self.question_vectors = [np.asarray(embedder.embed_query(q), dtype=np.float32) for q in self.questions]
+
+    def rows(self, n: int, rng: np.random.Generator):
+        """(distillation text, exchange text, vector) for n rows."""
+        for i in rng.integers(len(self.pairs), size=n):
+            said, answer = self.pairs[int(i)]
+            yield said, f"User: {said}\nAssistant: {answer} [{int(i)}-{rng.integers(1 << 30)}]", \
+                _unit(self.vectors[said] + rng.normal(size=DIM).astype(np.float32) * 0.01)
+
+    def queries(self, users: int, count: int, seed: int) -> list[tuple[str, str, np.ndarray]]:
+        """(user, question, its vector) for ``count`` real questions asked of random users."""
+        rng = np.random.default_rng(seed + 1)
+        picked = rng.integers(len(self.questions), size=count)
+        return [(f"bench-user-{int(rng.integers(users))}", self.questions[int(i)], self.question_vectors[int(i)])
+                for i in picked]
+
+
+def load(url: str, n: int, users: int, seed: int, corpus: RealisticCorpus | None = None) -> dict:
     """Bulk-load n memories + distillations with COPY (indexes dropped first, rebuilt after)."""
     from yak_pipeline.store.database import connect
 
     rng = np.random.default_rng(seed)
-    centres = _unit(rng.normal(size=(max(50, n // 200), DIM)))
+    source = corpus.rows(n, rng) if corpus is not None else synthetic_rows(n, rng)
     now = datetime.now(timezone.utc)
     started = time.monotonic()
     rows = []
@@ -124,13 +182,10 @@ def load(url: str, n: int, users: int, seed: int) -> dict:
             with cur.copy("COPY memories (id, user_id, content, occurred_at, source, content_sha256, status, "
                           "embedding, embedding_model) FROM STDIN WITH (FORMAT BINARY)") as copy:
                 copy.set_types(["uuid", "text", "text", "timestamptz", "text", "text", "text", "vector", "text"])
-                for i in range(n):
+                for i, (text, content, vector) in enumerate(source):
                     user = f"bench-user-{i % users}"
-                    text = _text(rng)
-                    vector = _unit(centres[rng.integers(len(centres))] + rng.normal(size=DIM) * 0.06)
                     when = now - timedelta(days=float(rng.uniform(0, 365)))
                     memory_id = uuid.uuid4()
-                    content = f"User: {text.replace('User', 'I')}\nAssistant: Noted. ({i})"
                     digest = hashlib.sha256(content.encode()).hexdigest()
                     exchange_vector = _unit(vector + rng.normal(size=DIM).astype(np.float32) * 0.02)
                     copy.write_row([memory_id, user, content, when, "import", digest, "distilled", exchange_vector, MODEL])
@@ -377,6 +432,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=5)
     parser.add_argument("--no-http", action="store_true", help="skip the HTTP end-to-end measurement")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--corpus", choices=("synthetic", "realistic"), default="synthetic",
+                        help="synthetic: a 60-word vocabulary (the stress case); realistic: real conversational "
+                             "turns and questions from --data-dir (default synthetic)")
+    parser.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data",
+                        help="LoCoMo-format files for --corpus realistic (default ../shared/data)")
     args = parser.parse_args(argv)
     if args.n < 1 or args.users < 1 or args.queries < 1 or args.users > args.n:
         print("error: --n, --users and --queries must be positive, and --users at most --n", file=sys.stderr)
@@ -385,19 +445,26 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     load_average = {"before": _load()}
     with scratch_database(settings) as url:
-        progress(f"loading {args.n} distillations across {args.users} users")
-        loaded = load(url, args.n, args.users, args.seed)
-        queries = _queries(loaded["rows"], args.queries, args.seed)
-        warmup = _queries(loaded["rows"], args.queries, args.seed + 1000)
+        progress(f"loading {args.n} distillations across {args.users} users ({args.corpus} corpus)")
+        corpus = RealisticCorpus(args.data_dir) if args.corpus == "realistic" else None
+        loaded = load(url, args.n, args.users, args.seed, corpus)
+        if corpus is not None:
+            queries = corpus.queries(args.users, args.queries, args.seed)
+            warmup = corpus.queries(args.users, args.queries, args.seed + 1000)
+        else:
+            queries = _queries(loaded["rows"], args.queries, args.seed)
+            warmup = _queries(loaded["rows"], args.queries, args.seed + 1000)
         load_average["store_start"] = _load()
         store = bench_store(url, queries, args.limit, warmup)
         load_average["store_end"] = _load()
         http = None if args.no_http else bench_http(url, queries, args.limit)
         load_average["after"] = _load()
-    result = {"n": args.n, "users": args.users, "queries": args.queries, "limit": args.limit, "dimensions": DIM,
+    result = {"n": args.n, "users": args.users, "corpus": args.corpus, "queries": args.queries, "limit": args.limit,
+              "dimensions": DIM,
               "load_seconds": loaded["seconds"], "store": store, "http": http, "targets": TARGETS,
               "load_average_1min": load_average, "seconds": round(time.monotonic() - started, 1)}
-    path = write_result(f"recall_latency_n{args.n}_u{args.users}", result)
+    suffix = "_realistic" if args.corpus == "realistic" else ""
+    path = write_result(f"recall_latency_n{args.n}_u{args.users}{suffix}", result)
     if args.json:
         import json
 

@@ -58,16 +58,32 @@ def _counts(url: str) -> dict[str, int]:
                 for table in ("memories", "distillations", "distillation_versions", "audit_log")}
 
 
-def test_an_old_data_directory_is_refused_then_upgraded_with_every_row(old_home: tuple[Path, str]) -> None:
+def test_an_old_data_directory_is_refused_then_upgraded_with_every_row(
+        old_home: tuple[Path, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from typer.testing import CliRunner
+
+    import yak_pipeline.store.migrations as migrations
+    from yak_pipeline.cli.main import app
+    from yak_pipeline.settings import get_settings
+
     home, old_url = old_home
-    # Populate it the way an earlier Yak did: `yak process` through that server.
+    # Populate it the way an earlier Yak did: `yak process` through that server (this Yak needs
+    # pgvector 0.8 for its queries; the earlier one ran on the old server's 0.6.2).
+    monkeypatch.setattr(migrations, "PGVECTOR_MIN_VERSION", (0, 6))
     (home / "drop").mkdir()
     lines = [json.dumps({"user_id": user, "user": text, "assistant": "Noted.",
                          "occurred_at": f"2026-11-{18 + i % 2}T10:{i:02d}:00Z"})
              for user, texts in USERS.items() for i, text in enumerate(texts)]
     (home / "drop" / "history.jsonl").write_text("\n".join(lines) + "\n")
-    processed = _yak(["process", "--json"], _env(home, old_url))
-    assert processed.returncode == 0, processed.stderr[-2000:]
+    for name, value in _env(home, old_url).items():
+        if name.startswith("YAK_"):
+            monkeypatch.setenv(name, value)
+    get_settings.cache_clear()
+    processed = CliRunner().invoke(app, ["process", "--json"])
+    assert processed.exit_code == 0, processed.output[-2000:]
+    for name in ("YAK_DATABASE_URL",):
+        monkeypatch.delenv(name)
+    get_settings.cache_clear()
     before = _counts(old_url)
     assert before["distillations"] == 20
     with psycopg.connect(old_url) as conn:
