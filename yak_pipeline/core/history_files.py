@@ -95,9 +95,9 @@ def history_file_suffix(name: str) -> str | None:
     return suffix if suffix in HISTORY_SUFFIXES else None
 
 
-def unknown_format(name: str) -> str:
+def unknown_format() -> str:
     """The one line a file of no known format gets."""
-    return f"{name} is not a history format Yak knows. {KNOWN_FORMATS_LINE}"
+    return f"not a history format Yak knows. {KNOWN_FORMATS_LINE}"
 
 
 def detect_format(name: str, data: bytes) -> str | None:
@@ -139,7 +139,7 @@ def parse_history_file(name: str, data: bytes, *, user_id: str | None = None, re
     """
     kind = detected or detect_format(name, data)
     if kind is None:
-        return ParsedHistory(None, fatal=unknown_format(name))
+        return ParsedHistory(None, fatal=unknown_format())
     if kind == "yak":
         parsed = parse_exchange_file(_yak_name(name, data), data, max_record_chars=max_record_chars,
                                      default_user=user_id)

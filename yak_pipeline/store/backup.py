@@ -101,6 +101,23 @@ def backup_rows(conn: psycopg.Connection, table: str, columns: Sequence[str], *,
         yield from (text for (text,) in cursor)
 
 
+def backup_size_estimate(conn: psycopg.Connection, user_id: str | None) -> int:
+    """About how many rows a backup of ``user_id`` holds, for a progress bar (forgotten rows counted too)."""
+    return conn.execute(
+        """SELECT (SELECT count(*) FROM memories WHERE %(u)s::text IS NULL OR user_id = %(u)s)
+                + (SELECT count(*) FROM distillations WHERE %(u)s::text IS NULL OR user_id = %(u)s)
+                + (SELECT count(*) FROM turns WHERE %(u)s::text IS NULL OR user_id = %(u)s)
+                + (SELECT count(*) FROM warmth_events WHERE %(u)s::text IS NULL OR user_id = %(u)s)""",
+        {"u": user_id}).fetchone()[0]
+
+
+def backup_users(conn: psycopg.Connection, user_id: str | None) -> list[str]:
+    """The users whose live exchanges a backup of ``user_id`` (None: everyone) holds."""
+    return [u for (u,) in conn.execute(
+        "SELECT DISTINCT user_id FROM memories WHERE deleted_at IS NULL AND (%(u)s::text IS NULL OR user_id = %(u)s)"
+        " ORDER BY 1", {"u": user_id}).fetchall()]
+
+
 def existing_ids(conn: psycopg.Connection, table: str, ids: Sequence[str]) -> list[str]:
     """Which of ``ids`` ``table`` already holds (at most five, to name in a message)."""
     rows = conn.execute(sql.SQL("SELECT id::text FROM {} WHERE id = ANY(%s::uuid[]) ORDER BY id LIMIT 5").format(
