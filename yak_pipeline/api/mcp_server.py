@@ -3,7 +3,8 @@
 Four tools, each a thin shell over what the HTTP API calls: ``memory_search`` (the one recall
 engine, ``services.recall.search_memories``), ``memory_save`` (a fact or an exchange, stored like
 ``POST /api/memories``), ``memory_forget`` (``services.forget``: an id at once, a phrase lists
-candidates and a confirmation token) and ``memory_recent``.
+candidates and a confirmation token) and ``memory_recent``; and one resource, ``yak://memory.md``,
+the user's MEMORY.md (``services.memory_export``, as ``GET /api/export/memory.md``).
 
 Every call acts for one user. Over stdio that is ``--user`` (whoever can start the process can
 read its database anyway). Over HTTP it is the user the request's API key (``X-API-Key`` or
@@ -36,6 +37,7 @@ from yak_pipeline.api.dependencies import ApiServices
 from yak_pipeline.core.exchanges import MAX_RECALL_QUERY_CHARS, MAX_TURN_MESSAGE_CHARS, format_exchange, turn_refusal
 from yak_pipeline.core.forget import ForgetCommandError
 from yak_pipeline.services.forget import ForgetOutcome, confirm_forget, run_forget_command
+from yak_pipeline.services.memory_export import memory_markdown
 from yak_pipeline.services.recall import recall_params, relevance_model, search_memories
 from yak_pipeline.store.errors import DatabaseUnavailable
 from yak_pipeline.store.memories import insert_memory, list_memories
@@ -43,6 +45,7 @@ from yak_pipeline.store.memories import insert_memory, list_memories
 logger = logging.getLogger("yak.mcp")
 
 MCP_PATH = "/mcp"
+MEMORY_RESOURCE_URI = "yak://memory.md"
 INSTRUCTIONS = """Yak is the user's long-term memory. Search it (memory_search) before answering anything
 that may depend on what the user said before; save durable facts and finished exchanges
 (memory_save); list what was stored lately (memory_recent). Forget only when the user asks
@@ -101,6 +104,11 @@ class YakMemoryTools:
             return _forget_result(confirm_forget(self.services.database, user_id=user_id, token=token, actor=actor))
         return _forget_result(run_forget_command(self.services.database, user_id=user_id, command=f"/forget {target}",
                                                  actor=actor))
+
+    def memory_file(self, user_id: str) -> str:
+        """The user's MEMORY.md (a user with no memories yet gets one that says so)."""
+        text, _ = memory_markdown(self.services.database, user_id, known_only=False)
+        return text
 
     def recent(self, user_id: str, limit: int) -> dict[str, Any]:
         """The user's latest memories, newest exchange first."""
@@ -197,6 +205,13 @@ def build_mcp_server(services: ApiServices, *, user: str | None) -> MCPServer:
         if bool(target and target.strip()) == bool(confirmation_token):
             raise ToolError("give either a target (memory id or phrase) or a confirmation_token")
         return await run("memory_forget", ctx, lambda u, actor: tools.forget(u, target, confirmation_token, actor))
+
+    @server.resource(MEMORY_RESOURCE_URI, name="MEMORY.md", mime_type="text/markdown",
+                     description="What Yak knows about the user now: current memories by tier, each dated.")
+    async def memory_md(ctx: Context) -> str:
+        """The user's MEMORY.md: current knowledge grouped by tier, each memory with its date; superseded
+        memories and those held for review left out; rebuilt from the database on every read."""
+        return await run("memory.md", ctx, lambda u, _: tools.memory_file(u))
 
     @server.tool()
     async def memory_recent(ctx: Context, limit: int = 10) -> dict[str, Any]:

@@ -158,9 +158,12 @@ def export_command(
 
 
 def _export_markdown(db, user: str, output: Path | None, as_json: bool) -> None:  # noqa: ANN001 - Database imported lazily
-    from yak_pipeline.services.memory_export import memory_markdown
+    from yak_pipeline.services.memory_export import UnknownUser, memory_markdown
 
-    text, count = memory_markdown(db, user)
+    try:
+        text, count = memory_markdown(db, user)
+    except UnknownUser as exc:
+        raise fail(str(exc), FAILURE_EXIT) from None
     if output is not None:
         with _atomic_file(output) as handle:
             handle.write(text)
