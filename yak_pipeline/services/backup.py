@@ -164,7 +164,9 @@ def _check_file(lines: Iterable[str], name: str) -> _Checked:
         try:
             value = json.loads(line)
         except ValueError:
-            raise RestoreRefused(f"{name} line {number} is not JSON: the file is damaged") from None
+            value = None
+            if checked is not None:
+                raise RestoreRefused(f"{name} line {number} is not JSON: the file is damaged") from None
         if checked is None:
             if not isinstance(value, dict) or value.get("yak_backup") != BACKUP_VERSION:
                 raise RestoreRefused(f"{name} is not a Yak backup: its first line is not the header "
