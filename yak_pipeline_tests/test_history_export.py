@@ -253,3 +253,17 @@ def test_memory_md_route_and_mcp_resource_serve_the_keys_user(
 
     listed, text = anyio.run(read_stdio)
     assert listed == [MEMORY_RESOURCE_URI] and text == own.text
+
+
+def test_the_readme_shows_the_memory_md_yak_writes_for_demo(db_url: str, tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    shown = readme.split("The MEMORY.md of `demo`", 1)[1].split("```markdown\n", 1)[1].split("\n```", 1)[0]
+    env = yak_env(db_url, tmp_path)
+    drop = tmp_path / "drop"
+    drop.mkdir()
+    for example in (root / "examples" / "drop").iterdir():
+        (drop / example.name).write_bytes(example.read_bytes())
+    assert yak(["process", "--json"], env).returncode == 0
+    written = yak(["export", "--user", "demo", "--format", "md"], env)
+    assert written.returncode == 0 and written.stdout == shown + "\n"
