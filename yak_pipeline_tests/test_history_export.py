@@ -25,7 +25,6 @@ from yak_pipeline.store.database import Database, connect
 from yak_pipeline_tests.api_fixtures import (  # noqa: F401 - fixtures
     ADMIN_KEY,
     Seeded,
-    admin,
     api_settings,
     app,
     client_with,

@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import shutil
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -27,6 +24,7 @@ from yak_pipeline.core.history_files import FORMATS, detect_format, parse_histor
 from yak_pipeline.services.claim import claim_drop_files
 from yak_pipeline.store.database import Database, connect
 from yak_pipeline.store.forget import forget_memories
+from yak_pipeline_tests.test_cli_process import _env as yak_env, _yak as yak
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "history"
 CHATGPT = FIXTURES / "chatgpt_conversations.json"
@@ -37,20 +35,6 @@ CLAUDE_CODE_RESUMED = FIXTURES / "claude_code_session_resumed.jsonl"
 # Exchanges and skipped turns each fixture holds (see the module docstring).
 EXPECTED = {CHATGPT: ("chatgpt", 6, 1), CHATGPT_ZIP: ("chatgpt", 6, 1), CLAUDE: ("claude", 3, 1),
             CLAUDE_CODE: ("claude_code", 2, 1)}
-
-
-def yak(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
-    """The ``yak`` command in a subprocess, as a user runs it."""
-    return subprocess.run([sys.executable, "-m", "yak_pipeline.cli.main", *args], env=env, capture_output=True,
-                          text=True, timeout=300)
-
-
-def yak_env(db_url: str, tmp_path: Path) -> dict[str, str]:
-    """The environment of a ``yak`` subprocess on the test's database."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("YAK_")}
-    env.update(YAK_DATABASE_URL=db_url, YAK_EMBEDDER="hashing", YAK_HOME=str(tmp_path / "home"),
-               YAK_DROP_DIR=str(tmp_path / "drop"))
-    return env
 
 
 def import_json(files: list[Path], env: dict[str, str], *extra: str) -> tuple[int, dict]:
