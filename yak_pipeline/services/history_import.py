@@ -3,7 +3,7 @@
 Shared by ``yak import`` and the drop folder (:mod:`yak_pipeline.services.claim`). Storing is
 idempotent on each exchange's content hash, so importing the same file twice adds nothing. A
 Claude Code transcript that grew since it was last imported is read from where that import
-stopped (``import_cursors``, sql/010), provided what was read then is unchanged: exchanges
+stopped (``import_cursors``, sql/011), provided what was read then is unchanged: exchanges
 forgotten since do not come back. Exchanges are stored in batches, each its own transaction,
 so a long import shows progress and an interrupted one keeps what it stored; the cursor moves
 only once every batch is in.

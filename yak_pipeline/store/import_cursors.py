@@ -1,4 +1,4 @@
-"""How far each grown-over-time history file (a Claude Code session) has been read (sql/010)."""
+"""How far each grown-over-time history file (a Claude Code session) has been read (sql/011)."""
 
 from __future__ import annotations
 
