@@ -7,10 +7,9 @@ across U users into a scratch database, with 384-dimensional vectors (the local 
 drawn around shared topic centres so neighbours exist, labelled ``all-MiniLM-L6-v2`` so that the
 relevance model shipped for that embedder applies (``recall_models.load_relevance_model``; the
 vectors are random, so its *figures* mean nothing here, only its cost does), and builds the same
-indexes as the migrations (HNSW, GIN). Users with at least ``store.recall.USER_INDEX_MIN_ROWS``
-rows get their own partial HNSW index (``ensure_user_indexes``, as the maintenance job builds
-them): at N = 100,000, U = 10 every user has one, at N = 10,000 none does (their rows are scanned
-exactly, in SQL). Q other queries warm the server up (timed and reported on their own: the first
+indexes as the migrations (HNSW, GIN). Users with more than ``store.recall.EXACT_SCAN_MAX_ROWS``
+rows are served by the shared HNSW index with pgvector's iterative scan: at N = 100,000, U = 10
+every user is, at N = 10,000 none is (their rows are scanned exactly, in SQL). Q other queries warm the server up (timed and reported on their own: the first
 queries after a bulk load read the indexes from disk into PostgreSQL's buffers), then, for Q
 queries at random users:
 
@@ -109,7 +108,6 @@ def _unit(v: np.ndarray) -> np.ndarray:
 def load(url: str, n: int, users: int, seed: int) -> dict:
     """Bulk-load n memories + distillations with COPY (indexes dropped first, rebuilt after)."""
     from yak_pipeline.store.database import connect
-    from yak_pipeline.store.recall import ensure_user_indexes
 
     rng = np.random.default_rng(seed)
     centres = _unit(rng.normal(size=(max(50, n // 200), DIM)))
@@ -159,10 +157,6 @@ def load(url: str, n: int, users: int, seed: int) -> dict:
             index_started = time.monotonic()
             conn.execute(sql)
             progress(f"  built {name} in {time.monotonic() - index_started:.0f}s")
-        # What the maintenance job does in production: heavy users get their own HNSW index.
-        index_started = time.monotonic()
-        built = ensure_user_indexes(conn, concurrently=False)
-        progress(f"  built {len(built)} per-user HNSW indexes in {time.monotonic() - index_started:.0f}s")
         # VACUUM as autovacuum would after a bulk load: sets the visibility map that index-only
         # scans (BM25's corpus statistics) rely on.
         conn.execute("VACUUM ANALYZE memories")

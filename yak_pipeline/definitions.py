@@ -7,11 +7,8 @@ import dagster as dg
 # Partitioned asset checks are a preview feature in Dagster 1.13; the gate relies on them.
 warnings.filterwarnings("ignore", category=dg.PreviewWarning)
 
-from yak_pipeline.defs.automation.jobs import memory_job, recall_index_job, warmth_job  # noqa: E402
-from yak_pipeline.defs.automation.schedules import (  # noqa: E402
-    nightly_recall_index_schedule,
-    nightly_warmth_schedule,
-)
+from yak_pipeline.defs.automation.jobs import memory_job, warmth_job  # noqa: E402
+from yak_pipeline.defs.automation.schedules import nightly_warmth_schedule  # noqa: E402
 from yak_pipeline.defs.automation.sensors import (  # noqa: E402
     api_inbox_sensor,
     drop_folder_sensor,
@@ -30,8 +27,8 @@ CHECKS = [distillation_quality]
 defs = dg.Definitions(
     assets=ASSETS,
     asset_checks=CHECKS,
-    jobs=[memory_job, warmth_job, recall_index_job],
+    jobs=[memory_job, warmth_job],
     sensors=[drop_folder_sensor, api_inbox_sensor, turns_sensor, run_failure_alert_sensor],
-    schedules=[nightly_warmth_schedule, nightly_recall_index_schedule],
+    schedules=[nightly_warmth_schedule],
     resources=default_resources(),
 )

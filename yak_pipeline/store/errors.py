@@ -11,6 +11,10 @@ class DatabaseUnavailable(StoreError):
     """The database cannot be reached (or went away mid-operation)."""
 
 
+class EmbeddedDataOtherVersion(DatabaseUnavailable):
+    """The embedded data directory was written by another PostgreSQL major version."""
+
+
 class SchemaMismatch(StoreError):
     """The database was set up for something else than the current configuration."""
 

@@ -78,16 +78,28 @@ def _ensure_bookkeeping(conn: psycopg.Connection) -> None:
     )
 
 
+# Recall reads the HNSW indexes with pgvector's iterative scan (``hnsw.iterative_scan``), new in 0.8.
+PGVECTOR_MIN_VERSION = (0, 8)
+
+
 def _ensure_pgvector(conn: psycopg.Connection) -> None:
     available = conn.execute(
         "SELECT default_version FROM pg_available_extensions WHERE name = 'vector'"
     ).fetchone()
+    wanted = ".".join(map(str, PGVECTOR_MIN_VERSION))
     if available is None:
         raise PgvectorMissing(
-            "this PostgreSQL server has no pgvector extension: install pgvector 0.5+ on it, "
+            f"this PostgreSQL server has no pgvector extension: install pgvector {wanted}+ on it, "
             "or unset YAK_DATABASE_URL to use the embedded server"
         )
     conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+    installed = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()[0]
+    if tuple(int(part) for part in installed.split(".")[:2]) < PGVECTOR_MIN_VERSION:
+        raise PgvectorMissing(
+            f"this database has pgvector {installed}; Yak needs {wanted}+ (iterative index scans): "
+            f"install it on the server and run `ALTER EXTENSION vector UPDATE`, or unset YAK_DATABASE_URL "
+            "to use the embedded server"
+        )
 
 
 def read_meta(conn: psycopg.Connection) -> dict[str, str]:
@@ -162,3 +174,10 @@ def table_counts(conn: psycopg.Connection) -> dict[str, int | None]:
         else:
             counts[table] = None
     return counts
+
+
+def server_versions(conn: psycopg.Connection) -> dict[str, str | None]:
+    """The server's PostgreSQL version and its pgvector version (None when not installed)."""
+    postgresql = conn.execute("SHOW server_version").fetchone()[0].split(" ")[0]
+    row = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
+    return {"postgresql": postgresql, "pgvector": row[0] if row else None}

@@ -27,17 +27,19 @@ BM25 here is computed in SQL from the stored ``tsvector``s (term frequency from 
 document frequency and average length over the user's rows), with the query's terms OR-ed so a
 row need not contain every word of a question.
 
-The vector legs use the user's own partial HNSW index when they have one (heavy users, see
-:func:`ensure_user_indexes`: pgvector 0.6 has no iterative scan, so a global index filtered to
-one user of ten returns about a tenth of its beam), else the shared HNSW index when the user has
-many rows (with ``ef_search`` raised so enough of the user's rows survive the filter), and scan
-the user's rows exactly otherwise or when the index comes up short. ``exact=True`` scans
-everything exactly: the reference the benchmark and the tests compare the index path with.
+The vector legs scan a user's rows exactly when they have few (a few milliseconds, and exact);
+otherwise they ask the shared HNSW index with pgvector 0.8's iterative scan
+(``hnsw.iterative_scan = strict_order``): when the user filter leaves fewer than ``limit`` rows
+of the beam, the index scan goes on instead of returning short, in exact distance order. That
+made the per-user partial indexes of pgvector 0.6 unnecessary (measured: p50 1.4 against 1.1 ms
+on 100,000 rows of ten users, the same top-10; docs/BENCHMARKS.md), and they were dropped
+(sql/010). When even the iterative scan comes up short (``hnsw.max_scan_tuples``), the exact scan
+stands in. ``exact=True`` scans everything exactly: the reference the benchmark and the tests
+compare the index path with.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,20 +48,14 @@ from typing import Final, Literal
 
 import numpy as np
 import psycopg
-from psycopg import sql
 
 from yak_pipeline.core.query_intent import asks_about_present
-from yak_pipeline.core.recall import LEGS, Candidate, Leg, RankedMemory, RecallParams, rank_memories
+from yak_pipeline.core.recall import Candidate, Leg, RankedMemory, RecallParams, rank_memories
 from yak_pipeline.core.relevance import RelevanceModel, RelevanceSignals
-
-RecallTable = Literal["distillations", "memories"]
 
 _MIN_FETCH: Final[int] = 40
 # The widest HNSW beam recall asks for; past it an exact scan is the better plan.
 MAX_EF_SEARCH: Final[int] = 1000
-# A user gets their own partial HNSW index (per table) from this many rows on; below it an
-# exact scan of their rows costs a few milliseconds and is exact.
-USER_INDEX_MIN_ROWS: Final[int] = 5_000
 # The beam is this many times the rows wanted: HNSW's recall of the true top-n at ef = n is
 # around 0.95 on 10k rows of 384 dimensions; at 2n it is >= 0.99 (measured by the benchmark).
 _EF_PER_ROW: Final[float] = 2.0
@@ -68,9 +64,6 @@ BM25_K1: Final[float] = 1.2
 BM25_B: Final[float] = 0.75
 # Below this many rows a user's rows are scanned exactly: it is as fast as the index and exact.
 EXACT_SCAN_MAX_ROWS: Final[int] = 2_000
-# HNSW returns the nearest rows of *all* users; the share that is the user's is estimated, and
-# the beam widened by this safety factor so that enough of them survive the user filter.
-_EF_SAFETY: Final[float] = 2.0
 # Merge chains longer than this are not followed (each merge is one hop).
 _MAX_MERGE_HOPS: Final[int] = 8
 
@@ -118,73 +111,17 @@ LIMIT %(limit)s
 
 
 
-# --- per-user indexes -----------------------------------------------------------------------------
-
-
-def user_index_name(table: RecallTable, user_id: str) -> str:
-    """The name of ``user_id``'s own HNSW index on ``table`` (a hash: user ids are not identifiers)."""
-    digest = hashlib.sha256(user_id.encode()).hexdigest()[:16]
-    return f"{table}_hnsw_user_{digest}"
-
-
-def has_user_index(conn: psycopg.Connection, table: RecallTable, user_id: str) -> bool:
-    """Whether ``user_id`` has a valid (fully built) own HNSW index on ``table``.
-
-    A ``CREATE INDEX CONCURRENTLY`` that failed leaves an invalid index behind; the planner
-    ignores it, so recall must too.
-    """
-    row = conn.execute("SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass(%s)",
-                       (user_index_name(table, user_id),)).fetchone()
-    return bool(row and row[0])
-
-
-def ensure_user_indexes(
-    conn: psycopg.Connection, *, min_rows: int = USER_INDEX_MIN_ROWS, concurrently: bool = True
-) -> list[str]:
-    """Give every user with ``min_rows`` embedded rows in a table their own HNSW index there.
-
-    Idempotent and cheap when nothing is to do (one grouped count per table); returns the
-    names of the indexes built. ``concurrently`` (the default) builds without blocking writes
-    and needs an autocommit connection. Invalid leftovers of an interrupted build are rebuilt;
-    indexes of users who fell under half the threshold (forgotten rows) are dropped.
-    """
-    if concurrently and not conn.autocommit:
-        raise ValueError("ensure_user_indexes(concurrently=True) needs an autocommit connection")
-    how = sql.SQL("CONCURRENTLY ") if concurrently else sql.SQL("")
-    built = []
-    for table in ("distillations", "memories"):
-        counts = dict(conn.execute(
-            sql.SQL("SELECT user_id, count(*) FROM {} WHERE embedding IS NOT NULL AND deleted_at IS NULL "
-                    "GROUP BY user_id").format(sql.Identifier(table))).fetchall())
-        existing = {
-            name: valid for name, valid in conn.execute(
-                "SELECT c.relname, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
-                "WHERE i.indrelid = %s::regclass AND c.relname LIKE %s",
-                (table, f"{table}_hnsw_user_%")).fetchall()
-        }
-        wanted = {user_index_name(table, user): user for user, n in counts.items() if n >= min_rows}
-        keep = {user_index_name(table, user) for user, n in counts.items() if n >= min_rows // 2}
-        for name, valid in existing.items():
-            if name not in keep or (not valid and name in wanted):
-                conn.execute(sql.SQL("DROP INDEX {}IF EXISTS {}").format(how, sql.Identifier(name)))
-                existing[name] = False
-        for name, user in sorted(wanted.items()):
-            if existing.get(name):
-                continue
-            conn.execute(sql.SQL(
-                "CREATE INDEX {}IF NOT EXISTS {} ON {} USING hnsw (embedding vector_cosine_ops) WHERE user_id = {}"
-            ).format(how, sql.Identifier(name), sql.Identifier(table), sql.Literal(user)))
-            built.append(name)
-    return built
+# --- the index's beam ----------------------------------------------------------------------------
 
 
 def set_beam(conn: psycopg.Connection, ef_search: int) -> None:
-    """``hnsw.ef_search`` for the rest of this transaction (``set_config(..., true)``)."""
-    conn.execute("SELECT set_config('hnsw.ef_search', %s, true)", (str(max(min(ef_search, MAX_EF_SEARCH), 1)),))
+    """HNSW ``ef_search`` and the iterative scan for the rest of this transaction (``set_config(..., true)``)."""
+    conn.execute("SELECT set_config('hnsw.ef_search', %s, true), set_config('hnsw.iterative_scan', 'strict_order', true)",
+                 (str(max(min(ef_search, MAX_EF_SEARCH), 1)),))
 
 
 def beam_for(rows_wanted: int) -> int:
-    """The ``ef_search`` that delivers the true top ``rows_wanted`` of a user's own index reliably."""
+    """The ``ef_search`` that delivers the true top ``rows_wanted`` of a user's rows reliably."""
     return max(math.ceil(rows_wanted * _EF_PER_ROW), _MIN_FETCH)
 
 
@@ -257,22 +194,16 @@ def vector_search(
     where = _TABLES[table] + f" AND t.{column} IS NOT NULL AND t.{column}_model = %(model)s"
     args = {"q": np.asarray(query_embedding, dtype=np.float32), "user": user_id, "model": embedding_model,
             "n": limit, "as_of": as_of}
-    if not exact:
-        # Per-user partial indexes cover the exchange's own vector only.
-        own_index = not context and has_user_index(conn, table, user_id)
-        ef = beam_for(limit) if own_index else _index_beam(conn, table=table, where=where, args=args, limit=limit)
-        if ef is not None:
-            set_beam(conn, ef)
-            # The user's own partial index is usable only when the planner sees the user id as
-            # a literal (module docstring); the parameter stays for the shared index.
-            mine = sql.SQL(" AND t.user_id = {}").format(sql.Literal(user_id)) if own_index else sql.SQL("")
-            rows = conn.execute(
-                sql.SQL(f"SELECT t.id, 1 - (t.{column} <=> %(q)s) FROM {table} t WHERE {where}{{mine}} "  # noqa: S608
-                        f"ORDER BY t.{column} <=> %(q)s LIMIT %(n)s").format(mine=mine),
-                args,
-            ).fetchall()
-            if len(rows) >= limit:
-                return [LegHit(id=str(r[0]), score=float(r[1])) for r in rows]
+    if not exact and _has_more_rows_than(conn, table=table, where=where, args=args,
+                                         rows=max(EXACT_SCAN_MAX_ROWS, limit)):
+        set_beam(conn, beam_for(limit))
+        rows = conn.execute(
+            f"SELECT t.id, 1 - (t.{column} <=> %(q)s) FROM {table} t WHERE {where} "  # noqa: S608
+            f"ORDER BY t.{column} <=> %(q)s LIMIT %(n)s",
+            args,
+        ).fetchall()
+        if len(rows) >= limit:
+            return [LegHit(id=str(r[0]), score=float(r[1])) for r in rows]
     # Ordering by the similarity expression (not by `embedding <=> q`) keeps the planner off the
     # index: this is the exact scan of the user's rows.
     rows = conn.execute(
@@ -283,22 +214,15 @@ def vector_search(
     return [LegHit(id=str(r[0]), score=float(r[1])) for r in rows]
 
 
-def _index_beam(conn: psycopg.Connection, *, table: str, where: str, args: dict, limit: int) -> int | None:
-    """The HNSW ``ef_search`` to use, or None when an exact scan is the better plan.
+def _has_more_rows_than(conn: psycopg.Connection, *, table: str, where: str, args: dict, rows: int) -> bool:
+    """Whether the user has more than ``rows`` candidate rows: reads at most ``rows + 1`` of them.
 
-    The index is worth it only when the user has many rows; its beam must be wide enough that
-    ``limit`` of the user's rows remain after the filter, which depends on the user's share.
+    A full count of a heavy user's rows cost 21 ms p50 at 10,000 rows, more than the index
+    scan it decides about (docs/BENCHMARKS.md); this bounded one reads what the decision needs.
     """
-    mine = conn.execute(f"SELECT count(*) FROM {table} t WHERE {where}", args).fetchone()[0]  # noqa: S608
-    if mine <= max(EXACT_SCAN_MAX_ROWS, limit):
-        return None
-    # The planner's row estimate is free, and close enough to size a beam.
-    estimate = conn.execute("SELECT reltuples FROM pg_class WHERE oid = %s::regclass", (table,)).fetchone()[0]
-    total = max(float(estimate), float(mine))
-    beam = math.ceil(limit * (total / mine) * _EF_SAFETY)
-    if beam > MAX_EF_SEARCH:
-        return None
-    return max(beam, 40)
+    found = conn.execute(f"SELECT count(*) FROM (SELECT 1 FROM {table} t WHERE {where} LIMIT %(cap)s) AS f",  # noqa: S608
+                         {**args, "cap": rows + 1}).fetchone()[0]
+    return found > rows
 
 
 # --- from exchanges to distillations --------------------------------------------------------------

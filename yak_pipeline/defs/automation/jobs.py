@@ -3,7 +3,6 @@
 import dagster as dg
 
 from yak_pipeline.defs.partitions import exchange_partitions
-from yak_pipeline.defs.resources import PostgresResource
 
 memory_job = dg.define_asset_job(
     "memory_job",
@@ -24,32 +23,3 @@ warmth_job = dg.define_asset_job(
     description="Per-turn warmth evaluation for one user's day.",
 )
 
-
-class RecallIndexConfig(dg.Config):
-    """How many embedded rows of one table make a user "heavy" enough for their own index."""
-
-    min_rows: int | None = None
-
-
-@dg.op
-def maintain_recall_indexes_op(context: dg.OpExecutionContext, config: RecallIndexConfig,
-                               postgres: PostgresResource) -> list[str]:
-    """Builds a per-user HNSW index for every user with many rows (and drops those no longer needed).
-
-    Recall is exact without them, only slower for heavy users (docs/BENCHMARKS.md); the builds
-    are concurrent, so ingestion and recall go on meanwhile.
-    """
-    from yak_pipeline.services.recall import maintain_recall_indexes
-    from yak_pipeline.store.recall import USER_INDEX_MIN_ROWS
-
-    built = maintain_recall_indexes(postgres.database(), min_rows=config.min_rows or USER_INDEX_MIN_ROWS)
-    context.log.info("per-user recall indexes built: %s", ", ".join(built) or "none needed")
-    context.add_output_metadata({"built": len(built), "indexes": ", ".join(built)})
-    return built
-
-
-@dg.job(executor_def=dg.in_process_executor,
-        description="Per-user HNSW indexes for users with many memories (nightly).")
-def recall_index_job() -> None:
-    """Recall index maintenance: one op, no partitions."""
-    maintain_recall_indexes_op()

@@ -4,7 +4,7 @@ from datetime import datetime, timedelta, timezone
 
 import dagster as dg
 
-from yak_pipeline.defs.automation.jobs import recall_index_job, warmth_job
+from yak_pipeline.defs.automation.jobs import warmth_job
 from yak_pipeline.defs.partitions import days_partitions, partition_key, users_partitions
 from yak_pipeline.settings import get_settings
 
@@ -47,10 +47,3 @@ def nightly_warmth_schedule(context: dg.ScheduleEvaluationContext) -> list[dg.Ru
     known_days = set(context.instance.get_dynamic_partitions(days_partitions.name))
     return nightly_run_requests(users, scheduled, known_days=known_days) or dg.SkipReason("no recent days with data")
 
-
-@dg.schedule(job=recall_index_job, cron_schedule="0 3 * * *", execution_timezone=get_settings().timezone,
-             default_status=dg.DefaultScheduleStatus.RUNNING)
-def nightly_recall_index_schedule(context: dg.ScheduleEvaluationContext) -> dg.RunRequest:
-    """At 03:00 in YAK_TIMEZONE: per-user recall indexes for users who have grown past the threshold."""
-    day = (context.scheduled_execution_time or datetime.now().astimezone()).date()
-    return dg.RunRequest(run_key=f"recall-index:{day.isoformat()}", tags={"yak/trigger": "nightly"})
