@@ -138,6 +138,7 @@ def parse_exchange_file(name: str, data: bytes, *, max_record_chars: int = DEFAU
 
 
 def decode_text(data: bytes) -> str:
+    """A file's bytes as text (UTF-8, a byte-order mark dropped); :class:`FatalError` saying what it is otherwise."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
@@ -349,6 +350,7 @@ def _split_content(content: object) -> tuple[str, str]:
 
 
 def check_storable(text: str, name: str) -> None:
+    """:class:`RecordError` if ``text`` (called ``name`` in the reason) cannot be stored as text."""
     # JSON escapes can smuggle in what UTF-8 bytes cannot: NUL and unpaired surrogates, neither
     # of which PostgreSQL (or any UTF-8 consumer) can store.
     if "\x00" in text:
@@ -362,6 +364,7 @@ def check_storable(text: str, name: str) -> None:
 
 
 def check_size(raw: str, max_record_chars: int) -> None:
+    """:class:`RecordError` if a record is longer than ``max_record_chars`` characters."""
     if len(raw) > max_record_chars:
         raise RecordError(f"record is {len(raw)} characters, more than {max_record_chars}")
 
@@ -383,6 +386,7 @@ def parse_timestamp(value: object, name: str) -> datetime:
 
 
 def json_kind(value: object) -> str:
+    """What a JSON value is, as a reason names it (``"a string"``, ``"null"``, …)."""
     if value is None:
         return "null"
     if isinstance(value, bool):

@@ -23,6 +23,7 @@ from typing import IO, Any, Final
 
 import psycopg
 
+from yak_pipeline.llm.errors import one_line
 from yak_pipeline.store.audit import write_audit
 from yak_pipeline.store.backup import (
     BACKUP_TABLES,
@@ -146,10 +147,11 @@ def restore_backup(db: Database, lines: Callable[[], Iterable[str]], *, name: st
             write_audit(conn, actor=actor, action="restore", target_type="backup", target_id=None,
                         user_id=header.get("user_id"), detail={"file": name, "counts": summary.counts})
     except psycopg.errors.UniqueViolation as exc:
-        raise RestoreRefused(f"the database already holds rows of this backup ({_one_line(exc)}): "
+        raise RestoreRefused(f"the database already holds rows of this backup ({one_line(exc, 200)}): "
                              "restore into a database without them") from None
-    except psycopg.errors.IntegrityError as exc:
-        raise RestoreRefused(f"{name}: the backup's rows do not fit together ({_one_line(exc)})") from None
+    except (psycopg.errors.IntegrityError, psycopg.errors.DataError) as exc:
+        raise RestoreRefused(f"{name}: a row of the backup does not fit this database ({one_line(exc, 200)}); "
+                             "nothing was restored") from None
     return summary
 
 
@@ -264,7 +266,3 @@ def _batches(lines: Iterable[str], columns: dict[str, list[str]]) -> Iterator[tu
         rows.append(json.dumps(value["row"]))
     if rows and table is not None:
         yield table, rows
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:200]
