@@ -62,6 +62,7 @@ READ_ROUTES = {
     ("get", "/api/review"): None,
     ("get", "/api/conflicts"): None,
     ("get", "/api/queue"): None,
+    ("get", "/api/export/memory.md"): None,
     ("post", "/api/distillations/search"): {"query": "locker code CRIMSON-4402", "user_id": "alice", "threshold": 0.0,
                                             "limit": 100},
     ("post", "/api/context"): {"query": "what is my locker code CRIMSON", "user_id": "alice", "threshold": 0.0,

@@ -3,7 +3,10 @@
 Four tools, each a thin shell over what the HTTP API calls: ``memory_search`` (the one recall
 engine, ``services.recall.search_memories``), ``memory_save`` (a fact or an exchange, stored like
 ``POST /api/memories``), ``memory_forget`` (``services.forget``: an id at once, a phrase lists
-candidates and a confirmation token) and ``memory_recent``.
+candidates and a confirmation token) and ``memory_recent``; and the resource ``yak://memory.md``,
+the user's MEMORY.md (``services.memory_export``, as ``GET /api/export/memory.md``). Over HTTP the
+resource is a template (``yak://memory.md{?user_id}``: reading ``yak://memory.md`` matches it), as
+only a template's reader learns whose key asks; over stdio it is also listed as a plain resource.
 
 Every call acts for one user. Over stdio that is ``--user`` (whoever can start the process can
 read its database anyway). Over HTTP it is the user the request's API key (``X-API-Key`` or
@@ -25,7 +28,7 @@ import anyio.to_thread
 from fastapi import HTTPException
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
-from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.exceptions import ResourceError, ToolError
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
@@ -36,6 +39,7 @@ from yak_pipeline.api.dependencies import ApiServices
 from yak_pipeline.core.exchanges import MAX_RECALL_QUERY_CHARS, MAX_TURN_MESSAGE_CHARS, format_exchange, turn_refusal
 from yak_pipeline.core.forget import ForgetCommandError
 from yak_pipeline.services.forget import ForgetOutcome, confirm_forget, run_forget_command
+from yak_pipeline.services.memory_export import memory_markdown
 from yak_pipeline.services.recall import recall_params, relevance_model, search_memories
 from yak_pipeline.store.errors import DatabaseUnavailable
 from yak_pipeline.store.memories import insert_memory, list_memories
@@ -43,6 +47,8 @@ from yak_pipeline.store.memories import insert_memory, list_memories
 logger = logging.getLogger("yak.mcp")
 
 MCP_PATH = "/mcp"
+MEMORY_RESOURCE_URI = "yak://memory.md"
+MEMORY_RESOURCE_TEMPLATE = MEMORY_RESOURCE_URI + "{?user_id}"
 INSTRUCTIONS = """Yak is the user's long-term memory. Search it (memory_search) before answering anything
 that may depend on what the user said before; save durable facts and finished exchanges
 (memory_save); list what was stored lately (memory_recent). Forget only when the user asks
@@ -102,6 +108,11 @@ class YakMemoryTools:
         return _forget_result(run_forget_command(self.services.database, user_id=user_id, command=f"/forget {target}",
                                                  actor=actor))
 
+    def memory_file(self, user_id: str) -> str:
+        """The user's MEMORY.md (a user with no memories yet gets one that says so)."""
+        text, _ = memory_markdown(self.services.database, user_id, known_only=False)
+        return text
+
     def recent(self, user_id: str, limit: int) -> dict[str, Any]:
         """The user's latest memories, newest exchange first."""
         with self.services.database.connection() as conn:
@@ -110,9 +121,9 @@ class YakMemoryTools:
                                      "status": r["status"]} for r in rows]})
 
 
-def build_mcp_server(services: ApiServices, *, user: str | None) -> MCPServer:
+def build_mcp_server(services: ApiServices, *, user: str | None, stdio: bool = True) -> MCPServer:
     """The MCP server acting for ``user`` (stdio), or for each HTTP request's key's user (``user`` then
-    only serves admin keys)."""
+    only serves admin keys; ``stdio=False``)."""
     server = MCPServer("yak", instructions=INSTRUCTIONS, description="Yak, a personal memory for LLMs")
     tools = YakMemoryTools(services)
 
@@ -198,6 +209,33 @@ def build_mcp_server(services: ApiServices, *, user: str | None) -> MCPServer:
             raise ToolError("give either a target (memory id or phrase) or a confirmation_token")
         return await run("memory_forget", ctx, lambda u, actor: tools.forget(u, target, confirmation_token, actor))
 
+    memory_description = "What Yak knows about the user now: current memories by tier, each dated."
+
+    @server.resource(MEMORY_RESOURCE_TEMPLATE, name="MEMORY.md", mime_type="text/markdown",
+                     description=memory_description)
+    async def memory_md(ctx: Context, user_id: str | None = None) -> str:
+        """The user's MEMORY.md: current knowledge grouped by tier, each memory with its date; superseded
+        memories and those held for review left out; rebuilt from the database on every read.
+        ``user_id``, when given, must be the caller's own."""
+        def work(resolved: str, _: str) -> str:
+            if user_id is not None and user_id != resolved:
+                raise ToolError(f"this key reads only the MEMORY.md of {resolved}")
+            return tools.memory_file(resolved)
+
+        try:
+            return await run("memory.md", ctx, work)
+        except ToolError as exc:  # the same refusals, as a resource reports them
+            raise ResourceError(str(exc)) from None
+
+    if stdio and user is not None:
+        # Listed, so clients that show resources offer it; a static resource's reader gets no
+        # request (and no key), which over stdio is fine: the process acts for --user alone.
+        @server.resource(MEMORY_RESOURCE_URI, name="MEMORY.md", mime_type="text/markdown",
+                         description=memory_description)
+        async def listed_memory_md() -> str:
+            """The MEMORY.md of the user this stdio server was started for."""
+            return await anyio.to_thread.run_sync(tools.memory_file, user)
+
     @server.tool()
     async def memory_recent(ctx: Context, limit: int = 10) -> dict[str, Any]:
         """The user's most recently said memories (raw exchanges and facts), newest first; `limit` 1-100."""
@@ -234,5 +272,5 @@ class ApiKeyGate:
 
 def mcp_http_app(services: ApiServices, *, user: str | None = None, host: str = "127.0.0.1") -> ASGIApp:
     """The streamable-HTTP MCP app at ``/mcp``, behind the API-key gate."""
-    server = build_mcp_server(services, user=user)
+    server = build_mcp_server(services, user=user, stdio=False)
     return ApiKeyGate(server.streamable_http_app(streamable_http_path=MCP_PATH, host=host), services)

@@ -28,6 +28,8 @@ app.add_typer(warmth_cli.app, name="warmth")
 ops.register(app)
 from yak_pipeline.cli import eval as eval_cli  # noqa: E402
 app.add_typer(eval_cli.app, name="eval")
+from yak_pipeline.cli import history  # noqa: E402
+history.register(app)
 
 
 @app.callback()

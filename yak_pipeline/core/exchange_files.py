@@ -19,6 +19,10 @@ Formats:
   next such line. Each User block followed by an Assistant block is one exchange, dated ``date``.
   Text before the first block (a title, say) is not an exchange and is ignored.
 
+A ``default_user`` (``yak import --user``, a drop-folder user folder) stands in for a missing
+``user_id``; a record naming another user is rejected. Exports of other tools (ChatGPT, Claude)
+are read by :mod:`yak_pipeline.core.history_files`, which falls back to this module for Yak's own.
+
 Parsing never raises, whatever the bytes: any problem becomes a rejected record or ``fatal``.
 """
 
@@ -56,6 +60,9 @@ class ExchangeRecord:
     content: str
     occurred_at: datetime | None
     line: int
+    # Where in its source the exchange came from beyond the line (an export's conversation and
+    # message ids), kept in the memory's source_ref so it can be traced back.
+    ref: str | None = None
 
 
 @dataclass(frozen=True)
@@ -76,11 +83,21 @@ class ParsedFile:
     fatal: str | None = None
 
 
-class _RecordError(ValueError):
+@dataclass
+class ConversationExchanges:
+    """What one conversation yielded: its exchanges, those that cannot be stored (with the reason),
+    and how many turns were not exchanges."""
+
+    records: list[ExchangeRecord]
+    rejected: list[RejectedRecord]
+    skipped: int
+
+
+class RecordError(ValueError):
     """Why one record cannot be ingested; becomes a :class:`RejectedRecord` reason."""
 
 
-class _FatalError(ValueError):
+class FatalError(ValueError):
     """Why a whole file cannot be parsed, with the line the problem is on."""
 
     def __init__(self, line: int, reason: str) -> None:
@@ -94,36 +111,40 @@ def exchange_file_suffix(name: str) -> str | None:
     return suffix if suffix in SUPPORTED_SUFFIXES else None
 
 
-def parse_exchange_file(name: str, data: bytes, *, max_record_chars: int = DEFAULT_MAX_RECORD_CHARS) -> ParsedFile:
+def parse_exchange_file(name: str, data: bytes, *, max_record_chars: int = DEFAULT_MAX_RECORD_CHARS,
+                        default_user: str | None = None) -> ParsedFile:
     """Parse one dropped file's bytes into records, rejected records, or a fatal reason; never raises.
 
     The format is chosen by the suffix of ``name``. A record longer than ``max_record_chars``
     characters is rejected rather than parsed, so one enormous line cannot stall ingestion.
+    ``default_user`` (``yak import --user``, a drop-folder user folder) is the user of records
+    and transcripts that name none; one that names another user is rejected.
     """
     suffix = exchange_file_suffix(name)
     if suffix is None:
         supported = ", ".join(SUPPORTED_SUFFIXES)
-        return ParsedFile(fatal=_one_line(f"unsupported file type {name!r}: use one of {supported}"))
+        return ParsedFile(fatal=one_line(f"unsupported file type {name!r}: use one of {supported}"))
     try:
-        text = _decode(data)
+        text = decode_text(data)
         if not text.strip(_JSON_WHITESPACE):
-            raise _FatalError(1, "file is empty")
+            raise FatalError(1, "file is empty")
         if suffix == ".jsonl":
-            return _parse_jsonl(text, max_record_chars)
+            return _parse_jsonl(text, max_record_chars, default_user)
         if suffix == ".json":
-            return _parse_json(text, max_record_chars)
-        return _parse_markdown(text, max_record_chars)
-    except _FatalError as error:
-        return ParsedFile(fatal=_one_line(str(error)))
+            return _parse_json(text, max_record_chars, default_user)
+        return _parse_markdown(text, max_record_chars, default_user)
+    except FatalError as error:
+        return ParsedFile(fatal=one_line(str(error)))
 
 
-def _decode(data: bytes) -> str:
+def decode_text(data: bytes) -> str:
+    """A file's bytes as text (UTF-8, a byte-order mark dropped); :class:`FatalError` saying what it is otherwise."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as error:
         offset = error.start
         hint = "; it looks like UTF-16, save it as UTF-8" if data[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
-        raise _FatalError(
+        raise FatalError(
             data.count(b"\n", 0, offset) + 1, f"not UTF-8 text (byte 0x{data[offset]:02x} at offset {offset}){hint}"
         ) from None
     text = text.removeprefix(_UTF8_BOM)
@@ -131,7 +152,7 @@ def _decode(data: bytes) -> str:
     # cannot hold NUL anyway; say what the file probably is instead of rejecting every line.
     nul = text.find("\x00")
     if nul >= 0:
-        raise _FatalError(
+        raise FatalError(
             text.count("\n", 0, nul) + 1,
             "contains a NUL character (a binary or UTF-16 file?); save it as UTF-8 text",
         )
@@ -141,7 +162,7 @@ def _decode(data: bytes) -> str:
 # --- .jsonl ---------------------------------------------------------------------------------------
 
 
-def _parse_jsonl(text: str, max_record_chars: int) -> ParsedFile:
+def _parse_jsonl(text: str, max_record_chars: int, default_user: str | None) -> ParsedFile:
     records: list[ExchangeRecord] = []
     rejected: list[RejectedRecord] = []
     # Only "\n" ends a line: JSON strings cannot hold a raw newline, and other line breaks
@@ -150,10 +171,10 @@ def _parse_jsonl(text: str, max_record_chars: int) -> ParsedFile:
         if not line.strip(_JSON_WHITESPACE):
             continue
         try:
-            _check_size(line, max_record_chars)
-            records.append(_record_from_object(_load_json_record(line), number))
-        except _RecordError as error:
-            rejected.append(RejectedRecord(number, line, _one_line(str(error))))
+            check_size(line, max_record_chars)
+            records.append(_record_from_object(_load_json_record(line), number, default_user))
+        except RecordError as error:
+            rejected.append(RejectedRecord(number, line, one_line(str(error))))
     return ParsedFile(tuple(records), tuple(rejected), None)
 
 
@@ -161,32 +182,32 @@ def _load_json_record(line: str) -> object:
     try:
         return json.loads(line)
     except json.JSONDecodeError as error:
-        raise _RecordError(f"invalid JSON at column {error.colno}: {error.msg}") from None
+        raise RecordError(f"invalid JSON at column {error.colno}: {error.msg}") from None
     except RecursionError:
-        raise _RecordError("invalid JSON: nested too deep") from None
+        raise RecordError("invalid JSON: nested too deep") from None
     except ValueError as error:  # e.g. an integer longer than Python's digit limit
-        raise _RecordError(f"invalid JSON: {error}") from None
+        raise RecordError(f"invalid JSON: {error}") from None
 
 
 # --- .json ----------------------------------------------------------------------------------------
 
 
-def _parse_json(text: str, max_record_chars: int) -> ParsedFile:
+def _parse_json(text: str, max_record_chars: int, default_user: str | None) -> ParsedFile:
     start = _skip_json_whitespace(text, 0)
     if text[start] == "[":
         items = _scan_json_list(text, start)
         if not items:
-            raise _FatalError(_line_at(text, start), "the JSON list is empty: there is no exchange in it")
+            raise FatalError(_line_at(text, start), "the JSON list is empty: there is no exchange in it")
     else:
         items = [(text[start:].rstrip(_JSON_WHITESPACE), _load_json_document(text, start))]
     records: list[ExchangeRecord] = []
     rejected: list[RejectedRecord] = []
     for index, (raw, value) in enumerate(items, start=1):
         try:
-            _check_size(raw, max_record_chars)
-            records.append(_record_from_object(value, index))
-        except _RecordError as error:
-            rejected.append(RejectedRecord(index, raw, _one_line(str(error))))
+            check_size(raw, max_record_chars)
+            records.append(_record_from_object(value, index, default_user))
+        except RecordError as error:
+            rejected.append(RejectedRecord(index, raw, one_line(str(error))))
     return ParsedFile(tuple(records), tuple(rejected), None)
 
 
@@ -194,14 +215,14 @@ def _load_json_document(text: str, start: int) -> object:
     try:
         document = json.loads(text)
     except json.JSONDecodeError as error:
-        raise _FatalError(error.lineno, f"invalid JSON at column {error.colno}: {error.msg}") from None
+        raise FatalError(error.lineno, f"invalid JSON at column {error.colno}: {error.msg}") from None
     except RecursionError:
-        raise _FatalError(_line_at(text, start), "invalid JSON: nested too deep") from None
+        raise FatalError(_line_at(text, start), "invalid JSON: nested too deep") from None
     except ValueError as error:
-        raise _FatalError(_line_at(text, start), f"invalid JSON: {error}") from None
+        raise FatalError(_line_at(text, start), f"invalid JSON: {error}") from None
     if not isinstance(document, dict):
-        raise _FatalError(
-            _line_at(text, start), f"expected a JSON object or a list of objects, got {_json_kind(document)}"
+        raise FatalError(
+            _line_at(text, start), f"expected a JSON object or a list of objects, got {json_kind(document)}"
         )
     return document
 
@@ -218,23 +239,23 @@ def _scan_json_list(text: str, start: int) -> list[tuple[str, object]]:
             try:
                 value, end = decoder.raw_decode(text, position)
             except json.JSONDecodeError as error:
-                raise _FatalError(error.lineno, f"invalid JSON at column {error.colno}: {error.msg}") from None
+                raise FatalError(error.lineno, f"invalid JSON at column {error.colno}: {error.msg}") from None
             except RecursionError:
-                raise _FatalError(_line_at(text, position), "invalid JSON: nested too deep") from None
+                raise FatalError(_line_at(text, position), "invalid JSON: nested too deep") from None
             except ValueError as error:
-                raise _FatalError(_line_at(text, position), f"invalid JSON: {error}") from None
+                raise FatalError(_line_at(text, position), f"invalid JSON: {error}") from None
             items.append((text[position:end], value))
             position = _skip_json_whitespace(text, end)
             if position >= len(text):
-                raise _FatalError(_line_at(text, start), "invalid JSON: the list is never closed with ']'")
+                raise FatalError(_line_at(text, start), "invalid JSON: the list is never closed with ']'")
             if text[position] == "]":
                 position += 1
                 break
             if text[position] != ",":
-                raise _FatalError(_line_at(text, position), "invalid JSON: expected ',' or ']' between list items")
+                raise FatalError(_line_at(text, position), "invalid JSON: expected ',' or ']' between list items")
             position = _skip_json_whitespace(text, position + 1)
     if _skip_json_whitespace(text, position) < len(text):
-        raise _FatalError(_line_at(text, position), "invalid JSON: unexpected text after the list")
+        raise FatalError(_line_at(text, position), "invalid JSON: unexpected text after the list")
     return items
 
 
@@ -250,91 +271,122 @@ def _line_at(text: str, position: int) -> int:
 # --- one JSON record ------------------------------------------------------------------------------
 
 
-def _record_from_object(value: object, line: int) -> ExchangeRecord:
+def _record_from_object(value: object, line: int, default_user: str | None = None) -> ExchangeRecord:
     if not isinstance(value, dict):
-        raise _RecordError(f"expected a JSON object with user_id, user and assistant, got {_json_kind(value)}")
+        raise RecordError(f"expected a JSON object with user_id, user and assistant, got {json_kind(value)}")
     if "user_id" not in value:
-        raise _RecordError("missing user_id")
-    try:
-        user_id = validate_user_id(value["user_id"])
-    except InvalidUserId as error:
-        raise _RecordError(str(error)) from None
+        if default_user is None:
+            raise RecordError("missing user_id")
+        user_id = default_user
+    else:
+        try:
+            user_id = validate_user_id(value["user_id"])
+        except InvalidUserId as error:
+            raise RecordError(str(error)) from None
+        _check_default_user(user_id, default_user)
     if "user" in value or "assistant" in value:
         user = _required_text(value, "user")
         assistant = _required_text(value, "assistant")
     elif "content" in value:
         user, assistant = _split_content(value["content"])
     else:
-        raise _RecordError(f'needs "user" and "assistant" strings, or "content" in {_EXCHANGE_FORM} form')
+        raise RecordError(f'needs "user" and "assistant" strings, or "content" in {_EXCHANGE_FORM} form')
     occurred_raw = value.get("occurred_at")
-    occurred_at = None if occurred_raw is None else _parse_timestamp(occurred_raw, "occurred_at")
+    occurred_at = None if occurred_raw is None else parse_timestamp(occurred_raw, "occurred_at")
     return ExchangeRecord(user_id, format_exchange(user, assistant), occurred_at, line)
+
+
+def build_exchange_record(user_id: str, user: str, assistant: str, occurred_at: datetime, *, line: int,
+                          ref: str | None, max_record_chars: int) -> ExchangeRecord | RejectedRecord:
+    """One exchange read from another tool's export, checked as a drop-file record is.
+
+    A bad one becomes a :class:`RejectedRecord` whose raw text is the exchange in Yak's own JSON
+    form (``user_id``, ``user``, ``assistant``, ``occurred_at``): fixed, it can be dropped back in.
+    """
+    content = format_exchange(user, assistant)
+    try:
+        check_storable(user, "the user message")
+        check_storable(assistant, "the assistant message")
+        check_size(content, max_record_chars)
+    except RecordError as error:
+        raw = json.dumps({"user_id": user_id, "user": user, "assistant": assistant,
+                          "occurred_at": occurred_at.isoformat(), "ref": ref})
+        return RejectedRecord(line, raw, one_line(str(error)))
+    return ExchangeRecord(user_id, content, occurred_at, line, ref=ref)
+
+
+def _check_default_user(user_id: str, default_user: str | None) -> None:
+    if default_user is not None and user_id != default_user:
+        raise RecordError(f"record is for user {user_id!r}, not {default_user!r}")
 
 
 def _required_text(record: dict[str, object], key: str) -> str:
     value = record.get(key)
     if value is None:
-        raise _RecordError(f"missing {key}")
+        raise RecordError(f"missing {key}")
     if not isinstance(value, str):
-        raise _RecordError(f"{key} must be a string, got {_json_kind(value)}")
+        raise RecordError(f"{key} must be a string, got {json_kind(value)}")
     text = value.strip()
     if not text:
-        raise _RecordError(f"{key} is empty")
-    _check_storable(text, key)
+        raise RecordError(f"{key} is empty")
+    check_storable(text, key)
     return text
 
 
 def _split_content(content: object) -> tuple[str, str]:
     if not isinstance(content, str):
-        raise _RecordError(f"content must be a string, got {_json_kind(content)}")
+        raise RecordError(f"content must be a string, got {json_kind(content)}")
     parts = parse_exchange(content.strip())
     if parts is None:
-        raise _RecordError(f"content is not in {_EXCHANGE_FORM} form")
+        raise RecordError(f"content is not in {_EXCHANGE_FORM} form")
     user, assistant = (part.strip() for part in parts)
     if not user:
-        raise _RecordError("content has an empty User part")
+        raise RecordError("content has an empty User part")
     if not assistant:
-        raise _RecordError("content has an empty Assistant part")
-    _check_storable(user, "content")
-    _check_storable(assistant, "content")
+        raise RecordError("content has an empty Assistant part")
+    check_storable(user, "content")
+    check_storable(assistant, "content")
     return user, assistant
 
 
-def _check_storable(text: str, name: str) -> None:
+def check_storable(text: str, name: str) -> None:
+    """:class:`RecordError` if ``text`` (called ``name`` in the reason) cannot be stored as text."""
     # JSON escapes can smuggle in what UTF-8 bytes cannot: NUL and unpaired surrogates, neither
     # of which PostgreSQL (or any UTF-8 consumer) can store.
     if "\x00" in text:
-        raise _RecordError(f"{name} contains a NUL character (\\u0000), which cannot be stored")
+        raise RecordError(f"{name} contains a NUL character (\\u0000), which cannot be stored")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as error:
-        raise _RecordError(
+        raise RecordError(
             f"{name} contains an unpaired surrogate (\\u{ord(text[error.start]):04x}), which is not valid Unicode"
         ) from None
 
 
-def _check_size(raw: str, max_record_chars: int) -> None:
+def check_size(raw: str, max_record_chars: int) -> None:
+    """:class:`RecordError` if a record is longer than ``max_record_chars`` characters."""
     if len(raw) > max_record_chars:
-        raise _RecordError(f"record is {len(raw)} characters, more than {max_record_chars}")
+        raise RecordError(f"record is {len(raw)} characters, more than {max_record_chars}")
 
 
-def _parse_timestamp(value: object, name: str) -> datetime:
+def parse_timestamp(value: object, name: str) -> datetime:
     """An ISO-8601 date or datetime string as a UTC datetime; a naive one is taken as UTC."""
     if not isinstance(value, str):
-        raise _RecordError(f"{name} must be an ISO-8601 date or datetime string, got {_json_kind(value)}")
+        raise RecordError(f"{name} must be an ISO-8601 date or datetime string, got {json_kind(value)}")
     try:
         parsed = datetime.fromisoformat(value.strip())
     except ValueError:
-        raise _RecordError(f"{name} {value!r} is not an ISO-8601 date or datetime") from None
+        raise RecordError(f"{name} {value!r} is not an ISO-8601 date or datetime") from None
     if parsed.tzinfo is None:
         return parsed.replace(tzinfo=UTC)
     try:
         return parsed.astimezone(UTC)
     except OverflowError:  # e.g. 0001-01-01T00:00+01:00 falls before year 1 in UTC
-        raise _RecordError(f"{name} {value!r} is out of range") from None
+        raise RecordError(f"{name} {value!r} is out of range") from None
 
 
-def _json_kind(value: object) -> str:
+def json_kind(value: object) -> str:
+    """What a JSON value is, as a reason names it (``"a string"``, ``"null"``, …)."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -372,9 +424,9 @@ class _Block:
         return "\n".join(raw_lines)
 
 
-def _parse_markdown(text: str, max_record_chars: int) -> ParsedFile:
+def _parse_markdown(text: str, max_record_chars: int, default_user: str | None) -> ParsedFile:
     lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
-    user_id, occurred_at, body_start = _parse_front_matter(lines)
+    user_id, occurred_at, body_start = _parse_front_matter(lines, default_user)
     blocks = _split_blocks(lines, body_start)
     records: list[ExchangeRecord] = []
     rejected: list[RejectedRecord] = []
@@ -387,10 +439,10 @@ def _parse_markdown(text: str, max_record_chars: int) -> ParsedFile:
             paired = True
             raw = f"{block.raw}\n{reply.raw}"
             try:
-                _check_size(raw, max_record_chars)
+                check_size(raw, max_record_chars)
                 records.append(ExchangeRecord(user_id, _markdown_exchange(block, reply), occurred_at, block.line))
-            except _RecordError as error:
-                rejected.append(RejectedRecord(block.line, raw, _one_line(str(error))))
+            except RecordError as error:
+                rejected.append(RejectedRecord(block.line, raw, one_line(str(error))))
             index += 2
             continue
         reason = (
@@ -402,24 +454,24 @@ def _parse_markdown(text: str, max_record_chars: int) -> ParsedFile:
         index += 1
     if not paired:
         first_line = blocks[0].line if blocks else min(body_start + 1, len(lines))
-        raise _FatalError(first_line, "no exchange found: expected a 'User:' block followed by an 'Assistant:' block")
+        raise FatalError(first_line, "no exchange found: expected a 'User:' block followed by an 'Assistant:' block")
     return ParsedFile(tuple(records), tuple(rejected), None)
 
 
-def _parse_front_matter(lines: list[str]) -> tuple[str, datetime, int]:
+def _parse_front_matter(lines: list[str], default_user: str | None) -> tuple[str, datetime, int]:
     """``(user_id, date, index of the first body line)`` from the ``---`` front matter."""
     opening = next((index for index, line in enumerate(lines) if line.strip()), None)
     if opening is None:  # only exotic whitespace (form feeds, U+2028): nothing to read
-        raise _FatalError(1, "file is empty")
+        raise FatalError(1, "file is empty")
     if lines[opening].strip() != _FRONT_MATTER_FENCE:
-        raise _FatalError(
+        raise FatalError(
             opening + 1, "no front matter: start the file with '---', 'user_id: …', 'date: …', '---' lines"
         )
     closing = next(
         (index for index in range(opening + 1, len(lines)) if lines[index].strip() == _FRONT_MATTER_FENCE), None
     )
     if closing is None:
-        raise _FatalError(opening + 1, "front matter is never closed with a '---' line")
+        raise FatalError(opening + 1, "front matter is never closed with a '---' line")
     fields: dict[str, tuple[int, str]] = {}
     for index in range(opening + 1, closing):
         match = _FRONT_MATTER_LINE_RE.fullmatch(lines[index].strip())
@@ -428,22 +480,23 @@ def _parse_front_matter(lines: list[str]) -> tuple[str, datetime, int]:
             continue
         key = match.group("key").lower()
         if key in fields:
-            raise _FatalError(index + 1, f"front matter gives {key} twice (first on line {fields[key][0]})")
+            raise FatalError(index + 1, f"front matter gives {key} twice (first on line {fields[key][0]})")
         fields[key] = (index + 1, _front_matter_value(match.group("value")))
-    if "user_id" not in fields:
-        raise _FatalError(closing + 1, "front matter has no user_id")
+    if "user_id" not in fields and default_user is None:
+        raise FatalError(closing + 1, "front matter has no user_id")
     if "date" not in fields:
-        raise _FatalError(closing + 1, "front matter has no date")
-    user_line, user_id = fields["user_id"]
+        raise FatalError(closing + 1, "front matter has no date")
+    user_line, user_id = fields.get("user_id", (closing + 1, default_user or ""))
     date_line, date_text = fields["date"]
     try:
         validate_user_id(user_id)
-    except InvalidUserId as error:
-        raise _FatalError(user_line, str(error)) from None
+        _check_default_user(user_id, default_user)
+    except (InvalidUserId, RecordError) as error:
+        raise FatalError(user_line, str(error)) from None
     try:
-        occurred_at = _parse_timestamp(date_text, "date")
-    except _RecordError as error:
-        raise _FatalError(date_line, str(error)) from None
+        occurred_at = parse_timestamp(date_text, "date")
+    except RecordError as error:
+        raise FatalError(date_line, str(error)) from None
     return user_id, occurred_at, closing + 1
 
 
@@ -470,13 +523,13 @@ def _split_blocks(lines: list[str], body_start: int) -> list[_Block]:
 def _markdown_exchange(user_block: _Block, assistant_block: _Block) -> str:
     user, assistant = user_block.text, assistant_block.text
     if not user:
-        raise _RecordError("User block is empty")
+        raise RecordError("User block is empty")
     if not assistant:
-        raise _RecordError("Assistant block is empty")
+        raise RecordError("Assistant block is empty")
     return format_exchange(user, assistant)
 
 
-def _one_line(reason: str) -> str:
+def one_line(reason: str) -> str:
     """``reason`` on one line and at most :data:`_MAX_REASON_CHARS` characters."""
     flat = " ".join(reason.splitlines())
     return flat if len(flat) <= _MAX_REASON_CHARS else flat[: _MAX_REASON_CHARS - 1] + "…"

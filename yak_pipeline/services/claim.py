@@ -1,20 +1,22 @@
 """Claim drop-folder files: parse, store their exchanges, then move them out of the folder.
 
-Shared by the drop-folder sensor and ``yak process``. Storing happens before the file moves,
+Shared by the drop-folder sensor and ``yak process``. Each file is imported as ``yak import``
+imports it (:mod:`yak_pipeline.services.history_import`: its format told from its content),
+for the user of the user folder it sits in, if any. Storing happens before the file moves,
 and storing is idempotent on the content hash, so a crash between the two re-ingests the file
 as duplicates on the next tick: nothing is lost, nothing is stored twice.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
 
-from yak_pipeline.defs.exchanges.drop_folder import DropFolderError, finish_file, list_ready_files, read_and_parse
-from yak_pipeline.services.ingest import ingest_records
+from yak_pipeline.core.exchange_files import ParsedFile
+from yak_pipeline.defs.exchanges.drop_folder import DropFolderError, finish_file, list_ready_files_by_user
+from yak_pipeline.services.history_import import import_history
 from yak_pipeline.store.database import Database
 
 logger = logging.getLogger(__name__)
@@ -22,7 +24,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class FileOutcome:
-    """What became of one file."""
+    """What became of one file (``name`` is ``user/name`` for a file of a user folder)."""
 
     name: str
     stored: int
@@ -30,6 +32,8 @@ class FileOutcome:
     rejected: int
     error: str | None
     moved_to: str | None
+    format: str | None = None
+    skipped: int = 0
 
 
 @dataclass
@@ -46,22 +50,34 @@ class ClaimReport:
 
 
 def claim_drop_files(db: Database, drop_dir: Path, *, min_age_seconds: float = 2.0, limit: int = 100) -> ClaimReport:
-    """Claim up to ``limit`` ready files of the drop folder."""
+    """Claim up to ``limit`` ready files of the drop folder and its user folders."""
     report = ClaimReport()
-    for path in list_ready_files(drop_dir, min_age_seconds=min_age_seconds)[:limit]:
-        parsed = read_and_parse(path)
-        ingested = ingest_records(db, parsed.records, source="drop_folder", source_ref=path.name)
-        # Records the database refused are quarantined with the parser's rejects.
-        parsed = dataclasses.replace(parsed, rejected=parsed.rejected + tuple(ingested.rejected))
+    for path, user in list_ready_files_by_user(drop_dir, min_age_seconds=min_age_seconds)[:limit]:
+        shown = path.name if user is None else f"{user}/{path.name}"
         try:
-            result = finish_file(path, drop_dir, parsed)
+            data = path.read_bytes()
+        except OSError as error:
+            outcome = None
+            parsed = ParsedFile(fatal=f"cannot read the file: {error.strerror or error}")
+            suffix = None
+        else:
+            outcome = import_history(db, path.name, data, user_id=user, source="drop_folder", source_ref=path.name)
+            # Records the parser or the database refused are quarantined together.
+            parsed = ParsedFile(rejected=tuple(outcome.rejected), fatal=outcome.fatal)
+            suffix = outcome.quarantine_suffix
+        stored = outcome.stored if outcome else 0
+        duplicates = outcome.duplicates if outcome else 0
+        kind, skipped = (outcome.format, outcome.skipped) if outcome else (None, 0)
+        try:
+            result = finish_file(path, drop_dir, parsed, quarantine_suffix=suffix)
         except DropFolderError as exc:
             logger.warning("%s", exc)
-            report.files.append(FileOutcome(path.name, len(ingested.stored), len(ingested.duplicates),
-                                            len(parsed.rejected), str(exc), None))
+            report.files.append(FileOutcome(shown, stored, duplicates, len(parsed.rejected), str(exc), None,
+                                            kind, skipped))
             continue
         moved = result.path_processed or result.path_failed
-        report.files.append(FileOutcome(path.name, len(ingested.stored), len(ingested.duplicates),
-                                        len(parsed.rejected), parsed.fatal, str(moved) if moved else None))
-        report.partitions |= ingested.partitions
+        report.files.append(FileOutcome(shown, stored, duplicates, len(parsed.rejected), parsed.fatal,
+                                        str(moved) if moved else None, kind, skipped))
+        if outcome is not None:
+            report.partitions |= outcome.partitions
     return report

@@ -41,6 +41,13 @@ def _reject(record: ExchangeRecord, reason: str) -> RejectedRecord:
     return RejectedRecord(line=record.line, raw=raw, reason=reason)
 
 
+def _source_ref(file_ref: str | None, record_ref: str | None) -> str | None:
+    """The file a record came from and, for an export, where in it (``conversations.json#chatgpt:…``)."""
+    if record_ref is None:
+        return file_ref
+    return record_ref if file_ref is None else f"{file_ref}#{record_ref}"
+
+
 def ingest_records(
     db: Database,
     records: Sequence[ExchangeRecord],
@@ -52,7 +59,8 @@ def ingest_records(
     """Store records as ``pending`` memories in one transaction, a savepoint per record.
 
     A record the database refuses is rejected with its reason while the others are kept; the
-    same exchange twice is stored once (``duplicates``).
+    same exchange twice is stored once (``duplicates``). ``source_ref`` names the file; a
+    record's own ``ref`` (an export's conversation and message) is added to it.
     """
     report = IngestReport()
     received = now or datetime.now(timezone.utc)
@@ -68,7 +76,7 @@ def ingest_records(
             try:
                 with conn.transaction():
                     stored = insert_memory(conn, user_id=record.user_id, content=record.content, source=source,
-                                           occurred_at=when, source_ref=source_ref)
+                                           occurred_at=when, source_ref=_source_ref(source_ref, record.ref))
             except (ValueError, psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
                 report.rejected.append(_reject(record, " ".join(str(exc).split())[:300]))
                 continue

@@ -1,9 +1,11 @@
 """The drop folder on disk: which files are ready, and where each goes once it has been read.
 
 Shared by the Dagster drop-folder sensor and the ``yak process`` command; parsing itself is
-:mod:`yak_pipeline.core.exchange_files`. Layout::
+:mod:`yak_pipeline.core.history_files`. Layout::
 
-    drop/                 files waiting (.jsonl, .json, .md; anything else is left alone and reported)
+    drop/                 files waiting (.jsonl, .json, .md, .zip; anything else is left alone and reported)
+    drop/<user>/          files waiting whose exchanges are that user's: exports (ChatGPT, Claude,
+                          Claude Code sessions) name no user, and Yak records without user_id
     drop/processed/       files that were read, good records and all
     drop/failed/          files that could not be read at all, each with <name>.error.txt beside it,
                           and <stem>.rejected<suffix> (+ .error.txt) holding a file's bad records
@@ -47,6 +49,8 @@ from yak_pipeline.core.exchange_files import (
     exchange_file_suffix,
     parse_exchange_file,
 )
+from yak_pipeline.core.history_files import history_file_suffix
+from yak_pipeline.core.types import InvalidUserId, validate_user_id
 
 PROCESSED_DIR_NAME: Final = "processed"
 FAILED_DIR_NAME: Final = "failed"
@@ -92,7 +96,7 @@ class QuarantinedFile:
     quarantined_at: datetime
 
 
-# How _quarantine_rejected writes a rejected record's reason; a whole file's reason starts with its name.
+# How quarantine_records writes a rejected record's reason; a whole file's reason starts with its name.
 _RECORD_REASON = re.compile(r"^(line|item) \d+: ")
 
 
@@ -151,9 +155,40 @@ def list_ready_files(
     current = time.time() if now is None else now
     ready = []
     for path, modified in _visible_files(drop_dir):
-        if exchange_file_suffix(path.name) is not None and current - modified >= min_age_seconds:
+        if history_file_suffix(path.name) is not None and current - modified >= min_age_seconds:
             ready.append(path)
     return sorted(ready, key=lambda path: path.name)
+
+
+def list_ready_files_by_user(
+    drop_dir: Path, *, min_age_seconds: float = DEFAULT_MIN_AGE_SECONDS, now: float | None = None
+) -> list[tuple[Path, str | None]]:
+    """:func:`list_ready_files` of the drop folder (user None), then of each user folder ``drop/<user>/``.
+
+    A user folder is a subfolder named by a valid user id, other than ``processed`` and ``failed``;
+    its files' exchanges belong to that user (exports name no user of their own).
+    """
+    ready: list[tuple[Path, str | None]] = [(path, None) for path in list_ready_files(
+        drop_dir, min_age_seconds=min_age_seconds, now=now)]
+    for folder in _user_folders(drop_dir):
+        ready += [(path, folder.name) for path in list_ready_files(folder, min_age_seconds=min_age_seconds, now=now)]
+    return ready
+
+
+def _user_folders(drop_dir: Path) -> list[Path]:
+    try:
+        entries = sorted(os.scandir(drop_dir), key=lambda entry: entry.name)
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+    folders = []
+    for entry in entries:
+        if entry.name in (PROCESSED_DIR_NAME, FAILED_DIR_NAME) or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            folders.append(Path(drop_dir, validate_user_id(entry.name)))
+        except InvalidUserId:
+            continue
+    return folders
 
 
 def list_unsupported_files(drop_dir: Path) -> list[Path]:
@@ -161,7 +196,7 @@ def list_unsupported_files(drop_dir: Path) -> list[Path]:
 
     They are left where they are: a stray .txt or .csv is the user's, not ours to move.
     """
-    unsupported = [path for path, _ in _visible_files(drop_dir) if exchange_file_suffix(path.name) is None]
+    unsupported = [path for path, _ in _visible_files(drop_dir) if history_file_suffix(path.name) is None]
     return sorted(unsupported, key=lambda path: path.name)
 
 
@@ -192,13 +227,15 @@ def read_and_parse(path: Path, *, max_record_chars: int = DEFAULT_MAX_RECORD_CHA
     return parse_exchange_file(path.name, data, max_record_chars=max_record_chars)
 
 
-def finish_file(path: Path, drop_dir: Path, parsed: ParsedFile) -> ClaimResult:
-    """Move a parsed file out of the drop folder; call it after storing ``parsed.records``.
+def finish_file(path: Path, drop_dir: Path, parsed: ParsedFile, *, quarantine_suffix: str | None = None) -> ClaimResult:
+    """Move a parsed file out of the drop folder (or a user folder in it); call it after storing ``parsed.records``.
 
     A fatal file goes to ``failed/<name>`` with ``failed/<name>.error.txt`` (``"<name>: <reason>"``).
     Otherwise rejected records are first written to ``failed/<stem>.rejected<suffix>`` with an
     error file listing ``line N: reason`` (``item N`` for .json lists), then the file goes to
-    ``processed/<name>``. Raises :class:`DropFolderError` if the disk refuses.
+    ``processed/<name>``. ``quarantine_suffix`` is the form of the rejected records when it is
+    not the file's own (an export's zip quarantines conversations as ``.json``). Raises
+    :class:`DropFolderError` if the disk refuses.
     """
     gone = f"{path.name} is no longer in the drop folder (claimed by another process?)"
     # Checked first so that a file someone else already finished gets no second quarantine copy.
@@ -212,7 +249,8 @@ def finish_file(path: Path, drop_dir: Path, parsed: ParsedFile) -> ClaimResult:
             _write_new_file(failed_dir(drop_dir), failed_path.name + ERROR_FILE_SUFFIX, error_text)
             return ClaimResult(None, failed_path, [], 0, parsed.fatal)
         # Quarantine first: until the original leaves the drop folder, a crash loses nothing.
-        rejected_path = _quarantine_rejected(path, drop_dir, parsed.rejected) if parsed.rejected else None
+        rejected_path = (quarantine_records(path.name, drop_dir, parsed.rejected, suffix=quarantine_suffix)
+                         if parsed.rejected else None)
         processed_path = _move_no_clobber(path, processed_dir(drop_dir), path.name)
     except OSError as error:
         if isinstance(error, FileNotFoundError) and error.filename == str(path):
@@ -229,9 +267,13 @@ def claim_file(path: Path, drop_dir: Path) -> ClaimResult:
     return finish_file(path, drop_dir, read_and_parse(path))
 
 
-def _quarantine_rejected(path: Path, drop_dir: Path, rejected: tuple[RejectedRecord, ...]) -> Path:
-    """Write the rejected records, in their original form, and the reasons; return the records' file."""
-    suffix = exchange_file_suffix(path.name) or path.suffix.lower()
+def quarantine_records(name: str, drop_dir: Path, rejected: tuple[RejectedRecord, ...] | list[RejectedRecord], *,
+                       suffix: str | None = None) -> Path:
+    """Write the rejected records of file ``name`` to ``failed/``, in their original form, and the
+    reasons; return the records' file. ``suffix`` (default: the name's) picks the form."""
+    ensure_drop_dirs(drop_dir)
+    name_suffix = suffix or Path(name).suffix
+    suffix = suffix or exchange_file_suffix(name) or Path(name).suffix.lower()
     if suffix == ".json":
         # A JSON list of the original items: fix them and drop the file back in.
         body = "[\n" + ",\n".join(record.raw for record in rejected) + "\n]\n"
@@ -244,8 +286,8 @@ def _quarantine_rejected(path: Path, drop_dir: Path, rejected: tuple[RejectedRec
         label = "line"
     reasons = "".join(f"{label} {record.line}: {record.reason}\n" for record in rejected)
     directory = failed_dir(drop_dir)
-    stem = path.name[: len(path.name) - len(path.suffix)]
-    rejected_path = _write_new_file(directory, f"{stem}.rejected{path.suffix}", body)
+    stem = name[: len(name) - len(Path(name).suffix)]
+    rejected_path = _write_new_file(directory, f"{stem}.rejected{name_suffix}", body)
     _write_new_file(directory, rejected_path.name + ERROR_FILE_SUFFIX, reasons)
     return rejected_path
 
