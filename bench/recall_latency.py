@@ -302,6 +302,7 @@ def bench_store(url: str, queries: list, limit: int, warmup: list) -> dict:
     its own: right after the load the indexes are not yet in PostgreSQL's buffers. The measured
     pass then sees the steady state of a running server, not the cached answers to its own queries.
     """
+    from yak_pipeline.core.query_intent import asks_about_present
     from yak_pipeline.core.recall import rank_memories
     from yak_pipeline.recall_models import load_relevance_model
     from yak_pipeline.services.recall import recall_params
@@ -338,7 +339,7 @@ def bench_store(url: str, queries: list, limit: int, warmup: list) -> dict:
             old = old_fuse(candidates, params, now)
             old_ms.append((time.perf_counter() - began) * 1000)
             began = time.perf_counter()
-            new = rank_memories(candidates, model=model, params=params, now=now)
+            new = rank_memories(candidates, model=model, params=params, now=now, about_present=asks_about_present(text))
             new_ms.append((time.perf_counter() - began) * 1000)
 
             # Untimed for the engines: the two candidate-row queries on the same ids, the exact
@@ -357,7 +358,8 @@ def bench_store(url: str, queries: list, limit: int, warmup: list) -> dict:
                                           embedding_model=MODEL, params=params, exact=True)
                 via_recall = recall(c, user_id=user, query=text, query_embedding=vector, embedding_model=MODEL,
                                     params=params, model=model, now=now)
-            same_new += [m.id for m in new] == [m.id for m in rank_memories(exact, model=model, params=params, now=now)]
+            same_new += [m.id for m in new] == [m.id for m in rank_memories(exact, model=model, params=params, now=now,
+                                                                                        about_present=asks_about_present(text))]
             same_old += [h[0] for h in old] == [h[0] for h in old_fuse(exact, params, now)]
             same_recall += [m.id for m in via_recall] == [m.id for m in new]
             if (i + 1) % 100 == 0:
