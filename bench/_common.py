@@ -124,14 +124,15 @@ def machine() -> dict[str, object]:
             "processor": platform.processor() or platform.machine()}
 
 
-def print_table(title: str, rows: list[tuple[str, str, str, str]]) -> None:
-    """(measure, figure, target, verdict) rows as a table on stdout."""
+def print_table(title: str, rows: list[tuple[str, str, str, str]],
+                headers: tuple[str, str, str, str] = ("measure", "figure", "target", "verdict")) -> None:
+    """(measure, figure, target, verdict) rows (or other ``headers``) as a table on stdout."""
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title=title, title_justify="left")
-    for header in ("measure", "figure", "target", "verdict"):
-        table.add_column(header, justify="left" if header == "measure" else "right")
+    for position, header in enumerate(headers):
+        table.add_column(header, justify="left" if position == 0 else "right")
     for row in rows:
         table.add_row(*row)
     Console(width=max(Console().width, 110)).print(table)
