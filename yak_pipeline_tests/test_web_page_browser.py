@@ -21,6 +21,7 @@ import pytest
 from pydantic import SecretStr
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -76,8 +77,8 @@ def _seed(conn, ids: dict[str, str]) -> None:  # noqa: ANN001 - a psycopg connec
              tier="core", confidence=0.9)
     remember("window", "alice", "User: Maybe book me a window seat?\nAssistant: Sure.",
              "The user may prefer window seats on flights.", 5, confidence=0.5)
-    remember("gym", "alice", "User: My old gym locker code is 4471.\nAssistant: Got it.",
-             "The user's old gym locker code is 4471.", 4, tier="low", confidence=0.82)
+    remember("gym", "alice", "User: My old gym locker code is HAZEL-4471.\nAssistant: Got it.",
+             "The user's old gym locker code is HAZEL-4471.", 4, tier="low", confidence=0.82)
     remember("hostile", "alice", f"User: Save this: {HOSTILE}\nAssistant: Saved.", f"The user said {HOSTILE}.", 3,
              confidence=0.9)
     remember("bob_pin", "bob", "User: My bank PIN hint is CRIMSON-4402.\nAssistant: Noted.",
@@ -145,12 +146,20 @@ def shot(driver: WebDriver, name: str, *, max_height: int = 1800) -> None:
     driver.set_window_size(1280, 900)
 
 
+def follow(driver: WebDriver, element: WebElement) -> None:
+    """Click a link or a form's button and wait until the next page replaced this one (a click
+    returns once the navigation has started, not when it is done)."""
+    old = driver.find_element(By.TAG_NAME, "html")
+    element.click()
+    WebDriverWait(driver, 10).until(expected_conditions.staleness_of(old))
+
+
 def sign_in(driver: WebDriver, web: Web, key: str) -> None:
     """Sign in through the form, as a person does."""
     driver.get(f"{web.url}/ui")
     assert driver.current_url == f"{web.url}/ui/login"
     driver.find_element(By.ID, "api_key").send_keys(key)
-    driver.find_element(By.ID, "sign-in").click()
+    follow(driver, driver.find_element(By.ID, "sign-in"))
 
 
 def text(driver: WebDriver) -> str:
@@ -172,13 +181,13 @@ def test_sign_in_search_and_open_a_hit(page: WebDriver, web: Web) -> None:
     users = [a.text for a in page.find_elements(By.CSS_SELECTOR, "table a")]
     assert users[:2] == ["alice", "bob"]  # most recent exchange first
     shot(page, "users")
-    page.find_element(By.LINK_TEXT, "alice").click()
+    follow(page, page.find_element(By.LINK_TEXT, "alice"))
     assert page.find_element(By.ID, "count-review").text == "3"  # the window seat (0.5), Lisbon and Porto (a conflict)
     shot(page, "overview")
 
     box = page.find_element(By.NAME, "q")
     box.send_keys("Where does the user work as a nurse?")
-    box.submit()
+    follow(page, page.find_element(By.CSS_SELECTOR, "form.search button"))
     hits = page.find_elements(By.CSS_SELECTOR, "li.hit")
     assert hits, text(page)
     first = hits[0]
@@ -195,7 +204,7 @@ def test_sign_in_search_and_open_a_hit(page: WebDriver, web: Web) -> None:
     assert raw.is_displayed() and "I just started as a nurse" in raw.text
     shot(page, "search")
 
-    first.find_element(By.CSS_SELECTOR, "a.open-hit").click()
+    follow(page, first.find_element(By.CSS_SELECTOR, "a.open-hit"))
     assert page.current_url == f"{web.url}/ui/u/alice/d/{web.ids['nurse']}"
     assert page.find_element(By.ID, "memory-text").text == "The user works as a nurse at a children's hospital."
     assert "distilled" in page.find_element(By.CSS_SELECTOR, "table").text
@@ -205,7 +214,7 @@ def test_sign_in_search_and_open_a_hit(page: WebDriver, web: Web) -> None:
     assert "merged" in versions and web.ids["temples"][:8] in versions
     shot(page, "memory")
 
-    page.find_element(By.LINK_TEXT, "Pipeline").click()  # an admin also sees the drop folder's quarantine
+    follow(page, page.find_element(By.LINK_TEXT, "Pipeline"))  # an admin also sees the drop folder's quarantine
     assert "the LLM answered invalid JSON 3 times" in text(page)
     quarantine = page.find_element(By.ID, "quarantine").text
     assert "march-chats.jsonl" in quarantine and "line 1: a record needs 'user' and 'assistant'" in quarantine
@@ -215,11 +224,11 @@ def test_sign_in_search_and_open_a_hit(page: WebDriver, web: Web) -> None:
 def test_approve_a_review_item(page: WebDriver, web: Web) -> None:
     sign_in(page, web, web.alice_key)
     assert page.current_url == f"{web.url}/ui/u/alice"
-    page.find_element(By.LINK_TEXT, "Review").click()
+    follow(page, page.find_element(By.LINK_TEXT, "Review"))
     row = page.find_element(By.CSS_SELECTOR, f"tr[data-id='{web.ids['window']}']")
     assert "held back" in row.text
     shot(page, "review")
-    row.find_element(By.CSS_SELECTOR, "button.approve").click()
+    follow(page, row.find_element(By.CSS_SELECTOR, "button.approve"))
     assert page.find_element(By.CSS_SELECTOR, ".flash").text == "approved: it is recallable now"
     assert not page.find_elements(By.CSS_SELECTOR, f"tr[data-id='{web.ids['window']}']")
     assert distillation_row(web.database, web.ids["window"]) == ("active", False)
@@ -227,7 +236,7 @@ def test_approve_a_review_item(page: WebDriver, web: Web) -> None:
         actor = conn.execute("SELECT actor FROM audit_log WHERE action = 'approve' AND target_id = %s",
                              (web.ids["window"],)).fetchone()[0]
     assert actor == f"web:key:{web.alice_key[:10]}"
-    page.find_element(By.LINK_TEXT, "Conflicts").click()
+    follow(page, page.find_element(By.LINK_TEXT, "Conflicts"))
     assert "The user lives in Lisbon." in text(page) and "The user lives in Porto." in text(page)
     shot(page, "conflicts")
 
@@ -235,26 +244,26 @@ def test_approve_a_review_item(page: WebDriver, web: Web) -> None:
 def test_forget_a_memory_with_confirmation_and_it_is_gone(page: WebDriver, web: Web) -> None:
     sign_in(page, web, web.alice_key)
     page.get(f"{web.url}/ui/u/alice/d/{web.ids['gym']}")
-    page.find_element(By.ID, "forget").click()
+    follow(page, page.find_element(By.ID, "forget"))
     assert "Forget 1 memory?" in text(page)
-    assert "My old gym locker code is 4471." in text(page)
+    assert "My old gym locker code is HAZEL-4471." in text(page)
     shot(page, "forget")
-    page.find_element(By.ID, "cancel-forget").click()  # asking first deletes nothing
-    assert "The user's old gym locker code is 4471." in text(page)
+    follow(page, page.find_element(By.ID, "cancel-forget"))  # asking first deletes nothing
+    assert "The user's old gym locker code is HAZEL-4471." in text(page)
     assert distillation_row(web.database, web.ids["gym"]) == ("active", False)
 
     page.get(f"{web.url}/ui/u/alice/d/{web.ids['gym']}")
-    page.find_element(By.ID, "forget").click()
-    page.find_element(By.ID, "confirm-forget").click()
+    follow(page, page.find_element(By.ID, "forget"))
+    follow(page, page.find_element(By.ID, "confirm-forget"))
     assert page.current_url == f"{web.url}/ui/u/alice/recent"
     assert page.find_element(By.CSS_SELECTOR, ".flash").text.startswith(f"forgot memory {web.ids['gym_memory']}")
-    assert "4471" not in text(page)
-    page.get(f"{web.url}/ui/u/alice/search?q=old+gym+locker+code+4471")
-    assert "4471" not in text(page)
+    assert "HAZEL-4471" not in text(page)
+    page.get(f"{web.url}/ui/u/alice/search?q=old+gym+locker+code+HAZEL-4471")
+    assert "HAZEL-4471" not in text(page)
     page.get(f"{web.url}/ui/u/alice/d/{web.ids['gym']}")
     assert page.find_element(By.ID, "error-message").text == f"distillation {web.ids['gym']} not found"
     with web.database.connection() as conn:
-        assert rows_mentioning(conn, "4471") == {}
+        assert rows_mentioning(conn, "HAZEL-4471") == {}
 
 
 def test_a_user_key_cannot_reach_another_users_page_or_action(page: WebDriver, web: Web) -> None:
@@ -274,9 +283,9 @@ def test_a_user_key_cannot_reach_another_users_page_or_action(page: WebDriver, w
                             (f"/ui/u/alice/review/{web.ids['bob_review']}/approve", f"distillation {web.ids['bob_review']} not found"),
                             (f"/ui/u/bob/m/{web.ids['bob_pin_memory']}/forget", "this API key is scoped to another user")):
         page.get(f"{web.url}/ui/u/alice")
-        page.execute_script("const f = document.querySelector('form[action=\"/ui/logout\"]');"
-                            "f.action = arguments[0]; f.submit();", action)
-        WebDriverWait(page, 10).until(expected_conditions.presence_of_element_located((By.ID, "error-message")))
+        sign_out = page.find_element(By.ID, "sign-out")
+        page.execute_script("arguments[0].form.action = arguments[1];", sign_out, action)
+        follow(page, sign_out)
         assert page.find_element(By.ID, "error-message").text == message, action
     assert distillation_row(web.database, web.ids["bob_review"]) == ("review", True)
     assert distillation_row(web.database, web.ids["bob_pin"]) == ("active", False)
