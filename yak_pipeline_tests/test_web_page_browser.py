@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 from pydantic import SecretStr
+from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
-from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
 from yak_pipeline.api.app import create_app
@@ -149,9 +149,12 @@ def shot(driver: WebDriver, name: str, *, max_height: int = 1800) -> None:
 def follow(driver: WebDriver, element: WebElement) -> None:
     """Click a link or a form's button and wait until the next page replaced this one (a click
     returns once the navigation has started, not when it is done)."""
-    old = driver.find_element(By.TAG_NAME, "html")
+    # A mark on this document's window: the next document starts without it.
+    driver.execute_script("window.yakPreviousPage = true;")
     element.click()
-    WebDriverWait(driver, 10).until(expected_conditions.staleness_of(old))
+    # Chromedriver may refuse a script while the old document goes away: poll again then.
+    WebDriverWait(driver, 10, ignored_exceptions=(WebDriverException,)).until(lambda d: d.execute_script(
+        "return window.yakPreviousPage === undefined && document.readyState === 'complete';"))
 
 
 def sign_in(driver: WebDriver, web: Web, key: str) -> None:
