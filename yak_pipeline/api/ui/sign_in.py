@@ -8,6 +8,7 @@ from fastapi import APIRouter, Form, HTTPException, Request, Response
 
 from yak_pipeline.api.auth import authenticate
 from yak_pipeline.api.dependencies import Services
+from yak_pipeline.api.queue_watch import watched_queue_counts
 from yak_pipeline.api.ui.access import (
     PREFIX,
     CsrfToken,
@@ -97,11 +98,13 @@ def logout(request: Request, visitor: SignedIn, csrf_token: CsrfToken = "") -> R
 
 @router.get("/users")
 def users(request: Request, visitor: SignedIn, services: Services, user: str | None = None) -> Response:
-    """Admins pick a user (the users with memories, or any id typed in); a user key goes to its own page."""
+    """Admins pick a user (the users with memories, or any id typed in) and see the whole
+    pipeline's queue; a user key goes to its own page."""
     if not visitor.caller.is_admin:
         return redirect(user_url(visitor.caller.user_id or ""))
     if user:
         return redirect(user_url(user_page(visitor, user.strip())))
     with services.database.connection() as conn:
         rows = list_users(conn)
-    return render(request, "users.html", visitor=visitor, users=rows)
+        queue = watched_queue_counts(conn, services.alerter, user_id=None)
+    return render(request, "users.html", visitor=visitor, users=rows, queue=queue)
