@@ -12,7 +12,13 @@ else
 TORCH := torch==2.13.0+cpu
 endif
 
-.PHONY: setup run test test-slow clean-state
+# The web page's browser tests drive Debian's Chromium through its chromedriver.
+CHROMIUM_PATH ?= /usr/bin/chromium
+CHROMEDRIVER_PATH ?= /usr/bin/chromedriver
+export CHROMIUM_PATH CHROMEDRIVER_PATH
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: setup browser run test test-slow screenshots clean-state
 
 setup: $(STAMP) .env
 
@@ -35,16 +41,34 @@ $(STAMP): pyproject.toml
 	@printf '%s\n' '# Written by make setup for plain `dagster` commands in this folder (see README).' \
 		'YAK_DAGSTER_PG_URL=postgresql+psycopg2://postgres:@/dagster?host=$(CURDIR)/.yak/pgdata' > .env
 
+# Installs Chromium and its driver from Debian's packages, only when they are missing (quick
+# otherwise). Elsewhere, install both yourself and set CHROMIUM_PATH and CHROMEDRIVER_PATH.
+browser:
+	@if [ -x "$(CHROMIUM_PATH)" ] && [ -x "$(CHROMEDRIVER_PATH)" ]; then exit 0; fi; \
+	if ! command -v apt-get >/dev/null; then \
+		echo "make browser: no $(CHROMIUM_PATH) or $(CHROMEDRIVER_PATH), and no apt-get to install them;" \
+			"install Chromium and chromedriver and set CHROMIUM_PATH and CHROMEDRIVER_PATH" >&2; exit 1; fi; \
+	echo "installing Debian's chromium and chromium-driver for the browser tests"; \
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get update -qq && \
+	$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+		chromium chromium-driver fonts-dejavu-core >/dev/null && \
+	test -x "$(CHROMIUM_PATH)" && test -x "$(CHROMEDRIVER_PATH)" || \
+		{ echo "make browser: $(CHROMIUM_PATH) or $(CHROMEDRIVER_PATH) still missing after apt-get" >&2; exit 1; }
+
 run: setup
 	$(BIN)/yak up
 
 # `make test` leaves out the tests marked slow (minutes of load, crash and fuzzing runs);
 # `make test-slow` runs just those. Together they are the whole suite.
-test: setup
+test: setup browser
 	$(BIN)/python -m pytest -m "not slow"
 
 test-slow: setup
 	$(BIN)/python -m pytest -m slow
+
+# Refreshes the page's screenshots in docs/screenshots/ (linked from the README) from the browser tests.
+screenshots: setup browser
+	SCREENSHOTS_DIR=$(CURDIR)/docs/screenshots $(BIN)/python -m pytest -q yak_pipeline_tests/test_web_page_browser.py
 
 clean-state:
 	-$(BIN)/yak db stop

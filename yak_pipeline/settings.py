@@ -131,6 +131,10 @@ class Settings(BaseSettings):
     proxy_recall_limit: int = Field(
         default=5, ge=0, le=50, description="Most memories the memory proxy puts in a prompt's block (0: recall nothing, still store turns)."
     )
+    dagster_ui_url: str = Field(
+        default="http://127.0.0.1:3000",
+        description="The Dagster UI the web page (/ui) links to for runs and lineage; `yak up` sets it to the one it starts.",
+    )
 
     @field_validator("timezone")
     @classmethod

@@ -41,12 +41,14 @@ ID_ROUTES = {
     ("get", "/api/distillations/{distillation_id}"): ("distillation_id", None),
     ("post", "/api/distillations/{distillation_id}/versions"): ("distillation_id", {"content": "Alice wrote this."}),
     ("post", "/api/distillations/{distillation_id}/re-embed"): ("distillation_id", None),
+    ("post", "/api/distillations/{distillation_id}/weight"): ("distillation_id", {"user_weight": 5}),
     ("get", "/api/warmth/{memory_id}"): ("distillation_id", None),
     ("post", "/api/warmth/{memory_id}/reset"): ("distillation_id", None),
     ("post", "/api/review/{distillation_id}/approve"): ("review_id", None),
     ("post", "/api/review/{distillation_id}/reject"): ("review_id", None),
     ("post", "/api/conflicts/{conflict_id}/resolve"): ("conflict_id", None),
     ("post", "/api/conflicts/{conflict_id}/dismiss"): ("conflict_id", None),
+    ("post", "/api/conflicts/{conflict_id}/keep"): ("conflict_id", {"keep": "a"}),
 }
 # Routes that take ids in the body: Bob's ids in Alice's name.
 BODY_ID_ROUTES = {
@@ -87,7 +89,7 @@ def _bob_counts(database: Database) -> dict[str, int]:
             "SELECT count(*) FROM distillation_versions v JOIN distillations d ON d.id = v.distillation_id "
             "WHERE d.user_id = 'bob'").fetchone()[0]
         counts["bob_text"] = conn.execute(
-            "SELECT md5(string_agg(content || status, ',' ORDER BY id)) FROM distillations WHERE user_id = 'bob'"
+            "SELECT md5(string_agg(content || status || user_weight, ',' ORDER BY id)) FROM distillations WHERE user_id = 'bob'"
         ).fetchone()[0]
     return counts
 

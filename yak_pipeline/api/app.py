@@ -1,6 +1,8 @@
 """The FastAPI app: ``create_app(settings)`` wires the routes, auth, error answers and metrics.
 
-OpenAPI is served at ``/openapi.json`` (browsable at ``/docs``). Bodies over 1 MiB are refused
+OpenAPI is served at ``/openapi.json``, browsable at ``/docs`` (and ``/redoc``) with their
+scripts and styles served by Yak itself (``fastapi-offline``), so they work without internet.
+The web page is under ``/ui`` (:mod:`yak_pipeline.api.ui`). Bodies over 1 MiB are refused
 with a JSON 413 naming the limit, before they are read in full (:mod:`yak_pipeline.api.body_limit`;
 the memory proxy's chats: 16 MiB). The memory proxy is under ``/v1``; ``create_proxy_app`` serves
 it alone (``yak proxy``).
@@ -13,6 +15,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, FastAPI
+from fastapi_offline import FastAPIOffline
 from starlette.concurrency import run_in_threadpool
 
 from yak_pipeline import __version__
@@ -22,6 +25,7 @@ from yak_pipeline.api.body_limit import BodyLimitMiddleware
 from yak_pipeline.api.errors import document_error_bodies, install_error_handlers
 from yak_pipeline.api.request_metrics import RequestMetricsMiddleware
 from yak_pipeline.api.routes import ROUTERS, health, proxy
+from yak_pipeline.api.ui import install_web_page
 from yak_pipeline.embeddings import Embedder
 from yak_pipeline.llm.provider import LLMProvider
 from yak_pipeline.services.proxy import PROXY_MAX_BODY_BYTES, PROXY_PREFIX
@@ -62,6 +66,7 @@ def create_app(
     extra_admin_keys: tuple[str, ...] = (),
     served: bool = True,
     routers: tuple[APIRouter, ...] = ROUTERS,
+    web_page: bool = True,
 ) -> FastAPI:
     """The API for ``settings`` (default: the environment's), memory proxy included.
 
@@ -70,10 +75,12 @@ def create_app(
     random one that never leaves its process). ``served=False`` (the in-process CLI) keeps its
     recalls out of the ``yak_recall_latency_ms`` histogram: a fresh process loads the embedding
     model on its first recall, and that cold start is not what the histogram is for. ``routers``
-    narrows what is served.
+    narrows what is served; ``web_page=False`` leaves out the page at ``/ui``.
     """
     settings = settings or get_settings()
-    app = FastAPI(title="Yak", version=__version__, description=DESCRIPTION, lifespan=_lifespan)
+    # /docs and /redoc load Swagger UI and ReDoc from Yak, not from a CDN: they work offline.
+    app = FastAPIOffline(title="Yak", version=__version__, description=DESCRIPTION, lifespan=_lifespan,
+                         static_url="/docs-static")
     app.state.services = ApiServices(settings, database=database, embedder=embedder, llm=llm, alerter=alerter,
                                      extra_admin_keys=extra_admin_keys, served=served)
     install_error_handlers(app)
@@ -84,10 +91,13 @@ def create_app(
     app.add_middleware(RequestMetricsMiddleware)
     for router in routers:
         app.include_router(router)
+    if web_page:
+        install_web_page(app)
     return app
 
 
 def create_proxy_app(settings: Settings | None = None, *, database: Database | None = None,
                      embedder: Embedder | None = None) -> FastAPI:
     """The memory proxy alone (``/v1`` and ``/health``), for ``yak proxy``."""
-    return create_app(settings, database=database, embedder=embedder, routers=(proxy.router, health.router))
+    return create_app(settings, database=database, embedder=embedder, routers=(proxy.router, health.router),
+                      web_page=False)

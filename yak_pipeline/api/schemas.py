@@ -285,6 +285,12 @@ class ManualVersion(RequestBody):
     content: Annotated[Text, Field(max_length=4_000)]
 
 
+class WeightUpdate(RequestBody):
+    """A person's weight for a distillation (pin): a factor of recall's gravity; 1 is neutral."""
+
+    user_weight: Annotated[float, Field(gt=0, le=10, description="Above 0, at most 10; e.g. 2 to pin, 1 to unpin.")]
+
+
 class MergeRequest(RequestBody):
     """Merge ``merge_id`` into ``keep_id``: ``keep_id`` gets a version, ``merge_id`` becomes ``merged``."""
 
@@ -338,6 +344,13 @@ class ConflictOut(BaseModel):
 class ConflictClose(RequestBody):
     """An optional note on how the conflict was settled."""
 
+    resolution: Annotated[str | None, Field(default=None, max_length=1_000), AfterValidator(_storable_or_none)] = None
+
+
+class ConflictKeep(RequestBody):
+    """Which side of a conflict to keep: ``a`` or ``b`` (the other is rejected) or ``both``."""
+
+    keep: Literal["a", "b", "both"]
     resolution: Annotated[str | None, Field(default=None, max_length=1_000), AfterValidator(_storable_or_none)] = None
 
 

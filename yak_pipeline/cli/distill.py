@@ -10,7 +10,7 @@ from yak_pipeline.cli.api_client import ApiKeyOption, JsonOption, RemoteOption, 
 from yak_pipeline.cli.errors import friendly_errors
 from yak_pipeline.cli.render import make_console, print_page, short, table
 
-app = typer.Typer(help="Distillations: list, show, version, merge, re-embed.", no_args_is_help=True)
+app = typer.Typer(help="Distillations: list, show, version, pin, merge, re-embed.", no_args_is_help=True)
 console = make_console()
 
 
@@ -74,6 +74,21 @@ def version_command(
                     f"/api/distillations/{parse_id(distillation_id, 'distillation id')}/versions",
                     json_body={"content": content})
     emit(data, as_json, render_distillation)
+
+
+@app.command("pin")
+@friendly_errors
+def pin_command(
+    distillation_id: Annotated[str, typer.Argument(help="Distillation id.")],
+    weight: Annotated[float, typer.Option("--weight", min=0.01, max=10.0,
+                                          help="user_weight, a factor of recall's gravity: 1 unpins.")] = 2.0,
+    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
+) -> None:
+    """Pin a distillation: give it a user_weight (default 2) so recall ranks it higher; --weight 1 unpins."""
+    data = call_api(remote, api_key, "POST",
+                    f"/api/distillations/{parse_id(distillation_id, 'distillation id')}/weight",
+                    json_body={"user_weight": weight})
+    emit(data, as_json, lambda d: console.print(f"{d['id']} user_weight {d['user_weight']:g}"))
 
 
 @app.command("merge")

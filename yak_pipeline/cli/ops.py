@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -250,6 +250,20 @@ def conflicts_dismiss_command(
 ) -> None:
     """Mark a conflict as no contradiction after all."""
     _close_conflict("dismiss", conflict_id, note, remote, api_key, as_json)
+
+
+@conflicts_app.command("keep")
+@friendly_errors
+def conflicts_keep_command(
+    conflict_id: Annotated[str, typer.Argument(help="Conflict id.")],
+    side: Annotated[Literal["a", "b", "both"], typer.Argument(help="a or b (the other side is rejected), or both.")],
+    note: Annotated[str | None, typer.Option("--note", help="How it was settled.")] = None,
+    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
+) -> None:
+    """Settle a conflict by keeping one side (the other is rejected: kept, never recalled) or both."""
+    data = call_api(remote, api_key, "POST", f"/api/conflicts/{parse_id(conflict_id, 'conflict id')}/keep",
+                    json_body={"keep": side, "resolution": note})
+    emit(data, as_json, lambda d: console.print(f"conflict {d['id']} {d['status']} (kept {side})"))
 
 
 @keys_app.command("create")

@@ -335,6 +335,8 @@ def run_up(settings: Settings, *, host: str, webserver_port: int, api_port: int)
         import yak_pipeline.api.app  # noqa: F401 - the API ships with issue 4
 
         first["api"] = [str(bin_dir / "yak"), "serve", "--host", host, "--port", str(api_port)]
+        # The web page links to this Dagster UI for runs and lineage (unless one was configured).
+        env.setdefault("YAK_DAGSTER_UI_URL", f"http://{host}:{webserver_port}")
     except ImportError:
         pass
     then = {
@@ -379,6 +381,8 @@ def run_up(settings: Settings, *, host: str, webserver_port: int, api_port: int)
         console.print(f"Dagster UI: http://{host}:{webserver_port}")
         if "api" in children:
             console.print(f"API:        http://{host}:{api_port} (OpenAPI at /docs)")
+            console.print(f"web page:   http://{host}:{api_port}/ui (what Yak remembers; sign in with an API key)",
+                          highlight=False)
             console.print(f"memory proxy: http://{host}:{api_port}/v1 (OpenAI-compatible; YAK_UPSTREAM_BASE_URL)",
                           highlight=False)
         console.print(f"drop folder: {settings.resolved_drop_dir}" + (f" ({seeded} example files queued)" if seeded else ""),

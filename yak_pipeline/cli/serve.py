@@ -58,8 +58,8 @@ def register(app: typer.Typer) -> None:
         port: int = typer.Option(8000, "--port", min=1, max=65535, help="Port to listen on."),
         as_json: JsonOption = False,
     ) -> None:
-        """Run the HTTP API (OpenAPI at /openapi.json) until Ctrl-C; on first start, create an
-        admin key and say where it is stored."""
+        """Run the HTTP API (OpenAPI at /openapi.json, /docs) and the web page (/ui) until Ctrl-C; on
+        first start, create an admin key and say where it is stored."""
         import uvicorn
 
         from yak_pipeline.api.app import create_app
@@ -74,12 +74,14 @@ def register(app: typer.Typer) -> None:
             # The API still starts: /health reports the database, other routes answer 503.
             warning = f"database not ready: {exc}"
         info = {"url": f"http://{host}:{port}", "openapi": f"http://{host}:{port}/openapi.json",
+                "web_page": f"http://{host}:{port}/ui",
                 "admin_key_file": str(key_file) if key_file else None, "warning": warning}
         if as_json:
             print(json.dumps(info), flush=True)
         else:
             print(f"Yak API on {info['url']} (OpenAPI at {info['openapi']}; memory proxy at {info['url']}/v1)",
                   flush=True)
+            print(f"web page at {info['web_page']} (sign in with an API key)", flush=True)
             if key_file:
                 print(f"admin API key stored in {key_file}", flush=True)
             if warning:

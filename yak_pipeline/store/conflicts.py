@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 from uuid import UUID
 
 import psycopg
 from psycopg.rows import dict_row
 
 from yak_pipeline.store.audit import write_audit
-from yak_pipeline.store.distillations import flag_for_review, mark_superseded_by_newer
+from yak_pipeline.store.distillations import flag_for_review, mark_superseded_by_newer, set_distillation_status
+from yak_pipeline.store.review import approve_distillation
+
+ConflictKeep = Literal["a", "b", "both"]
 
 
 def record_conflict(
@@ -46,6 +49,19 @@ def conflicting_ids(conn: psycopg.Connection, distillation_id: UUID | str) -> se
         {"id": str(distillation_id)},
     ).fetchall()
     return {str(r[0]) for r in rows}
+
+
+def open_conflicts_of(conn: psycopg.Connection, distillation_id: UUID | str) -> list[dict[str, Any]]:
+    """The open conflicts one distillation is a side of, with the other side's text."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            """SELECT c.id, c.score, o.id AS other_id, o.content AS other_content
+               FROM conflicts c
+               JOIN distillations o ON o.id = CASE WHEN c.distillation_a = %(id)s THEN c.distillation_b
+                                                   ELSE c.distillation_a END AND o.deleted_at IS NULL
+               WHERE c.status = 'open' AND (c.distillation_a = %(id)s OR c.distillation_b = %(id)s)""",
+            {"id": str(distillation_id)},
+        ).fetchall()
 
 
 def list_conflicts(
@@ -89,3 +105,40 @@ def close_conflict(
     write_audit(conn, actor=actor, action=f"conflict_{status}", target_type="conflict", target_id=conflict_id,
                 user_id=row[0], detail={"resolution": resolution})
     return True
+
+
+def keep_in_conflict(
+    conn: psycopg.Connection,
+    conflict_id: UUID | str,
+    *,
+    keep: ConflictKeep,
+    resolution: str | None = None,
+    user_id: str | None = None,
+    actor: str = "system",
+) -> bool:
+    """Settle an open conflict by a person's choice; False when no such open conflict (for that user).
+
+    ``a`` or ``b``: that side is confirmed (as a review approval) and the other is rejected, kept
+    with its versions but never recalled (so it no longer supersedes the kept one either).
+    ``both``: both sides are confirmed, e.g. a preference that changed over time. Either way the
+    conflict is resolved, with ``resolution`` or a note naming the choice; every step is audited.
+    """
+    if keep not in ("a", "b", "both"):
+        raise ValueError(f"keep side a, side b or both, not {keep!r}")
+    row = conn.execute(
+        """SELECT distillation_a, distillation_b FROM conflicts
+           WHERE id = %(id)s AND status = 'open' AND (%(user)s::text IS NULL OR user_id = %(user)s) FOR UPDATE""",
+        {"id": str(conflict_id), "user": user_id},
+    ).fetchone()
+    if row is None:
+        return False
+    sides = {"a": str(row[0]), "b": str(row[1])}
+    kept = list(sides.values()) if keep == "both" else [sides[keep]]
+    for distillation_id in kept:
+        # "not_flagged" (already approved by someone) is fine: the side stays as it is.
+        approve_distillation(conn, distillation_id, user_id=user_id, actor=actor)
+    for distillation_id in set(sides.values()) - set(kept):
+        set_distillation_status(conn, distillation_id, status="rejected", needs_review=False, actor=actor,
+                                action="reject")
+    note = resolution or ("kept both" if keep == "both" else f"kept {sides[keep]}")
+    return close_conflict(conn, conflict_id, status="resolved", resolution=note, user_id=user_id, actor=actor)

@@ -18,6 +18,9 @@ from yak_pipeline.core.gates import confidence_gate
 from yak_pipeline.core.types import TIERS
 from yak_pipeline.store.audit import write_audit
 
+# The schema's CHECK on user_weight: (0, 10]. 1 is neutral; a pinned memory weighs more.
+MAX_USER_WEIGHT = 10.0
+
 _COLUMNS = (
     "id, memory_id, user_id, content, confidence, tier, warmth, user_weight, status, needs_review, "
     "embedding_model, prompt_version, schema_version, refreshed_at, created_at, updated_at"
@@ -147,6 +150,30 @@ def set_distillation_status(
     write_audit(conn, actor=actor, action=action, target_type="distillation", target_id=distillation_id,
                 user_id=row[0], detail={"status": status})
     return True
+
+
+def set_user_weight(conn: psycopg.Connection, distillation_id: UUID | str, *, user_weight: float,
+                    user_id: str | None = None, actor: str = "system") -> float | None:
+    """Pin (or unpin) a distillation: its ``user_weight``, a factor of recall's gravity (DESIGN §4).
+
+    Returns the previous weight, or None when there is no such live distillation (for ``user_id``).
+    The database allows (0, 10]; a value outside is a ``ValueError`` here, before any write.
+    """
+    if not 0.0 < user_weight <= MAX_USER_WEIGHT:
+        raise ValueError(f"user_weight must be above 0 and at most {MAX_USER_WEIGHT:g}, got {user_weight!r}")
+    row = conn.execute(
+        """UPDATE distillations d SET user_weight = %(weight)s, updated_at = now()
+           FROM (SELECT id, user_weight FROM distillations
+                 WHERE id = %(id)s AND deleted_at IS NULL AND (%(user)s::text IS NULL OR user_id = %(user)s)
+                 FOR UPDATE) before
+           WHERE d.id = before.id RETURNING d.user_id, before.user_weight""",
+        {"weight": user_weight, "id": str(distillation_id), "user": user_id},
+    ).fetchone()
+    if row is None:
+        return None
+    write_audit(conn, actor=actor, action="weight", target_type="distillation", target_id=distillation_id,
+                user_id=row[0], detail={"before": row[1], "after": user_weight})
+    return float(row[1])
 
 
 def flag_for_review(conn: psycopg.Connection, distillation_ids: Sequence[UUID | str]) -> None:

@@ -8,8 +8,8 @@ from uuid import UUID
 from fastapi import APIRouter, HTTPException, Query, status
 
 from yak_pipeline.api.dependencies import Caller, Services
-from yak_pipeline.api.schemas import ConflictClose, ConflictClosed, ConflictOut, UserId, rows_to
-from yak_pipeline.store.conflicts import close_conflict, list_conflicts
+from yak_pipeline.api.schemas import ConflictClose, ConflictClosed, ConflictKeep, ConflictOut, UserId, rows_to
+from yak_pipeline.store.conflicts import close_conflict, keep_in_conflict, list_conflicts
 
 router = APIRouter(prefix="/api/conflicts", tags=["conflicts"])
 
@@ -49,3 +49,15 @@ def resolve(conflict_id: UUID, caller: Caller, services: Services, body: Conflic
 def dismiss(conflict_id: UUID, caller: Caller, services: Services, body: ConflictClose | None = None) -> ConflictClosed:
     """Mark an open conflict as no contradiction after all."""
     return _close(conflict_id, body, "dismissed", caller, services)
+
+
+@router.post("/{conflict_id}/keep", response_model=ConflictClosed)
+def keep(conflict_id: UUID, body: ConflictKeep, caller: Caller, services: Services) -> ConflictClosed:
+    """Settle an open conflict by keeping side ``a`` or ``b`` (the other is rejected: kept with its
+    versions, never recalled) or ``both`` (both confirmed); the conflict is resolved."""
+    with services.database.connection() as conn:
+        settled = keep_in_conflict(conn, conflict_id, keep=body.keep, resolution=body.resolution,
+                                   user_id=caller.scope, actor=caller.actor)
+    if not settled:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no open conflict {conflict_id}")
+    return ConflictClosed(id=conflict_id, status="resolved")

@@ -20,10 +20,11 @@ from yak_pipeline.api.schemas import (
     SearchRequest,
     UserId,
     VersionOut,
+    WeightUpdate,
     rows_to,
 )
 from yak_pipeline.services.recall import recall_params, relevance_model, search_memories
-from yak_pipeline.store.distillations import get_distillation, list_distillations, list_versions
+from yak_pipeline.store.distillations import get_distillation, list_distillations, list_versions, set_user_weight
 from yak_pipeline.store.memories import user_has_memories
 from yak_pipeline.store.database import Database
 
@@ -119,5 +120,17 @@ def reembed(distillation_id: UUID, caller: Caller, services: Services) -> Distil
     """Embed a distillation's text again with the active embedding model."""
     if not reembed_distillation(services.database, services.embedder, distillation_id, user_id=caller.scope,
                                 actor=caller.actor):
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"distillation {distillation_id} not found")
+    return _detail(services.database, distillation_id, caller.scope)
+
+
+@router.post("/{distillation_id}/weight", response_model=DistillationDetail)
+def set_weight(distillation_id: UUID, body: WeightUpdate, caller: Caller, services: Services) -> DistillationDetail:
+    """Pin a distillation (or unpin it): set its ``user_weight``, a factor of recall's gravity
+    (tier gravity × user_weight); 1 is neutral. Audited with the weight before and after."""
+    with services.database.connection() as conn:
+        before = set_user_weight(conn, distillation_id, user_weight=body.user_weight, user_id=caller.scope,
+                                 actor=caller.actor)
+    if before is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"distillation {distillation_id} not found")
     return _detail(services.database, distillation_id, caller.scope)
