@@ -85,6 +85,10 @@ def test_re_embed_all_resizes_the_columns_and_makes_every_vector_again(
         # The resize relaxed "an active distillation has a vector" while the vectors were remade; it holds again.
         assert conn.execute("SELECT convalidated FROM pg_constraint WHERE conname = 'distillations_active_embedded'"
                             ).fetchone()[0] is True
+        # The vectors are still kept in their rows (sql/012): a new column type would have reset that.
+        assert set(conn.execute("SELECT attstorage FROM pg_attribute WHERE attrelid IN ('memories'::regclass, "
+                                "'distillations'::regclass) AND attname IN ('embedding', 'context_embedding')")
+                   .fetchall()) == {("m",)}
         hits = vector_search(conn, table="distillations", user_id="ivy", query_embedding=new.embed_query("radios"),
                              embedding_model=new.model_name, limit=3)
         assert len(hits) == 3 and hits[0].id == ids[1]

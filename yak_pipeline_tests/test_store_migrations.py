@@ -128,3 +128,42 @@ def test_a_new_embedded_server_is_configured_and_still_stopped_at_exit() -> None
 
             stop_embedded_server(pgdata)
         subprocess.run(["rm", "-rf", str(pgdata)], check=False)
+
+
+def test_vectors_are_kept_in_their_row_and_older_rows_are_moved_there(conn: psycopg.Connection) -> None:
+    """sql/012: an exchange's vectors are stored in its row even beside long text (an exact scan
+    reads no TOAST per row); rows written before it are moved there, with the same numbers."""
+    import numpy as np
+
+    from yak_pipeline.store.migrations import SQL_DIR
+    from yak_pipeline_tests.store_helpers import seed_memory_with_distillation
+
+    rng = np.random.default_rng(12)
+    vector = rng.normal(size=384).astype(np.float32)
+    vector /= np.linalg.norm(vector)
+
+    def add(text: str) -> str:
+        memory_id, _ = seed_memory_with_distillation(conn, user_id="ana", exchange=text, distillation=text[:40],
+                                                     embedding=vector)
+        conn.execute("UPDATE memories SET embedding = %(v)s, embedding_model = 'm', context_embedding = %(v)s, "
+                     "context_embedding_model = 'm' WHERE id = %(id)s", {"v": vector, "id": memory_id})
+        return str(memory_id)
+
+    def out_of_line(memory_id: str) -> tuple:
+        return conn.execute("SELECT pg_column_toast_chunk_id(embedding) IS NOT NULL, pg_column_toast_chunk_id("
+                            "context_embedding) IS NOT NULL, pg_column_toast_chunk_id(content) IS NOT NULL "
+                            "FROM memories WHERE id = %s", (memory_id,)).fetchone()
+
+    # Random words do not compress: the text is long enough to leave the row.
+    long_text = "User: " + " ".join(f"{w:x}" for w in rng.integers(1 << 40, size=500)) + "\nAssistant: Noted."
+    assert out_of_line(add(long_text)) == (False, False, True)
+
+    # As before sql/012 (the default storage): vectors went out of line until the row fitted.
+    conn.execute("ALTER TABLE memories ALTER COLUMN embedding SET STORAGE EXTENDED, "
+                 "ALTER COLUMN context_embedding SET STORAGE EXTENDED")
+    older = add(long_text + " (said earlier)")
+    assert True in out_of_line(older)[:2]
+    conn.execute((SQL_DIR / "012_inline_vectors.sql").read_text())
+    assert out_of_line(older)[:2] == (False, False)
+    stored = conn.execute("SELECT embedding, context_embedding FROM memories WHERE id = %s", (older,)).fetchone()
+    assert np.array_equal(stored[0].to_numpy(), vector) and np.array_equal(stored[1].to_numpy(), vector)

@@ -22,6 +22,10 @@ from psycopg import sql
 from yak_pipeline.store.audit import write_audit
 
 
+# pg_attribute.attstorage codes and their names in ALTER TABLE … SET STORAGE.
+_STORAGE = {"p": "PLAIN", "e": "EXTERNAL", "m": "MAIN", "x": "EXTENDED"}
+
+
 def replace_embedding(
     conn: psycopg.Connection,
     distillation_id: UUID | str,
@@ -120,8 +124,13 @@ def change_embedding_dimension(conn: psycopg.Connection, *, dimensions: int, mod
     for table, name, _ in checks:
         conn.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(sql.Identifier(table), sql.Identifier(name)))
     for table, column in columns:
+        # A new type resets the column's storage to the type's default; keep what sql/012 chose.
+        storage = conn.execute("SELECT attstorage FROM pg_attribute WHERE attrelid = %s::regclass AND attname = %s",
+                               (table, column)).fetchone()[0]
         conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN {} TYPE vector({}) USING NULL").format(
             sql.Identifier(table), sql.Identifier(column), sql.Literal(int(dimensions))))
+        conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET STORAGE {}").format(
+            sql.Identifier(table), sql.Identifier(column), sql.SQL(_STORAGE[storage])))
         conn.execute(sql.SQL("UPDATE {} SET {} = NULL WHERE {} IS NOT NULL").format(
             sql.Identifier(table), sql.Identifier(f"{column}_model"), sql.Identifier(f"{column}_model")))
     for _, definition in indexes:
