@@ -10,10 +10,9 @@ from rich.table import Table
 from yak_pipeline.cli.errors import USAGE_EXIT, fail, friendly_errors
 from yak_pipeline.cli.render import make_console
 from yak_pipeline.settings import get_settings
-from yak_pipeline.store.database import connect, dagster_storage_url, redact_url, resolve_database_url
-from yak_pipeline.store.embedded import embedded_server_running, stop_embedded_server
-from yak_pipeline.store.migrations import migration_states, read_meta, server_versions, table_counts
-from yak_pipeline.wiring import migrate_database
+
+# The store (psycopg, the migrations) is imported inside each command: every `yak` command
+# imports this module, and the ones that talk to the API need none of it (bench/cli_latency.py).
 
 app = typer.Typer(help="Database: URL, migrations, status, embedded server.", no_args_is_help=True)
 console = make_console()
@@ -28,6 +27,8 @@ def url_command(
     dagster: bool = typer.Option(False, "--dagster", help="Print the URL of Dagster's storage (YAK_DAGSTER_PG_URL)."),
 ) -> None:
     """Print the database URL in use (starting the embedded server if it is the one in use)."""
+    from yak_pipeline.store.database import dagster_storage_url, redact_url, resolve_database_url
+
     url = resolve_database_url(get_settings())
     if dagster:
         url = dagster_storage_url(url)
@@ -38,6 +39,8 @@ def url_command(
 @friendly_errors
 def migrate_command(as_json: bool = JsonOption) -> None:
     """Apply pending ``sql/`` migrations in order; running it again applies nothing."""
+    from yak_pipeline.wiring import migrate_database
+
     applied = migrate_database(get_settings())
     if as_json:
         print(json.dumps({"applied": applied}))
@@ -52,6 +55,9 @@ def migrate_command(as_json: bool = JsonOption) -> None:
 @friendly_errors
 def status_command(as_json: bool = JsonOption) -> None:
     """Show applied and pending migrations, the embedding the database holds, and row counts."""
+    from yak_pipeline.store.database import connect, redact_url, resolve_database_url
+    from yak_pipeline.store.migrations import migration_states, read_meta, server_versions, table_counts
+
     settings = get_settings()
     url = resolve_database_url(settings)
     with connect(url, vector=False) as conn:
@@ -166,6 +172,8 @@ def upgrade_command(as_json: bool = JsonOption) -> None:
 @friendly_errors
 def stop_command(as_json: bool = JsonOption) -> None:
     """Stop the embedded PostgreSQL server (nothing to do with an external YAK_DATABASE_URL)."""
+    from yak_pipeline.store.embedded import stop_embedded_server
+
     settings = get_settings()
     if settings.database_url:
         message, stopped = "YAK_DATABASE_URL is set: Yak does not manage that server", False
@@ -182,4 +190,6 @@ def stop_command(as_json: bool = JsonOption) -> None:
 @friendly_errors
 def running_command() -> None:
     """Exit 0 if the embedded server is running, 1 if not (for scripts)."""
+    from yak_pipeline.store.embedded import embedded_server_running
+
     raise typer.Exit(0 if embedded_server_running(get_settings().pgdata_dir) else 1)

@@ -8,15 +8,17 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from yak_pipeline.cli.api_client import JsonOption, admin_key_file, record_server
 from yak_pipeline.cli.errors import friendly_errors
 from yak_pipeline.settings import Settings, get_settings
-from yak_pipeline.store.api_keys import create_api_key, find_api_key, has_admin_key
-from yak_pipeline.store.database import Database
 from yak_pipeline.store.errors import StoreError
+
+if TYPE_CHECKING:  # every `yak` command imports this module; the store is imported when it serves
+    from yak_pipeline.store.database import Database
 
 
 def ensure_admin_key(settings: Settings, database: Database) -> Path | None:
@@ -26,6 +28,8 @@ def ensure_admin_key(settings: Settings, database: Database) -> Path | None:
     set keys up); the file is replaced when its key no longer works (a new database).
     Returns the file holding a working admin key, if there is one.
     """
+    from yak_pipeline.store.api_keys import create_api_key, find_api_key, has_admin_key
+
     if settings.admin_api_key is not None:
         return None
     path = admin_key_file(settings)
