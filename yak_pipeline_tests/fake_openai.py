@@ -50,7 +50,9 @@ class Reply:
     ``Reply.json(obj)`` / ``Reply.text(s)`` answer 200 with that assistant content,
     ``Reply.status(code, body)`` an HTTP error, ``Reply.delay(seconds, then)`` answers ``then``
     (default: the default replier's answer) after a pause, ``Reply.close()`` drops the connection
-    without answering. ``reply.usage(prompt, completion)`` returns a copy that reports token usage.
+    without answering. ``reply.usage(prompt, completion)`` returns a copy that reports token usage;
+    ``reply.slowly(seconds)`` one whose stream pauses that long before each event (a model that is
+    still writing, for a client that hangs up on it).
     """
 
     kind: Literal["content", "status", "close", "delay", "raw", "cut"]
@@ -65,6 +67,7 @@ class Reply:
     headers: tuple[tuple[str, str], ...] = ()
     tool_calls: tuple[dict[str, Any], ...] = ()
     cut_after: int = 0
+    event_delay: float = 0.0
 
     @classmethod
     def json(cls, obj: Any, *, finish_reason: str = "stop") -> Reply:
@@ -113,6 +116,10 @@ class Reply:
     def usage(self, prompt: int, completion: int) -> Reply:
         """A copy of this reply that reports ``prompt`` and ``completion`` tokens."""
         return replace(self, prompt_tokens=prompt, completion_tokens=completion)
+
+    def slowly(self, seconds: float) -> Reply:
+        """A copy of this reply whose stream waits ``seconds`` before each event."""
+        return replace(self, event_delay=seconds)
 
 
 @dataclass(frozen=True)
@@ -227,6 +234,7 @@ class FakeOpenAIServer:
         self._embedding_queue: deque[Reply] = deque()
         self._requests: list[RecordedRequest] = []
         self._streams_sent: list[bytes] = []
+        self._streams_dropped = 0
         self._ids = itertools.count(1)
         self._stopping = threading.Event()
         self._server: _Server | None = None
@@ -315,6 +323,12 @@ class FakeOpenAIServer:
         """The event-stream bodies sent so far (as far as they got), in order."""
         with self._lock:
             return list(self._streams_sent)
+
+    @property
+    def streams_dropped_by_the_client(self) -> int:
+        """How many streams the other side closed before their end (a write found the connection gone)."""
+        with self._lock:
+            return self._streams_dropped
 
     def clear(self) -> None:
         """Forget recorded requests and queued replies."""
@@ -447,12 +461,16 @@ class FakeOpenAIServer:
                 if reply.kind == "cut" and index >= reply.cut_after:
                     handler.close_connection = True  # no terminating chunk: the body is visibly incomplete
                     return
+                if reply.event_delay and self._stopping.wait(reply.event_delay):
+                    return
                 handler.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
                 handler.wfile.flush()
             handler.wfile.write(b"0\r\n\r\n")
             handler.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
             handler.close_connection = True
+            with self._lock:
+                self._streams_dropped += 1
 
     def _embedding_body(self, request: dict[str, Any], reply: Reply | None) -> dict[str, Any]:
         """An embeddings body: one deterministic vector per input, in the requested encoding."""

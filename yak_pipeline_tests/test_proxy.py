@@ -326,6 +326,38 @@ def test_a_stream_killed_midway_ends_in_an_error_and_stores_no_turn(
     assert sample(metrics, 'yak_proxy_requests_total{outcome="upstream_cut",stream="true"}') == 1
 
 
+def test_a_client_that_hangs_up_mid_stream_stops_the_upstream_and_stores_no_turn(
+        yak_url: str, upstream: FakeOpenAIServer, seeded: Seeded, database: Database) -> None:  # noqa: F811
+    """The user closed the chat while the model was still writing: the proxy stops reading the
+    upstream (its connection is closed, not drained to the end), stores nothing, counts it, and
+    goes on serving."""
+    stored_before = len(turns(database, "alice"))
+    words = " ".join(f"word{i}" for i in range(60))
+    upstream.script(Reply.text(words).slowly(0.05))  # three seconds of answer, one word at a time
+    body = {"model": "fake-model", "messages": chat(), "stream": True}
+    with httpx.Client(timeout=15) as http, http.stream(
+            "POST", f"{yak_url}/v1/chat/completions", json=body,
+            headers={"Authorization": f"Bearer {seeded.alice_key}"}) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        received = [line for line, _ in zip(lines, range(6)) if line.startswith("data:")]
+    assert received and "[DONE]" not in "".join(received)  # hung up in the middle
+    deadline = time.monotonic() + 10
+    while upstream.streams_dropped_by_the_client == 0:
+        assert time.monotonic() < deadline, "the proxy kept reading the upstream after its client had gone"
+        time.sleep(0.05)
+    assert len(turns(database, "alice")) == stored_before
+    deadline = time.monotonic() + 5
+    while 'yak_proxy_requests_total{outcome="client_gone",stream="true"}' not in scrape(yak_url):
+        assert time.monotonic() < deadline, "the hang-up was not counted"
+        time.sleep(0.05)
+    assert sample(scrape(yak_url), 'yak_proxy_requests_total{outcome="client_gone",stream="true"}') == 1
+    # The next chat is served as usual, and stored.
+    answer = client(yak_url, seeded.alice_key).chat.completions.create(model="fake-model", messages=chat())
+    assert answer.choices[0].message.content.startswith("You said:")
+    assert len(turns(database, "alice")) == stored_before + 1
+
+
 def test_recall_failing_still_answers_without_a_block_and_counts_it(
         proxy_settings: Settings, database: Database, upstream: FakeOpenAIServer, seeded: Seeded) -> None:  # noqa: F811
     # An embedder nobody calibrated a relevance model for: recall refuses to guess, really failing.
