@@ -318,8 +318,11 @@ def test_fake_server_embeddings_and_models(openai_server: FakeOpenAIServer) -> N
 
 # --- structured output, repair prompts and per-call stats (issue 17) ---------------------------
 
-REFUSAL_422 = {"error": {"message": "[{'loc': ('body', 'response_format', 'type'), "
-                                    "'msg': \"Input should be 'text' or 'json_object'\"}]", "type": "invalid_request_error"}}
+# How llama-cpp-python 0.3.36's server refuses OpenAI's json_schema form: a 500 carrying the
+# validation error on response_format.type (seen against the real server, issue 17).
+LLAMA_CPP_REFUSAL = {"error": {"message": "1 validation error: {'type': 'literal_error', 'loc': ('body', "
+                                          "'response_format', 'type'), 'msg': \"Input should be 'text' or "
+                                          "'json_object'\", 'input': 'json_schema'}", "type": "internal_server_error"}}
 
 
 def test_the_response_schema_is_the_output_model() -> None:
@@ -330,9 +333,9 @@ def test_the_response_schema_is_the_output_model() -> None:
     assert response_schema(ScoreOutput)["properties"] == {"score": {"type": "number", "minimum": 0, "maximum": 1}}
 
 
-def test_auto_falls_back_to_the_form_the_server_takes_and_keeps_it(openai_server: FakeOpenAIServer) -> None:
-    # llama-cpp-python's server answers OpenAI's json_schema form with a 422 naming response_format.
-    openai_server.script(Reply.status(422, REFUSAL_422), Reply.json(GOOD), Reply.json({"score": 0.2}))
+@pytest.mark.parametrize("code", [400, 422, 500])
+def test_auto_falls_back_to_the_form_the_server_takes_and_keeps_it(openai_server: FakeOpenAIServer, code: int) -> None:
+    openai_server.script(Reply.status(code, LLAMA_CPP_REFUSAL), Reply.json(GOOD), Reply.json({"score": 0.2}))
     provider = make_provider(openai_server)
     result = provider.distill(EXCHANGE)
     assert result.content == GOOD["content"] and result.stats.attempts == 1
@@ -346,7 +349,7 @@ def test_auto_falls_back_to_the_form_the_server_takes_and_keeps_it(openai_server
 
 
 def test_a_fixed_form_is_never_changed(openai_server: FakeOpenAIServer) -> None:
-    openai_server.script(Reply.status(422, REFUSAL_422))
+    openai_server.script(Reply.status(422, LLAMA_CPP_REFUSAL))
     provider = make_provider(openai_server, structured_output="json_schema")
     with pytest.raises(LLMRequestRejected, match="HTTP 422"):
         provider.distill(EXCHANGE)

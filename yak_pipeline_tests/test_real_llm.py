@@ -156,60 +156,71 @@ def test_malformed_answers_are_counted_kept_pending_and_retried_until_distilled(
 
 def test_conflicts_merges_and_warmth_follow_the_rules_for_the_real_models_scores(
         settings: Settings, database: Database, local_llm: LocalLLM) -> None:
-    # Two near-identical memories (the same vector: similarity 1, above the 0.85 bar) and one
-    # that contradicts them; the real model judges contradiction, consolidation and usefulness.
+    # Two pairs of near-identical memories (each pair shares a vector: similarity 1, above the
+    # 0.85 bar). The real model judges the Berlin pair for contradiction, then (unless it calls
+    # it a conflict) consolidates it; the coffee pair's conflict check is already done, so it
+    # goes straight to consolidation. Then it judges how useful two recalled memories were.
     embedder = HashingEmbedder(384)
-    vector = embedder.embed_query("where the user lives")
     now = datetime.now(timezone.utc).replace(hour=12)
+    pairs = {"berlin": embedder.embed_query("where the user lives"), "coffee": embedder.embed_query("coffee")}
     seeded: dict[str, str] = {}
     with database.connection() as conn:
-        for i, (key, text) in enumerate([("berlin", "User lives in Berlin."),
-                                         ("berlin_nurse", "User lives in Berlin and works as a nurse."),
-                                         ("tea", "User drinks green tea every morning.")]):
+        for i, (key, text, vector) in enumerate([
+                ("berlin", "User lives in Berlin.", pairs["berlin"]),
+                ("berlin_nurse", "User lives in Berlin and works as a nurse.", pairs["berlin"]),
+                ("coffee", "User drinks coffee every morning.", pairs["coffee"]),
+                ("coffee_black", "User drinks black coffee every morning.", pairs["coffee"])]):
             _, distillation_id = seed_memory_with_distillation(
-                conn, user_id="bob", exchange=f"User: {text}\nAssistant: ok", distillation=text,
-                embedding=vector if key != "tea" else embedder.embed_query(text),
+                conn, user_id="bob", exchange=f"User: {text}\nAssistant: ok", distillation=text, embedding=vector,
                 occurred_at=now.replace(microsecond=i))
             seeded[key] = str(distillation_id)
-        conn.execute("UPDATE distillations SET conflict_checked_at = NULL, dedup_checked_at = NULL")
+        conn.execute("UPDATE distillations SET conflict_checked_at = CASE WHEN id = ANY(%s::uuid[]) THEN now() END, "
+                     "dedup_checked_at = NULL", ([seeded["coffee"], seeded["coffee_black"]],))
         turn = str(insert_turn(conn, user_id="bob", user_message="Any tips for a cafe in my city?",
                                assistant_message="In Berlin, try a cafe in Kreuzberg.",
-                               recalled_ids=[seeded["berlin"], seeded["tea"]], occurred_at=now))
+                               recalled_ids=[seeded["berlin"], seeded["coffee"]], occurred_at=now))
     resources = _resources(settings, local_llm, max_retries=2)
-    instance = new_instance("bob")
 
-    result = run_partition(instance, resources, "bob", now.date(), assets=[conflict_scores, distillation_versions, warmth])
+    result = run_partition(new_instance("bob"), resources, "bob", now.date(),
+                           assets=[conflict_scores, distillation_versions, warmth])
 
     assert result.success
     scored = materialization_metadata(result, "conflict_scores")
     merged = materialization_metadata(result, "distillation_versions")
     warmed = materialization_metadata(result, "warmth")
-    assert scored["llm_calls"] + scored["llm_failed_calls"] >= 1  # the Berlin pair was judged
-    assert warmed["llm_calls"] + warmed["llm_failed_calls"] == 2 or warmed["failed"] == 1
+    assert scored["llm_calls"] + scored.get("llm_failed_calls", 0) >= 1  # the Berlin pair was judged
+    assert merged["llm_calls"] + merged.get("llm_failed_calls", 0) >= 1  # the coffee pair was consolidated
+    assert warmed["llm_calls"] + warmed.get("llm_failed_calls", 0) >= 1
     for meta in (scored, merged, warmed):
-        if meta["llm_calls"]:
-            assert LOCAL_MODEL_NAME in meta["llm_models"]
+        assert meta["llm_models"] == f"{LOCAL_MODEL_NAME} ({meta['llm_calls']})"
 
     conflicts = fetch_all(database, "SELECT distillation_a::text, distillation_b::text, score, status FROM conflicts")
-    berlin_pair = {seeded["berlin"], seeded["berlin_nurse"]}
     statuses = dict(fetch_all(database, "SELECT id::text, status FROM distillations"))
     review = dict(fetch_all(database, "SELECT id::text, needs_review FROM distillations"))
-    versions = fetch_all(database, """SELECT distillation_id::text, version, reason, merged_from::text[], content
-                                      FROM distillation_versions WHERE reason = 'merged'""")
+    merges = {r[0]: r[1:] for r in fetch_all(database, """
+        SELECT distillation_id::text, version, merged_from::text[], content FROM distillation_versions
+        WHERE reason = 'merged'""")}
     for a, b, score, status in conflicts:
         assert is_conflict(score) and status == "open" and review[a] and review[b]  # > 0.7: both flagged
-    if any({a, b} == berlin_pair for a, b, *_ in conflicts):
-        assert versions == []  # a pair in conflict is never merged
-    elif merged["flagged"]:
-        # Consolidated: the older gets a new version merged from the newer, which is now merged.
-        [(older, version, _, merged_from, content)] = versions
-        assert (older, merged_from) == (seeded["berlin"], [seeded["berlin_nurse"]]) and version == 2
-        assert statuses[seeded["berlin_nurse"]] == "merged" and statuses[seeded["berlin"]] == "active"
-        assert 1 <= count_sentences(content) <= 4
-    else:
-        # The model's consolidation was invalid after every retry: counted, nothing changed, retried next run.
-        assert merged["failed"] == 1 and merged["llm_invalid_outputs"] >= 1 and versions == []
-        assert statuses[seeded["berlin_nurse"]] == "active"
+    for pair in (("berlin", "berlin_nurse"), ("coffee", "coffee_black")):
+        ids = {seeded[key] for key in pair}
+        in_conflict = any({a, b} == ids for a, b, *_ in conflicts)
+        kept = ids & set(merges)
+        if kept:
+            # Consolidated: the older (by creation, then id) gets a new version merged from the
+            # newer, which is now merged.
+            [older] = kept
+            [newer] = ids - kept
+            version, merged_from, content = merges[older]
+            assert not in_conflict and (version, merged_from) == (2, [newer])
+            assert (statuses[older], statuses[newer]) == ("active", "merged")
+            assert 1 <= count_sentences(content) <= 4
+        else:
+            # In conflict (never merged), or the model's consolidation stayed invalid after every
+            # retry (counted as failed, nothing changed, the next run tries again).
+            assert in_conflict or merged["failed"] >= 1
+            assert {statuses[i] for i in ids} == {"active"}
+    assert merged["flagged"] == len(merges)
 
     events = fetch_all(database, """SELECT distillation_id::text, relevance_score, delta, warmth_before, warmth_after
                                     FROM warmth_events WHERE turn_id = %s""", (turn,))

@@ -5,8 +5,8 @@ Every call asks for structured output with the answer's pydantic model as the JS
 in the most precise form the server takes (``YAK_LLM_STRUCTURED_OUTPUT``, see
 :data:`STRUCTURED_OUTPUT_LADDER`): OpenAI's ``json_schema``, else ``json_object`` with a
 ``schema`` (llama-cpp-python's server, which turns it into a grammar), else plain JSON mode. In
-``auto`` a server that refuses one form (HTTP 400/422 naming ``response_format``) is asked again in
-the next, and the form it took is kept for later calls.
+``auto`` a server that refuses one form (an HTTP 400, 422 or 500 naming ``response_format``) is
+asked again in the next, and the form it took is kept for later calls.
 
 The answer is validated with the pydantic models whatever the server promised, and the call
 retries with bounded exponential back-off (``tenacity``) on what may go away by itself: transport
@@ -88,8 +88,12 @@ def with_rejection(messages: list[dict[str, str]], reason: str) -> list[dict[str
 
 
 def _refuses_response_format(exc: openai.APIStatusError) -> bool:
-    """Whether an error answer says the server does not take the ``response_format`` it was sent."""
-    if exc.status_code not in (400, 422):
+    """Whether an error answer says the server does not take the ``response_format`` it was sent.
+
+    400 and 422 are the usual refusals; llama-cpp-python 0.3 answers OpenAI's ``json_schema``
+    form with a 500 whose message is the validation error on ``response_format.type``.
+    """
+    if exc.status_code not in (400, 422, 500):
         return False
     return "response_format" in f"{exc.message} {exc.body}"
 
