@@ -232,3 +232,14 @@ def test_conflicts_merges_and_warmth_follow_the_rules_for_the_real_models_scores
         assert len(events) == 2 and turn_error is None
     else:
         assert turn_status == "pending" and "failed after 3 attempts" in turn_error
+
+
+def test_a_model_the_server_cannot_load_is_one_line_naming_the_log(tmp_path: Path) -> None:
+    not_a_model = tmp_path / "notes.gguf"
+    not_a_model.write_text("this is not a GGUF file\n")
+    log_path = tmp_path / "server.log"
+    with pytest.raises(LocalModelError) as caught:
+        start_local_llm(log_path, model_path=not_a_model, threads=1, startup_timeout=60)
+    reason = caught.value.reason
+    assert reason.startswith("the local model server exited with code ") and str(log_path) in reason
+    assert "\n" not in reason and log_path.stat().st_size > 0

@@ -320,36 +320,21 @@ def service_banner(settings: Settings) -> list[str]:
     return [llm, f"embedder:   {embedder.model_name} ({embedder.dimensions} dimensions, {where})"]
 
 
-def _start_local_llm(settings: Settings) -> tuple[Settings, LocalLLM]:
-    """Start the packaged local model; ``settings`` pointed at it, and the running server."""
-    from yak_pipeline.llm.local_server import LocalModelError, start_local_llm
-
-    log_path = settings.home / "logs" / "local-llm.log"
-    console.print(f"starting the local model (log: {log_path}) …", highlight=False)
-    try:
-        server = start_local_llm(log_path)
-    except LocalModelError as exc:
-        raise fail(exc.reason, USAGE_EXIT) from None
-    if settings.llm_base_url:
-        console.print("--local-llm: the local model stands in for YAK_LLM_BASE_URL in this run", highlight=False)
-    return settings.model_copy(update={"llm_base_url": server.base_url, "llm_model": server.model}), server
-
-
 def run_up(settings: Settings, *, host: str, webserver_port: int, api_port: int, local_llm: bool = False) -> None:
     """Run the database, one code server, the Dagster webserver and daemon, and the API until Ctrl-C.
 
     With ``local_llm``, the packaged local model's server runs too (first, so every other process
     gets its URL as ``YAK_LLM_BASE_URL``) and is stopped last.
     """
+    from yak_pipeline.cli.local_llm import local_llm_running
+
     settings.home.mkdir(parents=True, exist_ok=True)
     if not local_llm:
         _run_services(settings, host=host, webserver_port=webserver_port, api_port=api_port, model_server=None)
         return
-    settings, model_server = _start_local_llm(settings)
-    try:
+    # Stopped last, and also when starting the others failed.
+    with local_llm_running(settings, console) as (settings, model_server):
         _run_services(settings, host=host, webserver_port=webserver_port, api_port=api_port, model_server=model_server)
-    finally:
-        model_server.stop()  # last, and also when starting the others failed
 
 
 def _run_services(settings: Settings, *, host: str, webserver_port: int, api_port: int,

@@ -122,13 +122,15 @@ def _log_tail(path: Path, lines: int = 3) -> str:
 
 
 def start_local_llm(log_path: Path, *, host: str = "127.0.0.1", port: int | None = None,
-                    threads: int | None = None, startup_timeout: float = 120.0) -> LocalLLM:
-    """Start the packaged model's server and wait until it answers; its output goes to ``log_path``.
+                    threads: int | None = None, startup_timeout: float = 120.0,
+                    model_path: Path | None = None) -> LocalLLM:
+    """Start the model's server and wait until it answers; its output goes to ``log_path``.
 
-    Raises :class:`LocalModelError` (one line) when the model or the server is not installed, the
-    server exits, or it does not answer within ``startup_timeout`` seconds.
+    ``model_path`` is a GGUF file (default: the packaged one). Raises :class:`LocalModelError`
+    (one line) when the model or the server is not installed, the server exits, or it does not
+    answer within ``startup_timeout`` seconds; the server is stopped then.
     """
-    model_path = local_model_path()
+    model_path = model_path or local_model_path()
     if not llama_server_installed():
         raise LocalModelError(f"llama-cpp-python's server is not installed; {INSTALL_HINT}")
     port = port or free_port(host)
