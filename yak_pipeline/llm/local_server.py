@@ -7,8 +7,9 @@ would — ``python -m llama_cpp.server --model … --host 127.0.0.1 --port …``
 answers ``GET /v1/models``; ``yak up --local-llm`` (``make run-llm``) and the ``real_llm`` tests
 use it, pointing ``YAK_LLM_BASE_URL`` at :attr:`LocalLLM.base_url`.
 
-SmolLM2-135M is the model because it is the small instruction-tuned GGUF the registry ships that
-answers in about a second on 2 CPU cores; it is far weaker than the models Yak is meant for, and
+SmolLM2-135M is the model because it is the one small instruction-tuned GGUF a registry package
+ships, and small enough for CI: a distillation takes about 5 s on 2 busy CPU cores, a score
+under a second on quiet ones. It is far weaker than the models Yak is meant for, and
 docs/BENCHMARKS.md says how much.
 """
 
