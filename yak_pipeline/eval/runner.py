@@ -234,7 +234,7 @@ def _ingest(db: Database, settings: Settings, embedder: Embedder, conversations:
             done = counts["distilled"] + counts["distill_failed"]
             rate = (offset + len(chunk)) / max(time.monotonic() - started, 1e-9)
             progress(f"  distilled {offset + len(chunk)}/{len(pending)} exchanges of {user_id} "
-                     f"({done}/{total_turns} overall, {rate:.0f}/s, provider {llm.name})")
+                     f"({done}/{total_turns} overall, {rate:.1f}/s, provider {llm.name})")
         seconds["distill"] += time.monotonic() - started
 
         started = time.monotonic()
