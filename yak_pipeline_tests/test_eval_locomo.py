@@ -147,6 +147,10 @@ def test_a_whole_run_ingests_through_the_pipeline_and_scores_three_methods(setti
     assert list(report["methods"]) == ["BM25", "dense", "Yak"]
     assert report["questions"]["scored"] == 5 and report["turns"] == 9
     assert report["pipeline"]["counts"]["memories"] == 9 and report["pipeline"]["llm_provider"] == "rules"
+    # The distiller's figures: who answered each call, how often validly, how fast.
+    distil = report["pipeline"]["llm"]["distil"]
+    assert distil["models"] == {"rules": 9} and (distil["calls"], distil["requests"], distil["invalid_outputs"]) == (9, 9, 0)
+    assert distil["valid_output_rate"] == 1.0 and distil["latency_ms"]["p50"] <= distil["latency_ms"]["p95"]
     bm25 = report["methods"]["BM25"]
     assert bm25["overall"]["n"] == 5 and set(bm25["by_category"]) == {"1", "2", "3", "4"}
     assert bm25["overall"]["hit@5"] == 1.0  # every question shares a rare word with its evidence

@@ -21,6 +21,8 @@ from yak_pipeline.llm import (
     get_llm_provider,
 )
 from yak_pipeline.llm import prompts
+from yak_pipeline.llm.models import DistillationOutput, ScoreOutput, response_schema
+from yak_pipeline.llm.openai_client import RETRY_TEMPERATURE
 from yak_pipeline.settings import Settings
 from yak_pipeline_tests.fake_openai import FakeOpenAIServer, Reply, fake_embedding
 
@@ -56,7 +58,10 @@ def test_valid_output_is_parsed(openai_server: FakeOpenAIServer) -> None:
     assert request.path == "/v1/chat/completions"
     body = request.body
     assert body["model"] == "test-model" and body["temperature"] == 0
-    assert body["response_format"] == {"type": "json_object"}
+    # Structured output with the answer's pydantic model as the schema, OpenAI's form first.
+    assert body["response_format"] == {"type": "json_schema", "json_schema": {
+        "name": "distillation", "strict": True, "schema": response_schema(DistillationOutput)}}
+    assert "max_tokens" not in body  # none configured
     assert [m["role"] for m in body["messages"]] == ["system", "user"]
     assert prompts.parse_payload(body["messages"][1]["content"]) == ("distil", {"exchange": EXCHANGE})
     assert request.headers["authorization"] == "Bearer not-needed"
@@ -309,3 +314,71 @@ def test_fake_server_embeddings_and_models(openai_server: FakeOpenAIServer) -> N
         client.embeddings.create(model="m", input="alpha")
 
     assert [m.id for m in client.models.list()] == ["fake-model"]
+
+
+# --- structured output, repair prompts and per-call stats (issue 17) ---------------------------
+
+# How llama-cpp-python 0.3.36's server refuses OpenAI's json_schema form: a 500 carrying the
+# validation error on response_format.type (seen against the real server, issue 17).
+LLAMA_CPP_REFUSAL = {"error": {"message": "1 validation error: {'type': 'literal_error', 'loc': ('body', "
+                                          "'response_format', 'type'), 'msg': \"Input should be 'text' or "
+                                          "'json_object'\", 'input': 'json_schema'}", "type": "internal_server_error"}}
+
+
+def test_the_response_schema_is_the_output_model() -> None:
+    schema = response_schema(DistillationOutput)
+    assert schema["required"] == ["content", "confidence", "tier"] and schema["additionalProperties"] is False
+    assert schema["properties"]["confidence"] == {"type": "number", "minimum": 0, "maximum": 1}
+    assert schema["properties"]["tier"] == {"type": "string", "enum": ["core", "medium", "low"]}
+    assert response_schema(ScoreOutput)["properties"] == {"score": {"type": "number", "minimum": 0, "maximum": 1}}
+
+
+@pytest.mark.parametrize("code", [400, 422, 500])
+def test_auto_falls_back_to_the_form_the_server_takes_and_keeps_it(openai_server: FakeOpenAIServer, code: int) -> None:
+    openai_server.script(Reply.status(code, LLAMA_CPP_REFUSAL), Reply.json(GOOD), Reply.json({"score": 0.2}))
+    provider = make_provider(openai_server)
+    result = provider.distill(EXCHANGE)
+    assert result.content == GOOD["content"] and result.stats.attempts == 1
+    first, second = (r.body["response_format"] for r in openai_server.chat_requests)
+    assert first["type"] == "json_schema"
+    assert second == {"type": "json_object", "schema": response_schema(DistillationOutput)}
+    assert provider.structured_output == "json_object_schema"
+    provider.conflict_score("User lives in Berlin.", "User lives in Paris.")  # asks in the kept form at once
+    assert openai_server.chat_requests[2].body["response_format"] == {
+        "type": "json_object", "schema": response_schema(ScoreOutput)}
+
+
+def test_a_fixed_form_is_never_changed(openai_server: FakeOpenAIServer) -> None:
+    openai_server.script(Reply.status(422, LLAMA_CPP_REFUSAL))
+    provider = make_provider(openai_server, structured_output="json_schema")
+    with pytest.raises(LLMRequestRejected, match="HTTP 422"):
+        provider.distill(EXCHANGE)
+    assert len(openai_server.chat_requests) == 1
+    make_provider(openai_server, structured_output="json_object").distill(EXCHANGE)
+    assert openai_server.chat_requests[-1].body["response_format"] == {"type": "json_object"}
+
+
+def test_a_retry_after_invalid_output_says_what_was_wrong_and_samples(openai_server: FakeOpenAIServer) -> None:
+    openai_server.script(Reply.json({**GOOD, "confidence": 92}), Reply.json(GOOD))
+    result = make_provider(openai_server, max_tokens=64).distill(EXCHANGE)
+    assert result.stats.attempts == 2 and result.stats.invalid_outputs == 1
+    first, second = (r.body for r in openai_server.chat_requests)
+    assert first["temperature"] == 0 and second["temperature"] == RETRY_TEMPERATURE
+    assert first["max_tokens"] == second["max_tokens"] == 64
+    retry_message = second["messages"][1]["content"]
+    assert retry_message.startswith("Your previous answer was rejected: confidence 92 is outside [0, 1].")
+    # The payload is still the message's last line, untouched: the rejection is an instruction, the exchange data.
+    assert prompts.parse_payload(retry_message) == ("distil", {"exchange": EXCHANGE})
+
+
+def test_stats_name_the_model_that_answered(openai_server: FakeOpenAIServer) -> None:
+    stats = make_provider(openai_server).distill(EXCHANGE).stats
+    assert stats.model == "test-model" and stats.invalid_outputs == 0  # the fake server echoes the model asked for
+    assert RulesProvider().distill(EXCHANGE).stats.model == "rules"
+
+
+def test_a_call_that_gives_up_counts_its_invalid_answers(openai_server: FakeOpenAIServer) -> None:
+    openai_server.script(Reply.status(500), Reply.text("no json here"), Reply.text("still none"))
+    with pytest.raises(LLMOutputError) as caught:
+        make_provider(openai_server).distill(EXCHANGE)
+    assert (caught.value.attempts, caught.value.invalid_outputs) == (3, 2)

@@ -81,6 +81,7 @@ def test_memory_run_distils_gates_embeds_and_reports(settings: Settings, databas
     meta = materialization_metadata(result, "distillations")
     assert (meta["rows_in"], meta["rows_out"], meta["failed"], meta["flagged"]) == (3, 3, 0, 2)
     assert meta["llm_provider"] == "openai" and meta["prompt_version"] == "v1" and meta["llm_calls"] == 3
+    assert meta["llm_models"] == "fake-model (3)" and meta["llm_requests"] == 3 and meta["llm_invalid_outputs"] == 0
     assert 0 < meta["llm_latency_p50_ms"] <= meta["llm_latency_p95_ms"]
     assert meta["prompt_tokens"] > 0 and meta["completion_tokens"] > 0  # the server reports usage
 
@@ -155,6 +156,9 @@ def test_malformed_json_keeps_the_memory_pending_with_the_error_then_the_next_ru
     meta = materialization_metadata(result, "distillations")
     assert (meta["rows_in"], meta["rows_out"], meta["failed"]) == (1, 0, 1)
     assert "JSON" in meta["first_error"]
+    # The malformed answer is counted: one request, one invalid answer, one call that gave up.
+    assert (meta["llm_requests"], meta["llm_invalid_outputs"], meta["llm_failed_calls"]) == (1, 1, 1)
+    assert meta["llm_valid_output_rate"] == 0.0
     status, attempts, error = _memory(database, memory)
     assert status == "pending" and attempts == 1 and "JSON" in error
     assert _distillation_count(database) == 0
@@ -164,7 +168,9 @@ def test_malformed_json_keeps_the_memory_pending_with_the_error_then_the_next_ru
 
     retry = run_partition(instance, resources, "alice", DAY)
 
-    assert materialization_metadata(retry, "distillations")["rows_out"] == 1
+    meta = materialization_metadata(retry, "distillations")
+    assert meta["rows_out"] == 1 and meta["llm_valid_output_rate"] == 1.0
+    assert meta["llm_models"] == "fake-model (1)"  # the model that answered, per call
     assert _memory(database, memory) == ("distilled", 2, None)
     assert fetch_all(database, "SELECT content FROM distillations") == [("User lives in Berlin.",)]
 

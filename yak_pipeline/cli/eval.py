@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import ExitStack
 from pathlib import Path
 
 import typer
@@ -43,6 +44,7 @@ def locomo_command(
     ablations: bool = typer.Option(False, "--ablations", help="Also run Yak variants: decay off, half-lives, one leg kind only, no gate."),
     keep_db: bool = typer.Option(False, "--keep-db", help="Keep the evaluation database instead of dropping it."),
     target_points: float = typer.Option(5.0, "--target-points", help="Required Recall@k margin of the default recall over the better baseline."),
+    local_llm: bool = typer.Option(False, "--local-llm", help="Distil with the packaged local model (as `yak up --local-llm`; `make setup-llm`) instead of YAK_LLM_BASE_URL or the rules provider."),
 ) -> None:
     """Ingest a LoCoMo-format file into a fresh database through the real pipeline, then score
     BM25, dense and Yak's default recall against each question's evidence turns, and measure
@@ -64,15 +66,20 @@ def locomo_command(
     except LocomoFormatError as exc:
         raise fail(str(exc), USAGE_EXIT) from None
     progress_console = Console(stderr=True)
-    settings = get_settings()
     options = EvalOptions(ks=ks, threshold=threshold, ablations=ablations, keep_database=keep_db,
                           required_points=target_points)
-    try:
-        report = run_locomo_eval(settings, conversations, options, data_label=str(data),
-                                 progress=lambda line: progress_console.print(line, highlight=False, markup=False))
-    except KeyboardInterrupt:
-        print("interrupted: the evaluation database was dropped", file=sys.stderr)
-        raise typer.Exit(130) from None
+    with ExitStack() as stack:
+        settings = get_settings()
+        if local_llm:
+            from yak_pipeline.cli.local_llm import local_llm_running
+
+            settings, _ = stack.enter_context(local_llm_running(settings, progress_console))
+        try:
+            report = run_locomo_eval(settings, conversations, options, data_label=str(data),
+                                     progress=lambda line: progress_console.print(line, highlight=False, markup=False))
+        except KeyboardInterrupt:
+            print("interrupted: the evaluation database was dropped", file=sys.stderr)
+            raise typer.Exit(130) from None
     json_path = write_json(report, out)
     png_path = write_chart(report, out)
     if as_json:

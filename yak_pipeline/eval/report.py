@@ -92,12 +92,30 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
     console.print(f"Evidence turns held by an active distillation (the ceiling of Yak's Recall@k): "
                   f"{report['recallable_evidence']:.3f}; distillations by status: "
                   f"{report['pipeline']['counts'].get('distillations_by_status', {})}")
+    llm_line = _llm_line(report["pipeline"].get("llm", {}).get("distil"), report["pipeline"]["counts"])
+    if llm_line:
+        console.print(llm_line, highlight=False)
     console.print(_measures_table(report))
     target = report["target"]
     verdict = "met" if target["met"] else "NOT met"
     console.print(f"Target {verdict}: {target['default_method']} (the default recall) {target['metric']} "
                   f"{target['default']:.3f} vs best baseline {target['best_baseline']} {target['baseline']:.3f}: "
                   f"{target['margin_points']:+.1f} points (need +{target['required_points']:g})")
+
+
+def _llm_line(distil: dict[str, Any] | None, counts: dict[str, Any]) -> str | None:
+    """One line on the distiller: who answered, valid-output rate, latency per exchange, tokens."""
+    if not distil or not distil.get("calls") and not distil.get("failed_calls"):
+        return None
+    rate = distil["valid_output_rate"]
+    latency = distil["latency_ms"] or {}
+    models = ", ".join(distil["models"]) or "unnamed"
+    tokens = (f"; tokens {distil['prompt_tokens']} in, {distil['completion_tokens']} out"
+              if distil["prompt_tokens"] is not None else "")
+    return (f"Distiller {models}: {counts.get('distilled', 0)} exchanges distilled, {counts.get('distill_failed', 0)} "
+            f"kept pending; {distil['requests']} requests, {distil['invalid_outputs']} invalid answers "
+            f"(valid-output rate {rate if rate is None else f'{rate:.3f}'}); latency per exchange "
+            f"p50 {latency.get('p50', 0):.0f} ms, p95 {latency.get('p95', 0):.0f} ms{tokens}")
 
 
 def write_json(report: dict[str, Any], out_dir: Path) -> Path:

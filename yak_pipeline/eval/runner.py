@@ -56,6 +56,7 @@ from yak_pipeline.services.ingest import ingest_records
 from yak_pipeline.core.recall import RecallParams
 from yak_pipeline.core.relevance import RelevanceModel
 from yak_pipeline.services.recall import embed_pending_exchanges, recall_params, relevance_model
+from yak_pipeline.services.reports import StageReport
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database, connect, resolve_database_url, with_database
 from yak_pipeline.store.errors import StoreError
@@ -191,6 +192,8 @@ def _ingest(db: Database, settings: Settings, embedder: Embedder, conversations:
     seconds = {"ingest": 0.0, "distill": 0.0, "conflicts": 0.0, "merge": 0.0, "exchange_vectors": 0.0}
     counts = {"turns": 0, "memories": 0, "duplicate_turns": 0, "rejected_turns": 0, "distilled": 0,
               "distill_failed": 0, "conflicts": 0, "merges": 0}
+    # The LLM's calls per stage: who answered, how fast, how often its answer was valid.
+    llm_stages = {"distil": StageReport(), "conflicts": StageReport(), "merge": StageReport()}
     ingested: list[_Conversation] = []
     total_turns = sum(len(c.turns) for c in conversations)
     for index, conversation in enumerate(conversations):
@@ -225,12 +228,13 @@ def _ingest(db: Database, settings: Settings, embedder: Embedder, conversations:
         for offset in range(0, len(pending), _DISTIL_CHUNK):
             chunk = pending[offset:offset + _DISTIL_CHUNK]
             stage = distill_memories(job, chunk, concurrency=settings.llm_concurrency)
+            llm_stages["distil"].merge(stage)
             counts["distilled"] += stage.rows_out
             counts["distill_failed"] += stage.failed
             done = counts["distilled"] + counts["distill_failed"]
             rate = (offset + len(chunk)) / max(time.monotonic() - started, 1e-9)
             progress(f"  distilled {offset + len(chunk)}/{len(pending)} exchanges of {user_id} "
-                     f"({done}/{total_turns} overall, {rate:.0f}/s, provider {llm.name})")
+                     f"({done}/{total_turns} overall, {rate:.1f}/s, provider {llm.name})")
         seconds["distill"] += time.monotonic() - started
 
         started = time.monotonic()
@@ -239,6 +243,8 @@ def _ingest(db: Database, settings: Settings, embedder: Embedder, conversations:
         started = time.monotonic()
         merges = merge_near_duplicates(consolidate, user_id=user_id, day=None)
         seconds["merge"] += time.monotonic() - started
+        llm_stages["conflicts"].merge(conflicts)
+        llm_stages["merge"].merge(merges)
         counts["conflicts"] += conflicts.flagged
         counts["merges"] += merges.flagged
         progress(f"  {conflicts.flagged} conflicts flagged, {merges.flagged} near-duplicates merged")
@@ -257,7 +263,23 @@ def _ingest(db: Database, settings: Settings, embedder: Embedder, conversations:
             "SELECT status, count(*) FROM distillations WHERE deleted_at IS NULL GROUP BY status").fetchall())
     counts["distillations_by_status"] = {k: int(v) for k, v in sorted(statuses.items())}
     return ingested, {"seconds": {k: round(v, 2) for k, v in seconds.items()}, "counts": counts,
-                      "llm_provider": llm.name}
+                      "llm_provider": llm.name, "llm": {name: llm_summary(stage) for name, stage in llm_stages.items()}}
+
+
+def llm_summary(stage: StageReport) -> dict[str, Any]:
+    """One stage's LLM figures for the report: calls, requests, valid-output rate, latency, tokens, models."""
+    latencies = sorted(stage.latencies_ms)
+    rate = stage.valid_output_rate
+    return {
+        "calls": len(latencies), "failed_calls": stage.failed_calls, "requests": stage.llm_requests,
+        "invalid_outputs": stage.invalid_outputs, "valid_output_rate": None if rate is None else round(rate, 4),
+        "latency_ms": ({"p50": round(_percentile(latencies, 50), 1), "p95": round(_percentile(latencies, 95), 1),
+                        "mean": round(sum(latencies) / len(latencies), 1)} if latencies else None),
+        "prompt_tokens": stage.prompt_tokens if stage.tokens_reported else None,
+        "completion_tokens": stage.completion_tokens if stage.tokens_reported else None,
+        "models": dict(stage.models),
+        "first_error": stage.errors[0][:300] if stage.errors else None,
+    }
 
 
 def _distillation_turns(conn: Any, conversation: _Conversation, ids: Sequence[str]) -> list[frozenset[str]]:

@@ -26,11 +26,17 @@ def redact(text: str, *secrets: str | None) -> str:
 
 
 class LLMError(Exception):
-    """Base of the LLM layer's errors; ``reason`` is one line saying what went wrong."""
+    """Base of the LLM layer's errors; ``reason`` is one line saying what went wrong.
 
-    def __init__(self, reason: object, *, attempts: int | None = None) -> None:
+    ``attempts`` counts the requests the failed call made and ``invalid_outputs`` how many of
+    them were answered with invalid output (both ``None`` when not known), so a caller can
+    count a real model's malformed answers even when the call gave up.
+    """
+
+    def __init__(self, reason: object, *, attempts: int | None = None, invalid_outputs: int | None = None) -> None:
         self.reason = one_line(reason) or type(self).__name__
         self.attempts = attempts
+        self.invalid_outputs = invalid_outputs
         super().__init__(self.reason)
 
 
@@ -40,8 +46,9 @@ class LLMUnavailable(LLMError):
     ``retryable`` says whether the failure was transient (a later call may succeed).
     """
 
-    def __init__(self, reason: object, *, attempts: int | None = None, retryable: bool = True) -> None:
-        super().__init__(reason, attempts=attempts)
+    def __init__(self, reason: object, *, attempts: int | None = None, retryable: bool = True,
+                 invalid_outputs: int | None = None) -> None:
+        super().__init__(reason, attempts=attempts, invalid_outputs=invalid_outputs)
         self.retryable = retryable
 
 
@@ -52,8 +59,8 @@ class LLMRequestRejected(LLMUnavailable):
     callers that only care whether the LLM could be used need not tell the two apart.
     """
 
-    def __init__(self, reason: object, *, attempts: int | None = None) -> None:
-        super().__init__(reason, attempts=attempts, retryable=False)
+    def __init__(self, reason: object, *, attempts: int | None = None, invalid_outputs: int | None = None) -> None:
+        super().__init__(reason, attempts=attempts, retryable=False, invalid_outputs=invalid_outputs)
 
 
 class LLMOutputError(LLMError):

@@ -8,6 +8,12 @@ surrounding whitespace is stripped and a tier's letter case is ignored (``"Core"
 Extra keys are ignored, because a model that adds ``"reasoning"`` beside a correct answer still
 gave a correct answer.
 
+The same models are the JSON schema a provider asks the server to hold its answer to
+(:func:`response_schema`): the types, the [0, 1] range and the tier names, in the subset of JSON
+Schema that OpenAI's strict structured outputs and llama.cpp's grammar converter both accept.
+Validation still runs on every answer, since a server may ignore the schema or enforce only part
+of it (llama.cpp's grammar does not bound numbers, nor count sentences).
+
 :func:`parse_reply` turns the raw text of a reply into a model (accepting a JSON object wrapped in
 Markdown code fences, as many local models write it), raising :class:`LLMOutputError` otherwise.
 """
@@ -18,9 +24,9 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, WithJsonSchema, field_validator
 
 from yak_pipeline.core.sentences import count_sentences
 from yak_pipeline.core.types import TIERS, Tier
@@ -103,12 +109,21 @@ class _StrictOutput(BaseModel):
     model_config = ConfigDict(strict=True, frozen=True, extra="ignore")
 
 
+# What each field looks like in the response schema. The "plain" validators below replace
+# pydantic's own checks, so pydantic cannot derive these itself (it would say "any value").
+_MEMORY_TEXT_SCHEMA = {"type": "string", "description": f"{MIN_SENTENCES} to {MAX_SENTENCES} short factual sentences"}
+_UNIT_INTERVAL_SCHEMA = {"type": "number", "minimum": 0, "maximum": 1}
+MemoryText = Annotated[str, WithJsonSchema(_MEMORY_TEXT_SCHEMA)]
+UnitInterval = Annotated[float, WithJsonSchema(_UNIT_INTERVAL_SCHEMA)]
+TierName = Annotated[Tier, WithJsonSchema({"type": "string", "enum": list(TIERS)})]
+
+
 class DistillationOutput(_StrictOutput):
     """The distiller's answer: ``{"content": …, "confidence": …, "tier": …}``."""
 
-    content: str
-    confidence: float
-    tier: Tier
+    content: MemoryText
+    confidence: UnitInterval
+    tier: TierName
 
     # "plain" validators replace pydantic's own checks, so the reason is ours and nothing is coerced.
     @field_validator("content", mode="plain")
@@ -130,7 +145,7 @@ class DistillationOutput(_StrictOutput):
 class ConsolidationOutput(_StrictOutput):
     """The consolidator's answer: ``{"content": …}``, one merged text of 1–4 sentences."""
 
-    content: str
+    content: MemoryText
 
     @field_validator("content", mode="plain")
     @classmethod
@@ -141,12 +156,26 @@ class ConsolidationOutput(_StrictOutput):
 class ScoreOutput(_StrictOutput):
     """A judge's answer (conflict or relevance): ``{"score": …}`` with the score in [0, 1]."""
 
-    score: float
+    score: UnitInterval
 
     @field_validator("score", mode="plain")
     @classmethod
     def _score(cls, value: object) -> float:
         return check_unit_interval(value, "score")
+
+
+def response_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The JSON schema of an output model, as a provider sends it with ``response_format``.
+
+    Every property is required and no other is allowed (``additionalProperties: false``): what
+    OpenAI's strict mode demands, and what keeps a grammar-constrained small model from adding
+    keys. Titles are left out (noise in a grammar); descriptions stay (they guide the model).
+    """
+    schema = model.model_json_schema()
+    properties = {name: {k: v for k, v in field.items() if k != "title"}
+                  for name, field in schema["properties"].items()}
+    return {"type": "object", "properties": properties, "required": list(properties),
+            "additionalProperties": False}
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,13 +184,17 @@ class LLMCallStats:
 
     ``latency_ms`` is the wall time the caller waited, retries and back-off included; token counts
     are summed over all attempts that reported usage (``None`` when the endpoint reported none);
-    ``attempts`` counts requests made (1 when the first one succeeded).
+    ``attempts`` counts requests made (1 when the first one succeeded); ``invalid_outputs`` counts
+    the attempts whose answer was rejected as invalid output (then retried); ``model`` is the
+    model that answered, as the endpoint named it (``None`` when it did not say).
     """
 
     latency_ms: float
     prompt_tokens: int | None
     completion_tokens: int | None
     attempts: int
+    model: str | None = None
+    invalid_outputs: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -935,9 +935,10 @@ class RulesProvider:
 
     @staticmethod
     def _stats(started: float) -> LLMCallStats:
-        """Stats of a rules call: its latency, one attempt, no tokens."""
+        """Stats of a rules call: its latency, one attempt, no tokens, answered by the rules."""
         return LLMCallStats(
-            latency_ms=(time.perf_counter() - started) * 1000.0, prompt_tokens=None, completion_tokens=None, attempts=1
+            latency_ms=(time.perf_counter() - started) * 1000.0, prompt_tokens=None, completion_tokens=None, attempts=1,
+            model=RULES_PROVIDER_NAME,
         )
 
     def distill(self, exchange: str) -> DistillationResult:

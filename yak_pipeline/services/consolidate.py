@@ -109,6 +109,7 @@ def score_conflicts(job: ConsolidateJob, *, user_id: str, day: date | None) -> S
                                               error=f"score {result.score:.2f}")
             except LLMError as exc:
                 # Leave it unchecked: the next run scores it again once the LLM answers.
+                report.record_failed_call(exc)
                 conn.rollback()
                 record_error(conn, "conflict_score_failed")
                 report.failed += 1
@@ -277,6 +278,8 @@ def _merge_one(job: ConsolidateJob, distillation_id: str, foresight: _Foresight 
                 if vector is None:
                     vector = job.embedder.embed_documents([merged.content])[0]
             except (LLMError, EmbeddingError) as exc:
+                if isinstance(exc, LLMError):
+                    report.record_failed_call(exc)
                 conn.rollback()
                 record_error(conn, "consolidation_failed")
                 report.failed += 1

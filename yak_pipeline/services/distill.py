@@ -98,6 +98,7 @@ def _distill_one(job: DistillJob, memory_id: str) -> StageReport:
         except LLMError as exc:
             give_up = attempts + 1 >= job.max_attempts
             record_memory_error(conn, memory_id, exc.reason, give_up=give_up)
+            report.record_failed_call(exc)
             report.failed += 1
             report.errors.append(f"{memory_id}: {exc.reason}")
             job.alerter.alert("distillation_failed", f"distilling memory {memory_id} failed", ids=(memory_id,),

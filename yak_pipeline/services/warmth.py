@@ -154,6 +154,7 @@ def evaluate_turn(job: WarmthJob, turn_id: str, *, reason: str) -> StageReport:
                     report.flagged += 1
         except LLMError as exc:
             # Events written so far stay (each pair counts once); the rest waits for the next run.
+            report.record_failed_call(exc)
             status = "failed" if attempts + 1 >= MAX_TURN_ATTEMPTS else "pending"
             mark_turn(conn, turn_id, status=status, error=exc.reason)
             report.failed += 1
