@@ -10,13 +10,25 @@ ALTER TABLE memories ALTER COLUMN embedding SET STORAGE MAIN,
                      ALTER COLUMN context_embedding SET STORAGE MAIN;
 ALTER TABLE distillations ALTER COLUMN embedding SET STORAGE MAIN;
 
--- Existing rows keep their out-of-line vectors until rewritten: subvector() makes a new value of
--- the same numbers (no text round trip), which is then stored by the new rule. Only the vector
+-- Existing rows keep their out-of-line vectors until rewritten: a cast through text makes a new
+-- value of the same numbers (pgvector prints the shortest text that reads back exactly), which is
+-- then stored by the new rule. Only the vector
 -- columns change, so no trigger of the exchange context (sql/006) fires; on a database of
 -- hundreds of thousands of exchanges this takes minutes (the HNSW indexes take the new rows).
-UPDATE memories SET embedding = subvector(embedding, 1, vector_dims(embedding))
-WHERE embedding IS NOT NULL AND pg_column_toast_chunk_id(embedding) IS NOT NULL;
-UPDATE memories SET context_embedding = subvector(context_embedding, 1, vector_dims(context_embedding))
-WHERE context_embedding IS NOT NULL AND pg_column_toast_chunk_id(context_embedding) IS NOT NULL;
-UPDATE distillations SET embedding = subvector(embedding, 1, vector_dims(embedding))
-WHERE embedding IS NOT NULL AND pg_column_toast_chunk_id(embedding) IS NOT NULL;
+-- PostgreSQL 17+ tells which values are out of line (pg_column_toast_chunk_id); on 16 every
+-- vector is rewritten.
+DO $$
+DECLARE
+    target record;
+    only_out_of_line text := '';
+BEGIN
+    FOR target IN SELECT * FROM (VALUES ('memories', 'embedding'), ('memories', 'context_embedding'),
+                                        ('distillations', 'embedding')) AS t(tbl, col)
+    LOOP
+        IF current_setting('server_version_num')::int >= 170000 THEN
+            only_out_of_line := format(' AND pg_column_toast_chunk_id(%I) IS NOT NULL', target.col);
+        END IF;
+        EXECUTE format('UPDATE %I SET %I = %I::text::vector WHERE %I IS NOT NULL',
+                       target.tbl, target.col, target.col, target.col) || only_out_of_line;
+    END LOOP;
+END $$;
