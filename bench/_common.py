@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ RESULTS = ROOT / "bench" / "results"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from yak_pipeline.ports import free_port  # noqa: E402,F401 - the benchmarks import it from here
 from yak_pipeline.settings import Settings  # noqa: E402
 from yak_pipeline.store.database import connect, resolve_database_url, with_database  # noqa: E402
 
@@ -53,13 +53,6 @@ def scratch_database(settings: Settings, *, keep: bool = False) -> Iterator[str]
         else:
             with connect(server, autocommit=True, vector=False) as conn:
                 conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now (for a server the benchmark starts)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager

@@ -11,7 +11,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,6 +27,7 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import psycopg
 
+from yak_pipeline.ports import free_port
 from yak_pipeline.store.database import connect, with_database
 
 YAK = Path(sys.executable).parent / "yak"
@@ -46,13 +46,6 @@ DISTIL_ASSETS = _distil_assets()
 STARTUP_SECONDS = 45
 TEST_DIMENSIONS = 384
 TEST_MODEL = f"feature-hashing-{TEST_DIMENSIONS}"
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_until(condition: Callable[[], bool], *, timeout: float, interval: float = 0.05, what: str = "condition") -> None:

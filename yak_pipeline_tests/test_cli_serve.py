@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import stat
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from typer.testing import CliRunner
 from yak_pipeline.cli.main import app as yak
 from yak_pipeline.embeddings.hashing import HashingEmbedder
 from yak_pipeline.llm import RulesProvider
+from yak_pipeline.ports import free_port
 from yak_pipeline.services.distill import DistillJob, distill_memories
 from yak_pipeline.settings import get_settings
 from yak_pipeline.store.database import Database
@@ -38,16 +38,10 @@ class Server:
     stdout: Path
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def start_serve(env: dict[str, str], folder: Path, *, startup_seconds: float = STARTUP_SECONDS
                 ) -> tuple[subprocess.Popen, str, Path]:
     """``yak serve`` on a free port of 127.0.0.1 with ``env``, once ``/health`` answers: (process, url, stdout file)."""
-    port = _free_port()
+    port = free_port()
     out, err = folder / "serve.out", folder / "serve.err"
     with out.open("w") as stdout, err.open("w") as stderr:
         process = subprocess.Popen([str(YAK), "serve", "--host", "127.0.0.1", "--port", str(port)], env=env,
@@ -152,7 +146,7 @@ def test_cli_against_a_real_server(server: Server, database: Database) -> None:
 
     wrong = runner.invoke(yak, ["memory", "list", "--remote", server.url, "--api-key", "yak_wrong"])
     assert wrong.exit_code == 1 and wrong.stderr == "error: invalid or revoked API key\n"
-    unreachable = runner.invoke(yak, ["memory", "list", "--remote", f"http://127.0.0.1:{_free_port()}"])
+    unreachable = runner.invoke(yak, ["memory", "list", "--remote", f"http://127.0.0.1:{free_port()}"])
     assert unreachable.exit_code == 1 and unreachable.stderr.startswith("error: cannot reach")
 
 

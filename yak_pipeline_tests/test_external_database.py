@@ -20,6 +20,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from yak_pipeline.ports import free_port
 from yak_pipeline.store.embedded import run_as_user
 
 pytestmark = pytest.mark.slow
@@ -41,8 +42,6 @@ def _as_server_user(command: list[str]) -> subprocess.CompletedProcess:
 @pytest.fixture
 def external_server(tmp_path: Path):
     """A PostgreSQL 18 on 127.0.0.1:<port> with password auth and a non-superuser owner role."""
-    from yak_pipeline_tests.test_cli_serve import _free_port
-
     folder = Path(f"/tmp/yx-{uuid.uuid4().hex[:8]}")
     folder.mkdir()
     pgdata = folder / "data"
@@ -51,7 +50,7 @@ def external_server(tmp_path: Path):
     if run_as_user():
         shutil.chown(folder, user=run_as_user())
         shutil.chown(password_file, user=run_as_user())
-    port = _free_port()
+    port = free_port()
     _as_server_user([_bin("initdb"), "-D", str(pgdata), "-U", "admin", "--auth=scram-sha-256",
                      f"--pwfile={password_file}", "--encoding=UTF8"])
     _as_server_user([_bin("pg_ctl"), "-D", str(pgdata), "-w", "-l", str(folder / "log"),
