@@ -189,7 +189,7 @@ def test_memory_md_lists_current_knowledge_by_tier_and_diffs_cleanly(
     added = [line for line in second.splitlines() if line not in text.splitlines()]
     removed = [line for line in text.splitlines() if line not in second.splitlines()]
     assert len(added) == 2 and added[1].endswith(": The user lives in Ghent.")  # and the header's count
-    assert len(removed) == 1 and removed[0].startswith("What Yak knows about alice: 1 memories")
+    assert len(removed) == 1 and removed[0].startswith("What Yak knows about alice: 1 memory,")
     assert yak(["export", "--user", "alice", "--format", "md"], env).stdout == second
     out = tmp_path / "MEMORY.md"
     written = yak(["export", "--user", "alice", "--format", "md", "-o", str(out), "--json"], env)

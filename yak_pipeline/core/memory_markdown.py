@@ -29,7 +29,8 @@ def render_memory_markdown(user_id: str, items: Sequence[Mapping[str, object]]) 
         lines += ["Yak holds no current knowledge about this user yet.", ""]
         return "\n".join(lines)
     latest = max(_date(item["refreshed_at"]) for item in items)
-    lines += [f"What Yak knows about {user_id}: {len(items)} memories, the latest from {latest}. Rebuilt from "
+    count = f"{len(items)} memory" if len(items) == 1 else f"{len(items)} memories"
+    lines += [f"What Yak knows about {user_id}: {count}, the latest from {latest}. Rebuilt from "
               "the database at any time; superseded memories and those held back for review are left out.", ""]
     for tier in TIERS:
         bullets = sorted((_date(item["refreshed_at"]), _one_line(str(item["content"])), bool(item.get("needs_review")))
