@@ -163,6 +163,10 @@ class RealisticCorpus:
                 for i in picked]
 
 
+BM25_TRIGGERS = [(table, f"{table}_bm25_{event}") for table in ("memories", "distillations")
+                 for event in ("insert", "update", "delete")]
+
+
 def load(url: str, n: int, users: int, seed: int, corpus: RealisticCorpus | None = None) -> dict:
     """Bulk-load n memories + distillations with COPY (indexes dropped first, rebuilt after)."""
     from yak_pipeline.store.database import connect
@@ -178,6 +182,9 @@ def load(url: str, n: int, users: int, seed: int, corpus: RealisticCorpus | None
         # Exchange contexts (sql/006) are computed once after the load, not row by row by the
         # trigger: the same contexts (a test checks that the two agree), minutes sooner.
         conn.execute("ALTER TABLE memories DISABLE TRIGGER memories_context")
+        # Likewise BM25's statistics (sql/013): counted once after the load.
+        for table, trigger in BM25_TRIGGERS:
+            conn.execute(f"ALTER TABLE {table} DISABLE TRIGGER {trigger}")
         with conn.cursor() as cur:
             with cur.copy("COPY memories (id, user_id, content, occurred_at, source, content_sha256, status, "
                           "embedding, embedding_model) FROM STDIN WITH (FORMAT BINARY)") as copy:
@@ -203,6 +210,9 @@ def load(url: str, n: int, users: int, seed: int, corpus: RealisticCorpus | None
                                     vector, MODEL, "bench", when])
         conn.execute("ALTER TABLE memories ENABLE TRIGGER memories_context")
         conn.execute("SELECT yak_rebuild_exchange_context()")
+        for table, trigger in BM25_TRIGGERS:
+            conn.execute(f"ALTER TABLE {table} ENABLE TRIGGER {trigger}")
+        conn.execute("SELECT yak_bm25_rebuild()")
         # Context vectors (sql/008): the exchange's own vector stands in (synthetic text has no
         # conversation to read), so the fifth leg searches an index of the same size and shape.
         conn.execute("UPDATE memories SET context_embedding = embedding, context_embedding_model = embedding_model")
@@ -293,6 +303,41 @@ def _timed_query(conn, query: str, params) -> float:
     began = time.perf_counter()
     conn.execute(query, params).fetchall()
     return (time.perf_counter() - began) * 1000
+
+
+def bench_legs(url: str, queries: list, params) -> dict:
+    """Each leg of ``recall_candidates`` on its own, as it runs there, per query (ms): where the time goes."""
+    from yak_pipeline.store.database import Database
+    from yak_pipeline.store.recall import bm25_search, recallable_distillations, vector_search
+
+    legs: dict[str, list[float]] = {name: [] for name in (
+        "bm25 distillations", "bm25 exchanges in context", "cosine distillations", "cosine exchanges",
+        "cosine contexts", "exchanges -> distillations")}
+    size = params.leg_size
+
+    def timed(name: str, call):  # noqa: ANN001, ANN202 - a leg's thunk
+        began = time.perf_counter()
+        out = call()
+        legs[name].append((time.perf_counter() - began) * 1000)
+        return out
+
+    with Database(url, max_size=2) as db:
+        for user, text, vector in queries:
+            with db.connection() as conn:
+                timed("bm25 distillations", lambda: bm25_search(
+                    conn, table="distillations", user_id=user, query=text, limit=size, embedding_model=MODEL))
+                m_text = timed("bm25 exchanges in context", lambda: bm25_search(
+                    conn, table="memories", user_id=user, query=text, limit=size, context=params.exchange_context))
+                timed("cosine distillations", lambda: vector_search(
+                    conn, table="distillations", user_id=user, query_embedding=vector, embedding_model=MODEL, limit=size))
+                m_vec = timed("cosine exchanges", lambda: vector_search(
+                    conn, table="memories", user_id=user, query_embedding=vector, embedding_model=MODEL, limit=size))
+                c_vec = timed("cosine contexts", lambda: vector_search(
+                    conn, table="memories", user_id=user, query_embedding=vector, embedding_model=MODEL, limit=size,
+                    context=True))
+                timed("exchanges -> distillations", lambda: recallable_distillations(
+                    conn, user_id=user, memory_ids=[h.id for h in m_text + m_vec + c_vec], embedding_model=MODEL))
+    return {name: latency_summary(times) for name, times in legs.items()}
 
 
 def bench_store(url: str, queries: list, limit: int, warmup: list) -> dict:
@@ -389,6 +434,7 @@ def bench_store(url: str, queries: list, limit: int, warmup: list) -> dict:
         "fidelity_old": round(same_old / n, 4),
         "recall_equals_a_then_c": round(same_recall / n, 4),
         "warmup_new_total_ms": latency_summary(first),
+        "legs_ms": bench_legs(url, queries, params),
         "relevance_model": model.version,
         "leg_size": params.leg_size,
     }
@@ -484,6 +530,7 @@ def main(argv: list[str] | None = None) -> int:
     ab = [
         ("(a) legs + candidates: recall_candidates", _pcts(store["legs_and_candidates_ms"]), "", ""),
         ("    of which the candidate-row query (in situ)", _pcts(store["candidate_row_query_in_situ_ms"]), "", ""),
+        *((f"    leg alone: {leg}", _pcts(lat), "", "") for leg, lat in store["legs_ms"].items()),
         ("(b) old fusion: weighted RRF (Python)", _pcts(store["old_fusion_ms"]), "", ""),
         ("(c) new ranking: rank_memories (relevance step)", _pcts(store["new_ranking_ms"]), "", ""),
         ("old engine = a + b", _pcts(old), "", ""),

@@ -1,0 +1,183 @@
+-- BM25's statistics, kept by triggers, so a query need not read every row its words match
+-- (issue "Fast on the default path", part 2; store/recall.py).
+--
+-- BM25 weighs each query word by its inverse document frequency: how many of the user's rows
+-- hold it. Computed at query time, that is a scan of every row a common word ("like", "work")
+-- matches, which for a heavy user is thousands of rows per query. These tables keep, per user
+-- and leg, the corpus size and length (for the average document length) and each word's
+-- document frequency, written in the writer's own transaction by statement-level triggers, so
+-- every write path (the pipeline, the API, imports, restores, forgetting, review decisions,
+-- merges) keeps them exact. With them, recall reads the rows of the query's rare words first and
+-- stops reading a word's rows as soon as no row outside those read can reach the top k
+-- (max-score pruning, store/recall.py); the result equals the full computation (tested).
+--
+-- Legs (the two of recall's default path; `as_of` and `exchange_context` off use the full query):
+--   'distillations': active, live distillations, per embedding model (scope), over content_tsv;
+--   'contexts':      live exchanges, over context_tsv (each exchange with its neighbours, sql/006).
+-- A row counts in `sized` when its length is known (context_terms is NULL until a context is set),
+-- which is what avg() over the column counts.
+
+CREATE TABLE bm25_corpus (
+    leg         text   NOT NULL CHECK (leg IN ('distillations', 'contexts')),
+    user_id     text   NOT NULL,
+    scope       text   NOT NULL,
+    rows        bigint NOT NULL,
+    sized       bigint NOT NULL,
+    total_terms bigint NOT NULL,
+    PRIMARY KEY (leg, user_id, scope)
+);
+
+CREATE TABLE bm25_terms (
+    leg     text   NOT NULL,
+    user_id text   NOT NULL,
+    scope   text   NOT NULL,
+    lexeme  text   NOT NULL,
+    df      bigint NOT NULL,
+    PRIMARY KEY (leg, user_id, scope, lexeme)
+);
+
+-- Adds (sign +1) or removes (-1) rows' contributions. Rows are grouped and written in key order,
+-- and each user's writers take turns (an advisory lock held to commit, as the exchange context
+-- does), so concurrent writers cannot deadlock on the same words.
+CREATE FUNCTION yak_bm25_apply(p_leg text, p_users text[], p_scopes text[], p_signs int[], p_tsvs tsvector[],
+                               p_terms int[]) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    who text;
+BEGIN
+    IF coalesce(cardinality(p_users), 0) = 0 THEN
+        RETURN;
+    END IF;
+    FOR who IN SELECT DISTINCT u FROM unnest(p_users) AS u ORDER BY u LOOP
+        PERFORM pg_advisory_xact_lock(hashtext('yak_bm25'), hashtext(who));
+    END LOOP;
+    INSERT INTO bm25_corpus AS c (leg, user_id, scope, rows, sized, total_terms)
+    SELECT p_leg, d.u, d.s, sum(d.sign), coalesce(sum(d.sign) FILTER (WHERE d.terms IS NOT NULL), 0),
+           coalesce(sum(d.sign * d.terms), 0)
+      FROM unnest(p_users, p_scopes, p_signs, p_terms) AS d(u, s, sign, terms)
+     GROUP BY d.u, d.s
+     ORDER BY d.u, d.s
+    ON CONFLICT (leg, user_id, scope) DO UPDATE
+       SET rows = c.rows + excluded.rows, sized = c.sized + excluded.sized,
+           total_terms = c.total_terms + excluded.total_terms;
+    INSERT INTO bm25_terms AS t (leg, user_id, scope, lexeme, df)
+    SELECT p_leg, d.u, d.s, w.lexeme, sum(d.sign)
+      FROM unnest(p_users, p_scopes, p_signs, p_tsvs) AS d(u, s, sign, tsv)
+     CROSS JOIN LATERAL unnest(tsvector_to_array(d.tsv)) AS w(lexeme)
+     GROUP BY d.u, d.s, w.lexeme
+    HAVING sum(d.sign) <> 0
+     ORDER BY d.u, d.s, w.lexeme
+    ON CONFLICT (leg, user_id, scope, lexeme) DO UPDATE SET df = t.df + excluded.df;
+END
+$$;
+
+-- Distillations: a row counts while active and live, under its embedding model.
+CREATE FUNCTION yak_bm25_distillations_trigger() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        PERFORM yak_bm25_apply('distillations', array_agg(n.user_id), array_agg(coalesce(n.embedding_model, '')),
+                               array_agg(1), array_agg(n.content_tsv), array_agg(n.content_terms))
+           FROM new_rows n WHERE n.status = 'active' AND n.deleted_at IS NULL;
+    ELSIF TG_OP = 'DELETE' THEN
+        PERFORM yak_bm25_apply('distillations', array_agg(o.user_id), array_agg(coalesce(o.embedding_model, '')),
+                               array_agg(-1), array_agg(o.content_tsv), array_agg(o.content_terms))
+           FROM old_rows o WHERE o.status = 'active' AND o.deleted_at IS NULL;
+    ELSE
+        -- Only rows whose standing or words changed (warmth updates change neither).
+        PERFORM yak_bm25_apply('distillations', array_agg(d.user_id), array_agg(d.scope), array_agg(d.sign),
+                               array_agg(d.tsv), array_agg(d.terms))
+           FROM (SELECT o.user_id, coalesce(o.embedding_model, '') AS scope, -1 AS sign, o.content_tsv AS tsv,
+                        o.content_terms AS terms, o.status = 'active' AND o.deleted_at IS NULL AS counts
+                   FROM old_rows o JOIN new_rows n ON n.id = o.id
+                  WHERE (o.user_id, o.status, o.deleted_at IS NULL, o.embedding_model, o.content_tsv)
+                        IS DISTINCT FROM (n.user_id, n.status, n.deleted_at IS NULL, n.embedding_model, n.content_tsv)
+                 UNION ALL
+                 SELECT n.user_id, coalesce(n.embedding_model, ''), 1, n.content_tsv, n.content_terms,
+                        n.status = 'active' AND n.deleted_at IS NULL
+                   FROM old_rows o JOIN new_rows n ON n.id = o.id
+                  WHERE (o.user_id, o.status, o.deleted_at IS NULL, o.embedding_model, o.content_tsv)
+                        IS DISTINCT FROM (n.user_id, n.status, n.deleted_at IS NULL, n.embedding_model, n.content_tsv)
+                ) AS d
+          WHERE d.counts;
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+-- Exchanges: a row counts while live; its words are its context.
+CREATE FUNCTION yak_bm25_contexts_trigger() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        PERFORM yak_bm25_apply('contexts', array_agg(n.user_id), array_agg(''::text), array_agg(1),
+                               array_agg(n.context_tsv), array_agg(n.context_terms))
+           FROM new_rows n WHERE n.deleted_at IS NULL;
+    ELSIF TG_OP = 'DELETE' THEN
+        PERFORM yak_bm25_apply('contexts', array_agg(o.user_id), array_agg(''::text), array_agg(-1),
+                               array_agg(o.context_tsv), array_agg(o.context_terms))
+           FROM old_rows o WHERE o.deleted_at IS NULL;
+    ELSE
+        PERFORM yak_bm25_apply('contexts', array_agg(d.user_id), array_agg(''::text), array_agg(d.sign),
+                               array_agg(d.tsv), array_agg(d.terms))
+           FROM (SELECT o.user_id, -1 AS sign, o.context_tsv AS tsv, o.context_terms AS terms,
+                        o.deleted_at IS NULL AS counts
+                   FROM old_rows o JOIN new_rows n ON n.id = o.id
+                  WHERE (o.user_id, o.deleted_at IS NULL, o.context_tsv)
+                        IS DISTINCT FROM (n.user_id, n.deleted_at IS NULL, n.context_tsv)
+                 UNION ALL
+                 SELECT n.user_id, 1, n.context_tsv, n.context_terms, n.deleted_at IS NULL
+                   FROM old_rows o JOIN new_rows n ON n.id = o.id
+                  WHERE (o.user_id, o.deleted_at IS NULL, o.context_tsv)
+                        IS DISTINCT FROM (n.user_id, n.deleted_at IS NULL, n.context_tsv)
+                ) AS d
+          WHERE d.counts;
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE TRIGGER distillations_bm25_insert AFTER INSERT ON distillations
+    REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION yak_bm25_distillations_trigger();
+CREATE TRIGGER distillations_bm25_update AFTER UPDATE ON distillations
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION yak_bm25_distillations_trigger();
+CREATE TRIGGER distillations_bm25_delete AFTER DELETE ON distillations
+    REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION yak_bm25_distillations_trigger();
+CREATE TRIGGER memories_bm25_insert AFTER INSERT ON memories
+    REFERENCING NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION yak_bm25_contexts_trigger();
+CREATE TRIGGER memories_bm25_update AFTER UPDATE ON memories
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows FOR EACH STATEMENT EXECUTE FUNCTION yak_bm25_contexts_trigger();
+CREATE TRIGGER memories_bm25_delete AFTER DELETE ON memories
+    REFERENCING OLD TABLE AS old_rows FOR EACH STATEMENT EXECUTE FUNCTION yak_bm25_contexts_trigger();
+
+-- Every statistic recomputed from the rows: the migration fills them with it, a TRUNCATE of
+-- either table resets them with it, and `yak db index` can repair with it.
+CREATE FUNCTION yak_bm25_rebuild() RETURNS void LANGUAGE sql AS $$
+    DELETE FROM bm25_corpus;
+    DELETE FROM bm25_terms;
+    INSERT INTO bm25_corpus (leg, user_id, scope, rows, sized, total_terms)
+    SELECT 'distillations', user_id, coalesce(embedding_model, ''), count(*), count(content_terms),
+           coalesce(sum(content_terms), 0)
+      FROM distillations WHERE status = 'active' AND deleted_at IS NULL GROUP BY 2, 3
+    UNION ALL
+    SELECT 'contexts', user_id, '', count(*), count(context_terms), coalesce(sum(context_terms), 0)
+      FROM memories WHERE deleted_at IS NULL GROUP BY 2;
+    INSERT INTO bm25_terms (leg, user_id, scope, lexeme, df)
+    SELECT 'distillations', d.user_id, coalesce(d.embedding_model, ''), w.lexeme, count(*)
+      FROM distillations d CROSS JOIN LATERAL unnest(tsvector_to_array(d.content_tsv)) AS w(lexeme)
+     WHERE d.status = 'active' AND d.deleted_at IS NULL GROUP BY 2, 3, 4
+    UNION ALL
+    SELECT 'contexts', m.user_id, '', w.lexeme, count(*)
+      FROM memories m CROSS JOIN LATERAL unnest(tsvector_to_array(m.context_tsv)) AS w(lexeme)
+     WHERE m.deleted_at IS NULL GROUP BY 2, 4;
+$$;
+
+CREATE FUNCTION yak_bm25_truncate_trigger() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM yak_bm25_rebuild();
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER distillations_bm25_truncate AFTER TRUNCATE ON distillations
+    FOR EACH STATEMENT EXECUTE FUNCTION yak_bm25_truncate_trigger();
+CREATE TRIGGER memories_bm25_truncate AFTER TRUNCATE ON memories
+    FOR EACH STATEMENT EXECUTE FUNCTION yak_bm25_truncate_trigger();
+
+SELECT yak_bm25_rebuild();

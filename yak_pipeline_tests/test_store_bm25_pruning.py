@@ -1,0 +1,140 @@
+"""BM25 with trigger-kept statistics and max-score pruning (sql/013, store.recall._bm25_pruned).
+
+The pruned top k must equal the full computation (``exact=True``) on every query, the statistics
+must equal a recomputation from the rows after every kind of write, and a common word must not
+be scanned when the rare words already settle the top k.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import numpy as np
+import psycopg
+import pytest
+
+from yak_pipeline.store.recall import bm25_search
+from yak_pipeline_tests.store_helpers import EMBEDDER, seed_memory_with_distillation
+
+MODEL = EMBEDDER.model_name
+NOW = datetime(2026, 6, 1, tzinfo=timezone.utc)
+# A few words in most rows, many in a few: the shape of real text that makes pruning pay.
+COMMON = ["like", "work", "today", "really", "home", "friend"]
+RARE = ["kayak", "sourdough", "violin", "lisbon", "peanut", "kitten", "marathon", "chess", "tomato", "tokyo",
+        "bakery", "nurse", "guitar", "canal", "garden", "museum", "sister", "wedding", "vespa", "sari"]
+STATS = ("SELECT leg, user_id, scope, rows, sized, total_terms FROM bm25_corpus WHERE rows <> 0 "
+         "ORDER BY 1, 2, 3", "SELECT leg, user_id, scope, lexeme, df FROM bm25_terms WHERE df <> 0 ORDER BY 1, 2, 3, 4")
+
+
+def _sentence(rng: np.random.Generator) -> str:
+    words = list(rng.choice(COMMON, size=int(rng.integers(2, 5)))) + list(rng.choice(RARE, size=int(rng.integers(0, 3))))
+    rng.shuffle(words)
+    return "I " + " and ".join(words) + "."
+
+
+def _seed(conn: psycopg.Connection, user_id: str, n: int, seed: int) -> list[tuple[str, str]]:
+    rng = np.random.default_rng(seed)
+    ids = []
+    for i in range(n):
+        said = _sentence(rng)
+        memory_id, distillation_id = seed_memory_with_distillation(
+            conn, user_id=user_id, exchange=f"User: {said}\nAssistant: {_sentence(rng)}",
+            distillation=f"User said: {said}", embedding=np.zeros(EMBEDDER.dimensions, dtype=np.float32) + 0.1,
+            occurred_at=NOW - timedelta(minutes=7 * i))
+        ids.append((str(memory_id), str(distillation_id)))
+    return ids
+
+
+def _statistics(conn: psycopg.Connection) -> tuple[list, list]:
+    return tuple(conn.execute(sql).fetchall() for sql in STATS)  # type: ignore[return-value]
+
+
+def _assert_statistics_equal_a_recount(conn: psycopg.Connection) -> None:
+    kept = _statistics(conn)
+    conn.execute("SAVEPOINT recount")
+    conn.execute("SELECT yak_bm25_rebuild()")
+    recounted = _statistics(conn)
+    conn.execute("ROLLBACK TO SAVEPOINT recount")
+    assert kept == recounted
+    assert kept[0] and kept[1]
+
+
+def _legs(user_id: str) -> list[dict]:
+    return [dict(table="distillations", user_id=user_id, embedding_model=MODEL),
+            dict(table="memories", user_id=user_id, context=True)]
+
+
+def _assert_pruned_equals_exact(conn: psycopg.Connection, user_id: str, queries: list[str], limit: int) -> None:
+    for query in queries:
+        for leg in _legs(user_id):
+            pruned = bm25_search(conn, query=query, limit=limit, **leg)
+            exact = bm25_search(conn, query=query, limit=limit, exact=True, **leg)
+            assert len(pruned) == len(exact), (query, leg)
+            assert [h.score for h in pruned] == pytest.approx([h.score for h in exact], rel=1e-9), (query, leg)
+            # Rows of equal score may come in either order only at the cut; elsewhere the ids match.
+            assert [h.id for h in pruned] == [h.id for h in exact] or \
+                [round(h.score, 9) for h in pruned] == [round(h.score, 9) for h in exact], (query, leg)
+
+
+class _CountingConnection:
+    """The test's real connection, counting the statements that scan one word's rows."""
+
+    def __init__(self, conn: psycopg.Connection) -> None:
+        self._conn = conn
+        self.word_scans: list[str] = []
+
+    def execute(self, query, params=None, **kwargs):  # noqa: ANN001, ANN201 - psycopg's signature
+        if "array_to_tsvector(ARRAY[%(word)s])" in query:
+            self.word_scans.append(params["word"])
+        return self._conn.execute(query, params, **kwargs)
+
+
+def test_pruned_bm25_equals_the_full_computation(conn: psycopg.Connection) -> None:
+    _seed(conn, "alice", 300, seed=1)
+    _seed(conn, "bob", 40, seed=2)
+    rng = np.random.default_rng(3)
+    queries = ["what do I like at work today?", "kayak", "do I really like my sister's wedding?",
+               "tell me about home and friends"]
+    queries += [" ".join(rng.choice(COMMON + RARE, size=int(rng.integers(1, 6)))) for _ in range(25)]
+    for limit in (1, 10, 50, 500):
+        _assert_pruned_equals_exact(conn, "alice", queries, limit)
+    _assert_pruned_equals_exact(conn, "bob", queries[:10], 10)
+    assert bm25_search(conn, table="memories", user_id="carol", query="kayak", limit=10, context=True) == []
+    assert bm25_search(conn, table="memories", user_id="alice", query="zeppelin", limit=10, context=True) == []
+
+
+def test_a_common_word_is_not_scanned_when_the_rare_ones_settle_the_top(conn: psycopg.Connection) -> None:
+    _seed(conn, "alice", 300, seed=4)
+    counting = _CountingConnection(conn)
+    hits = bm25_search(counting, table="distillations", user_id="alice", query="my kayak at work",  # type: ignore[arg-type]
+                       limit=5, embedding_model=MODEL)
+    exact = bm25_search(conn, table="distillations", user_id="alice", query="my kayak at work", limit=5,
+                        embedding_model=MODEL, exact=True)
+    assert [h.id for h in hits] == [h.id for h in exact]
+    assert counting.word_scans == ["kayak"]  # "work" (in most rows) was only looked up in kayak's rows
+
+
+def test_statistics_follow_every_kind_of_write(conn: psycopg.Connection) -> None:
+    alice = _seed(conn, "alice", 30, seed=5)
+    _seed(conn, "bob", 10, seed=6)
+    _assert_statistics_equal_a_recount(conn)
+    queries = ["kayak at work", "sourdough and violin", "friend home today"]
+    memory, distillation = alice[0]
+    for change in (
+        "UPDATE distillations SET status = 'review' WHERE id = %(d)s",              # the gate holds one back
+        "UPDATE distillations SET status = 'active' WHERE id = %(d)s",              # a person approves it
+        "UPDATE distillations SET content = 'User paddles a kayak to work.' WHERE id = %(d)s",  # a new version
+        "UPDATE distillations SET warmth = 0.9 WHERE user_id = 'alice'",           # no change to the words
+        "UPDATE distillations SET embedding_model = 'another-model' WHERE id = %(d)s",  # re-embedded
+        "UPDATE memories SET content = 'User: I kayak to work.\nAssistant: Brave.' WHERE id = %(m)s",
+        "UPDATE memories SET deleted_at = now() WHERE id = %(m)s",                  # soft-forgotten
+        "DELETE FROM memories WHERE id = %(m2)s",                                   # forgotten, cascades
+        "UPDATE distillations SET status = 'merged' WHERE id = %(d3)s",
+    ):
+        conn.execute(change, {"d": distillation, "m": memory, "m2": alice[1][0], "d3": alice[2][1]})
+        _assert_statistics_equal_a_recount(conn)
+        _assert_pruned_equals_exact(conn, "alice", queries, 10)
+    conn.execute("TRUNCATE memories CASCADE")
+    assert _statistics(conn) == ([], [])
+    _seed(conn, "alice", 5, seed=7)
+    _assert_statistics_equal_a_recount(conn)
