@@ -25,11 +25,10 @@ Why BM25 and not ``ts_rank``: ``ts_rank`` has no inverse document frequency, so 
 history, where their own name and "User" are in every row, it ranks by the commonest words.
 BM25 here is computed from the stored ``tsvector``s (term frequency from the positions,
 document frequency and average length over the user's rows), with the query's terms OR-ed so a
-row need not contain every word of a question. Computing the document frequencies at query time
-reads every row a common word matches, so recall's two default text legs read them from
-statistics that triggers keep (sql/013) and prune: rare words are read first, and a word whose
-rows could no longer change the top k is only looked up in the rows already found
-(:func:`_bm25_pruned`; equal to the full computation, which stays as ``exact=True``).
+row need not contain every word of a question. Computed from the rows, that opens every row a
+common word matches (and its out-of-line tsvector), so recall's two default text legs read
+postings (user, word, row, term frequency, length) and statistics that triggers keep (sql/013),
+from index entries alone; the computation from the rows stays as ``exact=True``, the reference.
 
 The vector legs scan a user's rows exactly when they have few (a few milliseconds, and exact);
 otherwise they ask the shared HNSW index with pgvector 0.8's iterative scan
@@ -162,9 +161,9 @@ def bm25_search(
     is searched together with its neighbours in the conversation (``context_tsv``, sql/006).
 
     Recall's two default legs (distillations, and exchanges in context, at the present moment)
-    read the trigger-kept statistics (sql/013) and prune (:func:`_bm25_pruned`); ``exact``, and
-    the other legs, compute everything from the matching rows: the same top ``limit``, the
-    reference the tests compare the pruned path with.
+    read trigger-kept postings and statistics (sql/013) by index-only scans; ``exact``, and the
+    other legs, compute everything from the matching rows: the same top ``limit``, the reference
+    the tests compare the postings with.
     """
     if table == "distillations" and embedding_model is None:
         raise ValueError("bm25_search over distillations needs the active embedding_model")
@@ -175,88 +174,43 @@ def bm25_search(
     column = "context" if context else "content"
     if not exact and as_of is None and (table == "distillations" or context):
         leg, scope = ("distillations", embedding_model) if table == "distillations" else ("contexts", "")
-        return _bm25_pruned(conn, leg=leg, table=table, column=column, user_id=user_id, scope=str(scope),
-                            query=query, limit=limit)
+        return _bm25_from_postings(conn, leg=leg, user_id=user_id, scope=str(scope), query=query, limit=limit)
     statement = _BM25_SQL.format(table=table, where=_TABLES[table], tsv=f"{column}_tsv", terms=f"{column}_terms")
     rows = conn.execute(statement, {"text": query, "user": user_id, "model": embedding_model, "limit": limit,
                                     "k1": BM25_K1, "b": BM25_B, "as_of": as_of}).fetchall()
     return [LegHit(id=str(r[0]), score=float(r[1])) for r in rows]
 
 
-# The statistics of the query's words in one leg of one user (sql/013): corpus size, mean length,
-# and each word's document frequency (words no row holds are left out: they add nothing).
-_BM25_STATS_SQL: Final[str] = """
-SELECT c.rows, CASE WHEN c.sized > 0 THEN c.total_terms::float8 / c.sized END,
-       coalesce(array_agg(t.lexeme ORDER BY t.df, t.lexeme) FILTER (WHERE t.df > 0), '{}'),
-       coalesce(array_agg(t.df ORDER BY t.df, t.lexeme) FILTER (WHERE t.df > 0), '{}')
-FROM bm25_corpus c
-LEFT JOIN bm25_terms t ON t.leg = c.leg AND t.user_id = c.user_id AND t.scope = c.scope
-     AND t.lexeme = ANY(array(SELECT DISTINCT lexeme FROM unnest(to_tsvector('english', %(text)s))))
-WHERE c.leg = %(leg)s AND c.user_id = %(user)s AND c.scope = %(scope)s
-GROUP BY c.rows, c.sized, c.total_terms
-"""
-
-# One word's rows: every row of the user's leg holding it, with its term frequency and length.
-# The word goes in as a one-word tsvector cast to a tsquery, so no parser touches it again.
-_BM25_WORD_ROWS_SQL: Final[str] = """
-SELECT t.id, greatest(cardinality(u.positions), 1), t.{terms}
-FROM {table} t CROSS JOIN LATERAL unnest(ts_filter(setweight(t.{tsv}, 'A', ARRAY[%(word)s]), '{{a}}')) AS u
-WHERE {where} AND t.{tsv} @@ array_to_tsvector(ARRAY[%(word)s])::text::tsquery
-"""
-
-# The remaining words' term frequencies in the rows already found (by id: no word scan).
-_BM25_CANDIDATE_ROWS_SQL: Final[str] = """
-SELECT t.id, u.lexeme, greatest(cardinality(u.positions), 1), t.{terms}
-FROM {table} t CROSS JOIN LATERAL unnest(ts_filter(setweight(t.{tsv}, 'A', %(words)s), '{{a}}')) AS u
-WHERE t.id = ANY(%(ids)s::uuid[])
+# BM25 of one leg of one user from its postings and statistics (sql/013): the same formula as
+# _BM25_SQL, with every number read from index entries instead of from the rows.
+_BM25_POSTINGS_SQL: Final[str] = """
+WITH c AS MATERIALIZED (
+    SELECT rows::float8 AS n, CASE WHEN sized > 0 THEN total_terms::float8 / sized END AS avgdl
+    FROM bm25_corpus WHERE leg = %(leg)s AND user_id = %(user)s AND scope = %(scope)s
+), w AS MATERIALIZED (
+    SELECT t.lexeme, ln(1 + (c.n - t.df + 0.5) / (t.df + 0.5)) AS idf
+    FROM c, bm25_terms t
+    WHERE t.leg = %(leg)s AND t.user_id = %(user)s AND t.scope = %(scope)s AND t.df > 0
+      AND t.lexeme = ANY(array(SELECT DISTINCT lexeme FROM unnest(to_tsvector('english', %(text)s))))
+)
+SELECT p.row_id,
+       sum(w.idf * p.tf::float8 * (%(k1)s + 1)
+           / (p.tf::float8 + %(k1)s * (1 - %(b)s + %(b)s * p.dl::float8 / greatest(c.avgdl, 1)))) AS score
+FROM w JOIN bm25_postings p ON p.leg = %(leg)s AND p.user_id = %(user)s AND p.scope = %(scope)s
+                           AND p.lexeme = w.lexeme
+CROSS JOIN c
+GROUP BY p.row_id
+ORDER BY score DESC, p.row_id
+LIMIT %(limit)s
 """
 
 
-def _bm25_pruned(conn: psycopg.Connection, *, leg: str, table: str, column: str, user_id: str, scope: str,
-                 query: str, limit: int) -> list[LegHit]:
-    """Top ``limit`` by BM25 equal to the full computation, reading only the rows that can matter.
-
-    Max-score pruning (Turtle & Flood): a word's contribution to any row's score is below
-    ``idf × (k1 + 1)``, whatever the row. Words are read rarest first, each over all the rows
-    that hold it; once the ``limit``-th best score so far is at least what the unread words could
-    give together, no row outside those found can reach the top ``limit``, so the unread words
-    are only looked up in the rows found. A common word ("like") is then never scanned.
-    """
-    stats = conn.execute(_BM25_STATS_SQL, {"text": query, "leg": leg, "user": user_id, "scope": scope}).fetchone()
-    if stats is None or not stats[2] or stats[0] <= 0:
-        return []
-    rows, mean_length, words, dfs = int(stats[0]), stats[1], list(stats[2]), [int(d) for d in stats[3]]
-    avgdl = max(mean_length if mean_length is not None else 1.0, 1.0)  # greatest(avg, 1), as the full query
-    idf = [math.log(1 + (rows - df + 0.5) / (df + 0.5)) for df in dfs]
-    bound = [w * (BM25_K1 + 1) for w in idf]
-
-    def contribution(i: int, tf: float, dl: float | None) -> float:
-        norm = BM25_K1 * (1 - BM25_B + BM25_B * (dl if dl is not None else 0.0) / avgdl)
-        return idf[i] * tf * (BM25_K1 + 1) / (tf + norm)
-
-    where = _TABLES[table]
-    terms, tsv = f"{column}_terms", f"{column}_tsv"
-    args = {"user": user_id, "model": scope or None, "as_of": None}
-    scores: dict[str, float] = {}
-    read = 0
-    # Rarest first (stats are ordered by df): their rows are few and their weights the largest.
-    while read < len(words):
-        statement = _BM25_WORD_ROWS_SQL.format(table=table, where=where, tsv=tsv, terms=terms)
-        for row_id, tf, dl in conn.execute(statement, {**args, "word": words[read]}):
-            key = str(row_id)
-            scores[key] = scores.get(key, 0.0) + contribution(read, float(tf), dl)
-        read += 1
-        if len(scores) >= limit and read < len(words):
-            kth = sorted(scores.values(), reverse=True)[limit - 1]
-            if kth >= sum(bound[read:]):
-                break
-    if read < len(words) and scores:
-        index = {word: i for i, word in enumerate(words)}
-        statement = _BM25_CANDIDATE_ROWS_SQL.format(table=table, tsv=tsv, terms=terms)
-        for row_id, word, tf, dl in conn.execute(statement, {"words": words[read:], "ids": list(scores)}):
-            scores[str(row_id)] += contribution(index[word], float(tf), dl)
-    top = sorted(scores.items(), key=lambda item: (-item[1], item[0]))[:limit]
-    return [LegHit(id=row_id, score=score) for row_id, score in top]
+def _bm25_from_postings(conn: psycopg.Connection, *, leg: str, user_id: str, scope: str, query: str,
+                        limit: int) -> list[LegHit]:
+    """Top ``limit`` by BM25 from the postings: equal to the computation from the rows, no row read."""
+    rows = conn.execute(_BM25_POSTINGS_SQL, {"leg": leg, "user": user_id, "scope": scope, "text": query,
+                                            "limit": limit, "k1": BM25_K1, "b": BM25_B}).fetchall()
+    return [LegHit(id=str(r[0]), score=float(r[1])) for r in rows]
 
 
 def vector_search(

@@ -1,21 +1,35 @@
--- BM25's statistics, kept by triggers, so a query need not read every row its words match
+-- BM25 from postings and statistics kept by triggers, so a query reads no exchange's row
 -- (issue "Fast on the default path", part 2; store/recall.py).
 --
--- BM25 weighs each query word by its inverse document frequency: how many of the user's rows
--- hold it. Computed at query time, that is a scan of every row a common word ("like", "work")
--- matches, which for a heavy user is thousands of rows per query. These tables keep, per user
--- and leg, the corpus size and length (for the average document length) and each word's
--- document frequency, written in the writer's own transaction by statement-level triggers, so
--- every write path (the pipeline, the API, imports, restores, forgetting, review decisions,
--- merges) keeps them exact. With them, recall reads the rows of the query's rare words first and
--- stops reading a word's rows as soon as no row outside those read can reach the top k
--- (max-score pruning, store/recall.py); the result equals the full computation (tested).
+-- BM25 needs, for each query word, every row holding it (its term frequency and the row's
+-- length) and how many of the user's rows hold it. Computed from the rows, that meant opening
+-- every exchange a common word ("like", "work") matches: a third of a heavy user's history,
+-- each exchange's context tsvector read back from TOAST (the vectors stay in the row, sql/012,
+-- so the tsvectors go out of line): 45,000 buffers and 170-320 ms for one word over 10,000
+-- exchanges (bench/recall_latency.py --corpus realistic, docs/BENCHMARKS.md). Here each
+-- (user, word, row) is one posting with its term frequency and the row's length, read from the
+-- primary key's index alone (an index-only scan), with the per-user corpus size and length and
+-- each word's document frequency beside it. Statement-level triggers write them in the
+-- writer's own transaction, so every write path (the pipeline, the API, imports, restores,
+-- forgetting, review decisions, merges, re-embedding) keeps them exact; the result equals the
+-- computation from the rows (tested; that computation stays as the reference).
 --
--- Legs (the two of recall's default path; `as_of` and `exchange_context` off use the full query):
+-- Legs (the two of recall's default path; `as_of` and `exchange_context` off use the rows):
 --   'distillations': active, live distillations, per embedding model (scope), over content_tsv;
 --   'contexts':      live exchanges, over context_tsv (each exchange with its neighbours, sql/006).
 -- A row counts in `sized` when its length is known (context_terms is NULL until a context is set),
 -- which is what avg() over the column counts.
+
+-- A word's rows *of one user*, found inside the index: with user_id in the full-text indexes
+-- (btree_gin, a contrib extension PostgreSQL ships and marks trusted), a word common in every
+-- user's history no longer sends the scan to the rows of all users to keep one user's.
+CREATE EXTENSION IF NOT EXISTS btree_gin;
+DROP INDEX distillations_tsv_idx;
+CREATE INDEX distillations_tsv_idx ON distillations USING gin (user_id, content_tsv);
+DROP INDEX memories_tsv_idx;
+CREATE INDEX memories_tsv_idx ON memories USING gin (user_id, content_tsv);
+DROP INDEX memories_context_tsv_idx;
+CREATE INDEX memories_context_tsv_idx ON memories USING gin (user_id, context_tsv);
 
 CREATE TABLE bm25_corpus (
     leg         text   NOT NULL CHECK (leg IN ('distillations', 'contexts')),
@@ -25,6 +39,17 @@ CREATE TABLE bm25_corpus (
     sized       bigint NOT NULL,
     total_terms bigint NOT NULL,
     PRIMARY KEY (leg, user_id, scope)
+);
+
+CREATE TABLE bm25_postings (
+    leg     text    NOT NULL,
+    user_id text    NOT NULL,
+    scope   text    NOT NULL,
+    lexeme  text    NOT NULL,
+    row_id  uuid    NOT NULL,
+    tf      integer NOT NULL,
+    dl      integer,
+    PRIMARY KEY (leg, user_id, scope, lexeme, row_id) INCLUDE (tf, dl)
 );
 
 CREATE TABLE bm25_terms (
@@ -39,8 +64,8 @@ CREATE TABLE bm25_terms (
 -- Adds (sign +1) or removes (-1) rows' contributions. Rows are grouped and written in key order,
 -- and each user's writers take turns (an advisory lock held to commit, as the exchange context
 -- does), so concurrent writers cannot deadlock on the same words.
-CREATE FUNCTION yak_bm25_apply(p_leg text, p_users text[], p_scopes text[], p_signs int[], p_tsvs tsvector[],
-                               p_terms int[]) RETURNS void LANGUAGE plpgsql AS $$
+CREATE FUNCTION yak_bm25_apply(p_leg text, p_ids uuid[], p_users text[], p_scopes text[], p_signs int[],
+                               p_tsvs tsvector[], p_terms int[]) RETURNS void LANGUAGE plpgsql AS $$
 DECLARE
     who text;
 BEGIN
@@ -67,6 +92,18 @@ BEGIN
     HAVING sum(d.sign) <> 0
      ORDER BY d.u, d.s, w.lexeme
     ON CONFLICT (leg, user_id, scope, lexeme) DO UPDATE SET df = t.df + excluded.df;
+    -- Postings: a removed row's go, an added row's come (an update is both, in that order).
+    DELETE FROM bm25_postings p
+     USING unnest(p_ids, p_users, p_scopes, p_signs, p_tsvs) AS d(id, u, s, sign, tsv)
+     CROSS JOIN LATERAL unnest(tsvector_to_array(d.tsv)) AS w(lexeme)
+     WHERE d.sign < 0 AND p.leg = p_leg AND p.user_id = d.u AND p.scope = d.s AND p.lexeme = w.lexeme
+       AND p.row_id = d.id;
+    INSERT INTO bm25_postings (leg, user_id, scope, lexeme, row_id, tf, dl)
+    SELECT p_leg, d.u, d.s, w.lexeme, d.id, greatest(cardinality(w.positions), 1), d.terms
+      FROM unnest(p_ids, p_users, p_scopes, p_signs, p_tsvs, p_terms) AS d(id, u, s, sign, tsv, terms)
+     CROSS JOIN LATERAL unnest(d.tsv) AS w
+     WHERE d.sign > 0
+     ORDER BY 2, 3, 4, 5;
 END
 $$;
 
@@ -74,24 +111,24 @@ $$;
 CREATE FUNCTION yak_bm25_distillations_trigger() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        PERFORM yak_bm25_apply('distillations', array_agg(n.user_id), array_agg(coalesce(n.embedding_model, '')),
+        PERFORM yak_bm25_apply('distillations', array_agg(n.id), array_agg(n.user_id), array_agg(coalesce(n.embedding_model, '')),
                                array_agg(1), array_agg(n.content_tsv), array_agg(n.content_terms))
            FROM new_rows n WHERE n.status = 'active' AND n.deleted_at IS NULL;
     ELSIF TG_OP = 'DELETE' THEN
-        PERFORM yak_bm25_apply('distillations', array_agg(o.user_id), array_agg(coalesce(o.embedding_model, '')),
+        PERFORM yak_bm25_apply('distillations', array_agg(o.id), array_agg(o.user_id), array_agg(coalesce(o.embedding_model, '')),
                                array_agg(-1), array_agg(o.content_tsv), array_agg(o.content_terms))
            FROM old_rows o WHERE o.status = 'active' AND o.deleted_at IS NULL;
     ELSE
         -- Only rows whose standing or words changed (warmth updates change neither).
-        PERFORM yak_bm25_apply('distillations', array_agg(d.user_id), array_agg(d.scope), array_agg(d.sign),
+        PERFORM yak_bm25_apply('distillations', array_agg(d.id), array_agg(d.user_id), array_agg(d.scope), array_agg(d.sign),
                                array_agg(d.tsv), array_agg(d.terms))
-           FROM (SELECT o.user_id, coalesce(o.embedding_model, '') AS scope, -1 AS sign, o.content_tsv AS tsv,
+           FROM (SELECT o.id, o.user_id, coalesce(o.embedding_model, '') AS scope, -1 AS sign, o.content_tsv AS tsv,
                         o.content_terms AS terms, o.status = 'active' AND o.deleted_at IS NULL AS counts
                    FROM old_rows o JOIN new_rows n ON n.id = o.id
                   WHERE (o.user_id, o.status, o.deleted_at IS NULL, o.embedding_model, o.content_tsv)
                         IS DISTINCT FROM (n.user_id, n.status, n.deleted_at IS NULL, n.embedding_model, n.content_tsv)
                  UNION ALL
-                 SELECT n.user_id, coalesce(n.embedding_model, ''), 1, n.content_tsv, n.content_terms,
+                 SELECT n.id, n.user_id, coalesce(n.embedding_model, ''), 1, n.content_tsv, n.content_terms,
                         n.status = 'active' AND n.deleted_at IS NULL
                    FROM old_rows o JOIN new_rows n ON n.id = o.id
                   WHERE (o.user_id, o.status, o.deleted_at IS NULL, o.embedding_model, o.content_tsv)
@@ -107,23 +144,23 @@ $$;
 CREATE FUNCTION yak_bm25_contexts_trigger() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_OP = 'INSERT' THEN
-        PERFORM yak_bm25_apply('contexts', array_agg(n.user_id), array_agg(''::text), array_agg(1),
+        PERFORM yak_bm25_apply('contexts', array_agg(n.id), array_agg(n.user_id), array_agg(''::text), array_agg(1),
                                array_agg(n.context_tsv), array_agg(n.context_terms))
            FROM new_rows n WHERE n.deleted_at IS NULL;
     ELSIF TG_OP = 'DELETE' THEN
-        PERFORM yak_bm25_apply('contexts', array_agg(o.user_id), array_agg(''::text), array_agg(-1),
+        PERFORM yak_bm25_apply('contexts', array_agg(o.id), array_agg(o.user_id), array_agg(''::text), array_agg(-1),
                                array_agg(o.context_tsv), array_agg(o.context_terms))
            FROM old_rows o WHERE o.deleted_at IS NULL;
     ELSE
-        PERFORM yak_bm25_apply('contexts', array_agg(d.user_id), array_agg(''::text), array_agg(d.sign),
+        PERFORM yak_bm25_apply('contexts', array_agg(d.id), array_agg(d.user_id), array_agg(''::text), array_agg(d.sign),
                                array_agg(d.tsv), array_agg(d.terms))
-           FROM (SELECT o.user_id, -1 AS sign, o.context_tsv AS tsv, o.context_terms AS terms,
+           FROM (SELECT o.id, o.user_id, -1 AS sign, o.context_tsv AS tsv, o.context_terms AS terms,
                         o.deleted_at IS NULL AS counts
                    FROM old_rows o JOIN new_rows n ON n.id = o.id
                   WHERE (o.user_id, o.deleted_at IS NULL, o.context_tsv)
                         IS DISTINCT FROM (n.user_id, n.deleted_at IS NULL, n.context_tsv)
                  UNION ALL
-                 SELECT n.user_id, 1, n.context_tsv, n.context_terms, n.deleted_at IS NULL
+                 SELECT n.id, n.user_id, 1, n.context_tsv, n.context_terms, n.deleted_at IS NULL
                    FROM old_rows o JOIN new_rows n ON n.id = o.id
                   WHERE (o.user_id, o.deleted_at IS NULL, o.context_tsv)
                         IS DISTINCT FROM (n.user_id, n.deleted_at IS NULL, n.context_tsv)
@@ -152,6 +189,7 @@ CREATE TRIGGER memories_bm25_delete AFTER DELETE ON memories
 CREATE FUNCTION yak_bm25_rebuild() RETURNS void LANGUAGE sql AS $$
     DELETE FROM bm25_corpus;
     DELETE FROM bm25_terms;
+    DELETE FROM bm25_postings;
     INSERT INTO bm25_corpus (leg, user_id, scope, rows, sized, total_terms)
     SELECT 'distillations', user_id, coalesce(embedding_model, ''), count(*), count(content_terms),
            coalesce(sum(content_terms), 0)
@@ -167,6 +205,15 @@ CREATE FUNCTION yak_bm25_rebuild() RETURNS void LANGUAGE sql AS $$
     SELECT 'contexts', m.user_id, '', w.lexeme, count(*)
       FROM memories m CROSS JOIN LATERAL unnest(tsvector_to_array(m.context_tsv)) AS w(lexeme)
      WHERE m.deleted_at IS NULL GROUP BY 2, 4;
+    INSERT INTO bm25_postings (leg, user_id, scope, lexeme, row_id, tf, dl)
+    SELECT 'distillations', d.user_id, coalesce(d.embedding_model, ''), w.lexeme, d.id,
+           greatest(cardinality(w.positions), 1), d.content_terms
+      FROM distillations d CROSS JOIN LATERAL unnest(d.content_tsv) AS w
+     WHERE d.status = 'active' AND d.deleted_at IS NULL
+    UNION ALL
+    SELECT 'contexts', m.user_id, '', w.lexeme, m.id, greatest(cardinality(w.positions), 1), m.context_terms
+      FROM memories m CROSS JOIN LATERAL unnest(m.context_tsv) AS w
+     WHERE m.deleted_at IS NULL;
 $$;
 
 CREATE FUNCTION yak_bm25_truncate_trigger() RETURNS trigger LANGUAGE plpgsql AS $$
