@@ -145,6 +145,10 @@ class Settings(BaseSettings):
         default="http://127.0.0.1:3000",
         description="The Dagster UI the web page (/ui) links to for runs and lineage; `yak up` sets it to the one it starts.",
     )
+    dagster_pg_url: SecretStr | None = Field(
+        default=None,
+        description="SQLAlchemy URL of Dagster's storage (runs, events, schedules), read by dagster.yaml too; unset = `yak up` uses the `dagster` database on Yak's PostgreSQL (never shown).",
+    )
 
     @field_validator("timezone")
     @classmethod
@@ -155,7 +159,8 @@ class Settings(BaseSettings):
             raise ValueError(f"unknown time zone {value!r} (use an IANA name such as Europe/Berlin)") from exc
         return value
 
-    @field_validator("database_url", "llm_base_url", "embed_base_url", "embed_model", "upstream_base_url", mode="before")
+    @field_validator("database_url", "llm_base_url", "embed_base_url", "embed_model", "upstream_base_url", "dagster_pg_url",
+                     mode="before")
     @classmethod
     def _blank_is_unset(cls, value: object) -> object:
         # `export YAK_DATABASE_URL=` should mean "unset", not "connect to ''".

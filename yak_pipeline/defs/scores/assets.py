@@ -8,7 +8,6 @@ from yak_pipeline.defs.partitions import exchange_partitions, partition_parts
 from yak_pipeline.defs.resources import AlertsResource, EmbedderResource, LLMResource, PostgresResource
 from yak_pipeline.services.consolidate import ConsolidateJob, merge_near_duplicates, score_conflicts
 from yak_pipeline.services.warmth import WarmthJob, evaluate_pending_turns, offline_judge, reevaluate_recent
-from yak_pipeline.settings import get_settings
 from yak_pipeline.store.distillations import partition_gate_passed
 
 
@@ -110,7 +109,7 @@ def warmth(
     with alerts.database_guard(f"evaluating warmth of {context.partition_key}"):
         provider = llm.provider()
         job = WarmthJob(db=postgres.database(), llm=provider, alerter=alerts.alerter(),
-                        judge=offline_judge(get_settings(), provider, embedder.embedder()))
+                        judge=offline_judge(llm.settings(), provider, embedder.embedder()))
         if config.nightly:
             report = reevaluate_recent(job, user_id=user_id, day=day, days=config.days)
         else:
