@@ -30,6 +30,7 @@ keys_app = typer.Typer(help="API keys (admin key needed).", no_args_is_help=True
 UserFilter = Annotated[str | None, typer.Option("--user", help="Only this user's (a user key: its own).")]
 DistillationId = Annotated[str, typer.Argument(help="Distillation id.")]
 ConflictId = Annotated[str, typer.Argument(help="Conflict id.")]
+SettledNote = Annotated[str | None, typer.Option("--note", help="How it was settled.")]
 
 
 def metrics_as_json(text: str) -> dict:
@@ -218,10 +219,7 @@ def _close_conflict(action: str, conflict_id: str, body: dict, shown: str = "") 
 
 
 @api_command(conflicts_app, "resolve")
-def conflicts_resolve_command(
-    conflict_id: ConflictId,
-    note: Annotated[str | None, typer.Option("--note", help="How it was settled.")] = None,
-) -> ApiCall:
+def conflicts_resolve_command(conflict_id: ConflictId, note: SettledNote = None) -> ApiCall:
     """Mark a conflict resolved (after rejecting or editing one side)."""
     return _close_conflict("resolve", conflict_id, {"resolution": note})
 
@@ -239,7 +237,7 @@ def conflicts_dismiss_command(
 def conflicts_keep_command(
     conflict_id: ConflictId,
     side: Annotated[Literal["a", "b", "both"], typer.Argument(help="a or b (the other side is rejected), or both.")],
-    note: Annotated[str | None, typer.Option("--note", help="How it was settled.")] = None,
+    note: SettledNote = None,
 ) -> ApiCall:
     """Settle a conflict by keeping one side (the other is rejected: kept, never recalled) or both."""
     return _close_conflict("keep", conflict_id, {"keep": side, "resolution": note}, f" (kept {side})")
