@@ -88,7 +88,8 @@ class Settings(BaseSettings):
     alert_dedup_seconds: int = Field(
         default=300, ge=0, description="Window within which alerts of one type are sent once."
     )
-    admin_api_key: SecretStr | None = _unset_secret("An admin API key accepted in addition to stored keys (never logged).")
+    admin_api_key: SecretStr | None = _unset_secret(
+        "An admin API key accepted in addition to stored keys (never logged).")
     api_url: str | None = Field(
         default=None,
         description="A running `yak serve` the CLI sends its requests to; unset = the one `yak serve` recorded in $YAK_HOME.",
@@ -122,7 +123,8 @@ class Settings(BaseSettings):
         default=None,
         description="OpenAI-compatible endpoint the memory proxy (`/v1/chat/completions`) forwards chats to; unset = $YAK_LLM_BASE_URL (with its key).",
     )
-    upstream_api_key: SecretStr | None = _unset_secret("API key the memory proxy sends to $YAK_UPSTREAM_BASE_URL (never logged, never the client's Yak key).")
+    upstream_api_key: SecretStr | None = _unset_secret(
+        "API key the memory proxy sends to $YAK_UPSTREAM_BASE_URL (never logged, never the client's Yak key).")
     upstream_timeout_seconds: float = Field(
         default=300.0, gt=0, description="How long the memory proxy waits for the upstream's next bytes, in seconds."
     )

@@ -78,7 +78,8 @@ def pin_command(
 ) -> ApiCall:
     """Pin a distillation: give it a user_weight (default 2) so recall ranks it higher; --weight 1 unpins."""
     return ApiCall("POST", _path(distillation_id, "/weight"),
-                   lambda d: console.print(f"{d['id']} user_weight {d['user_weight']:g}"), json_body={"user_weight": weight})
+                   lambda d: console.print(f"{d['id']} user_weight {d['user_weight']:g}"),
+                   json_body={"user_weight": weight})
 
 
 @api_command(app, "merge")

