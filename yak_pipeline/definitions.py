@@ -20,6 +20,7 @@ from yak_pipeline.defs.distillations.checks import distillation_quality  # noqa:
 from yak_pipeline.defs.exchanges.assets import raw_exchanges  # noqa: E402
 from yak_pipeline.defs.resources import default_resources  # noqa: E402
 from yak_pipeline.defs.scores.assets import conflict_scores, distillation_versions, warmth  # noqa: E402
+from yak_pipeline.settings import get_settings  # noqa: E402
 
 ASSETS = [raw_exchanges, distillations, conflict_scores, distillation_versions, warmth]
 CHECKS = [distillation_quality]
@@ -29,6 +30,8 @@ defs = dg.Definitions(
     asset_checks=CHECKS,
     jobs=[memory_job, warmth_job],
     sensors=[drop_folder_sensor, api_inbox_sensor, turns_sensor, run_failure_alert_sensor],
-    schedules=[nightly_warmth_schedule],
+    # The code location is an entry point: the one place on the Dagster side that reads the settings
+    # for what must be fixed when the definitions are built (resources read theirs per run).
+    schedules=[nightly_warmth_schedule(get_settings().timezone)],
     resources=default_resources(),
 )

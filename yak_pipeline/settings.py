@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
@@ -17,6 +17,11 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # How the LLM provider asks for structured output (see yak_pipeline.llm.openai_client).
 StructuredOutput = Literal["auto", "json_schema", "json_object_schema", "json_object"]
+
+
+def _unset_secret(description: str) -> Any:  # noqa: ANN401 - what pydantic's Field returns
+    """A secret setting, unset by default: pydantic hides its value in every dump and repr."""
+    return Field(default=None, description=description)
 
 
 class SettingsError(ValueError):
@@ -41,18 +46,12 @@ class Settings(BaseSettings):
         description="OpenAI-compatible endpoint (e.g. http://127.0.0.1:11434/v1); unset = offline rules provider.",
     )
     llm_model: str = Field(default="gpt-4o-mini", description="Chat model name sent to the LLM endpoint.")
-    llm_api_key: SecretStr | None = Field(
-        default=None, description="API key for the LLM endpoint (never logged)."
-    )
-    llm_timeout_seconds: float = Field(
-        default=60.0, gt=0, description="Timeout of one LLM request, in seconds."
-    )
+    llm_api_key: SecretStr | None = _unset_secret("API key for the LLM endpoint (never logged).")
+    llm_timeout_seconds: float = Field(default=60.0, gt=0, description="Timeout of one LLM request, in seconds.")
     llm_max_retries: int = Field(
         default=3, ge=0, le=10, description="Retries of an LLM call on transport errors, 5xx and invalid output."
     )
-    llm_concurrency: int = Field(
-        default=4, ge=1, le=64, description="Concurrent LLM calls within one pipeline run."
-    )
+    llm_concurrency: int = Field(default=4, ge=1, le=64, description="Concurrent LLM calls within one pipeline run.")
     llm_structured_output: StructuredOutput = Field(
         default="auto",
         description="How answers are held to their JSON schema: json_schema (OpenAI), json_object_schema (llama-cpp-python), json_object (JSON mode only), or auto (the first the server takes).",
@@ -84,18 +83,13 @@ class Settings(BaseSettings):
     core_threshold_multiplier: float = Field(
         default=2.0, ge=1.0, le=10.0, description="How much wider the recall distance gate is for core memories."
     )
-    error_webhook: SecretStr | None = Field(
-        default=None, description="Discord-format webhook for error alerts (never logged)."
-    )
-    critical_webhook: SecretStr | None = Field(
-        default=None, description="Escalation webhook for critical alerts (never logged)."
-    )
+    error_webhook: SecretStr | None = _unset_secret("Discord-format webhook for error alerts (never logged).")
+    critical_webhook: SecretStr | None = _unset_secret("Escalation webhook for critical alerts (never logged).")
     alert_dedup_seconds: int = Field(
         default=300, ge=0, description="Window within which alerts of one type are sent once."
     )
-    admin_api_key: SecretStr | None = Field(
-        default=None, description="An admin API key accepted in addition to stored keys (never logged)."
-    )
+    admin_api_key: SecretStr | None = _unset_secret(
+        "An admin API key accepted in addition to stored keys (never logged).")
     api_url: str | None = Field(
         default=None,
         description="A running `yak serve` the CLI sends its requests to; unset = the one `yak serve` recorded in $YAK_HOME.",
@@ -129,9 +123,8 @@ class Settings(BaseSettings):
         default=None,
         description="OpenAI-compatible endpoint the memory proxy (`/v1/chat/completions`) forwards chats to; unset = $YAK_LLM_BASE_URL (with its key).",
     )
-    upstream_api_key: SecretStr | None = Field(
-        default=None, description="API key the memory proxy sends to $YAK_UPSTREAM_BASE_URL (never logged, never the client's Yak key)."
-    )
+    upstream_api_key: SecretStr | None = _unset_secret(
+        "API key the memory proxy sends to $YAK_UPSTREAM_BASE_URL (never logged, never the client's Yak key).")
     upstream_timeout_seconds: float = Field(
         default=300.0, gt=0, description="How long the memory proxy waits for the upstream's next bytes, in seconds."
     )
@@ -145,6 +138,9 @@ class Settings(BaseSettings):
         default="http://127.0.0.1:3000",
         description="The Dagster UI the web page (/ui) links to for runs and lineage; `yak up` sets it to the one it starts.",
     )
+    dagster_pg_url: SecretStr | None = _unset_secret(
+        "SQLAlchemy URL of Dagster's storage (runs, events, schedules), read by dagster.yaml too; unset = `yak up` uses the `dagster` database on Yak's PostgreSQL (never shown).",
+    )
 
     @field_validator("timezone")
     @classmethod
@@ -155,7 +151,8 @@ class Settings(BaseSettings):
             raise ValueError(f"unknown time zone {value!r} (use an IANA name such as Europe/Berlin)") from exc
         return value
 
-    @field_validator("database_url", "llm_base_url", "embed_base_url", "embed_model", "upstream_base_url", mode="before")
+    @field_validator("database_url", "llm_base_url", "embed_base_url", "embed_model", "upstream_base_url", "dagster_pg_url",
+                     mode="before")
     @classmethod
     def _blank_is_unset(cls, value: object) -> object:
         # `export YAK_DATABASE_URL=` should mean "unset", not "connect to ''".

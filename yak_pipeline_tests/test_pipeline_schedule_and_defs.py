@@ -38,7 +38,7 @@ def _evaluate(users: list[str], when: datetime, days: list[date] | None = None) 
         if users:
             instance.add_dynamic_partitions(users_partitions.name, users)
         instance.add_dynamic_partitions(days_partitions.name, [d.isoformat() for d in days])
-        return nightly_warmth_schedule(dg.build_schedule_context(instance=instance, scheduled_execution_time=when))
+        return nightly_warmth_schedule("UTC")(dg.build_schedule_context(instance=instance, scheduled_execution_time=when))
 
 
 def test_schedule_requests_seven_days_for_every_user_with_the_nightly_config() -> None:

@@ -6,12 +6,19 @@ from typing import Annotated
 
 import typer
 
-from yak_pipeline.cli.api_client import ApiKeyOption, JsonOption, RemoteOption, call_api, emit, parse_id
+from yak_pipeline.cli.api_client import ApiKeyOption, JsonOption, RemoteOption, emit, parse_id
+from yak_pipeline.cli.api_command import ApiCall, api_command, call_and_print
 from yak_pipeline.cli.errors import friendly_errors
 from yak_pipeline.cli.render import make_console, print_page, short, table
 
 app = typer.Typer(help="Distillations: list, show, version, pin, merge, re-embed.", no_args_is_help=True)
 console = make_console()
+DistillationId = Annotated[str, typer.Argument(help="Distillation id.")]
+
+
+def _path(distillation_id: str, action: str = "") -> str:
+    """The API path of one distillation (``action`` appended), its id checked."""
+    return f"/api/distillations/{parse_id(distillation_id, 'distillation id')}{action}"
 
 
 def render_distillation(d: dict) -> None:
@@ -26,20 +33,17 @@ def render_distillation(d: dict) -> None:
     console.print(grid)
 
 
-@app.command("list")
-@friendly_errors
+@api_command(app, "list")
 def list_command(
     user: Annotated[str | None, typer.Option("--user", help="Only this user's.")] = None,
     status: Annotated[str | None, typer.Option("--status", help="active, review, rejected or merged.")] = None,
     memory: Annotated[str | None, typer.Option("--memory", help="Only those of this memory id.")] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, max=500)] = 50,
     offset: Annotated[int, typer.Option("--offset", min=0)] = 0,
-    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
-) -> None:
+) -> ApiCall:
     """List distillations, newest first."""
     params = {"user_id": user, "status": status, "limit": limit, "offset": offset,
               "memory_id": parse_id(memory, "memory id") if memory else None}
-    data = call_api(remote, api_key, "GET", "/api/distillations", params=params)
 
     def render(page: dict) -> None:
         grid = table("id", "user", "tier", "conf", "warmth", "status", "content")
@@ -48,61 +52,45 @@ def list_command(
                           d["status"] + ("*" if d["needs_review"] else ""), short(d["content"], 60))
         print_page(console, grid, page)
 
-    emit(data, as_json, render)
+    return ApiCall("GET", "/api/distillations", render, params=params)
 
 
-@app.command("show")
-@friendly_errors
-def show_command(
-    distillation_id: Annotated[str, typer.Argument(help="Distillation id.")],
-    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
-) -> None:
+@api_command(app, "show")
+def show_command(distillation_id: DistillationId) -> ApiCall:
     """Show a distillation with every version of its text."""
-    data = call_api(remote, api_key, "GET", f"/api/distillations/{parse_id(distillation_id, 'distillation id')}")
-    emit(data, as_json, render_distillation)
+    return ApiCall("GET", _path(distillation_id), render_distillation)
 
 
-@app.command("version")
-@friendly_errors
+@api_command(app, "version")
 def version_command(
-    distillation_id: Annotated[str, typer.Argument(help="Distillation id.")],
+    distillation_id: DistillationId,
     content: Annotated[str, typer.Option("--content", help="The new text (1-4 sentences).")],
-    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
-) -> None:
+) -> ApiCall:
     """Write a new version of a distillation's text by hand; the old text stays as a version."""
-    data = call_api(remote, api_key, "POST",
-                    f"/api/distillations/{parse_id(distillation_id, 'distillation id')}/versions",
-                    json_body={"content": content})
-    emit(data, as_json, render_distillation)
+    return ApiCall("POST", _path(distillation_id, "/versions"), render_distillation, json_body={"content": content})
 
 
-@app.command("pin")
-@friendly_errors
+@api_command(app, "pin")
 def pin_command(
-    distillation_id: Annotated[str, typer.Argument(help="Distillation id.")],
+    distillation_id: DistillationId,
     weight: Annotated[float, typer.Option("--weight", min=0.01, max=10.0,
                                           help="user_weight, a factor of recall's gravity: 1 unpins.")] = 2.0,
-    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
-) -> None:
+) -> ApiCall:
     """Pin a distillation: give it a user_weight (default 2) so recall ranks it higher; --weight 1 unpins."""
-    data = call_api(remote, api_key, "POST",
-                    f"/api/distillations/{parse_id(distillation_id, 'distillation id')}/weight",
-                    json_body={"user_weight": weight})
-    emit(data, as_json, lambda d: console.print(f"{d['id']} user_weight {d['user_weight']:g}"))
+    return ApiCall("POST", _path(distillation_id, "/weight"),
+                   lambda d: console.print(f"{d['id']} user_weight {d['user_weight']:g}"),
+                   json_body={"user_weight": weight})
 
 
-@app.command("merge")
-@friendly_errors
+@api_command(app, "merge")
 def merge_command(
     keep_id: Annotated[str, typer.Argument(help="The distillation that stays (gets a new version).")],
     merge_id: Annotated[str, typer.Argument(help="The distillation merged into it (becomes 'merged').")],
     content: Annotated[str | None, typer.Option("--content", help="The merged text; default: the LLM writes it.")] = None,
-    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
-) -> None:
+) -> ApiCall:
     """Merge two of a user's distillations into one."""
     body = {"keep_id": parse_id(keep_id, "keep id"), "merge_id": parse_id(merge_id, "merge id"), "content": content}
-    data = call_api(remote, api_key, "POST", "/api/distillations/merge", json_body=body)
-    emit(data, as_json, render_distillation)
+    return ApiCall("POST", "/api/distillations/merge", render_distillation, json_body=body)
 
 
 @app.command("re-embed")
@@ -123,9 +111,9 @@ def reembed_command(
     if all_ == (distillation_id is not None):
         raise typer.BadParameter("give a distillation id or --all (not both)")
     if distillation_id is not None:
-        data = call_api(remote, api_key, "POST",
-                        f"/api/distillations/{parse_id(distillation_id, 'distillation id')}/re-embed")
-        emit(data, as_json, lambda d: console.print(f"re-embedded {d['id']} with {d['embedding_model']}"))
+        call = ApiCall("POST", _path(distillation_id, "/re-embed"),
+                       lambda d: console.print(f"re-embedded {d['id']} with {d['embedding_model']}"))
+        call_and_print(call, remote=remote, api_key=api_key, as_json=as_json)
         return
     if remote:
         raise typer.BadParameter("--all runs on the configured database, not through --remote")

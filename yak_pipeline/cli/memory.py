@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from yak_pipeline.cli.api_client import ApiKeyOption, JsonOption, RemoteOption, call_api, emit, parse_id
-from yak_pipeline.cli.errors import friendly_errors
+from yak_pipeline.cli.api_client import parse_id
+from yak_pipeline.cli.api_command import ApiCall, api_command
 from yak_pipeline.cli.render import make_console, print_page, short, table
 
 app = typer.Typer(help="Raw memories: add, list, show, delete, search.", no_args_is_help=True)
@@ -18,35 +18,28 @@ UserOption = Annotated[str | None, typer.Option(
     "--user", help="Only this user's memories (an admin key lists every user's without it; a user key, its own).")]
 
 
-@app.command("add")
-@friendly_errors
+@api_command(app, "add")
 def add_command(
     content: Annotated[str, typer.Argument(help='The exchange ("User: …" and "Assistant: …" lines), or - for stdin.')],
     user: Annotated[str, typer.Option("--user", help="Whose memory it is.")],
     occurred_at: Annotated[str | None, typer.Option("--occurred-at", help="ISO time with zone; default now.")] = None,
-    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
-) -> None:
+) -> ApiCall:
     """Store one exchange as a pending memory (distilled by the pipeline)."""
     body = {"content": sys.stdin.read() if content == "-" else content, "user_id": user}
     if occurred_at:
         body["occurred_at"] = occurred_at
-    data = call_api(remote, api_key, "POST", "/api/memories/", json_body=body)
-    emit(data, as_json, lambda d: console.print(f"stored memory {d['id']} ({d['status']})"))
+    return ApiCall("POST", "/api/memories/", lambda d: console.print(f"stored memory {d['id']} ({d['status']})"),
+                   json_body=body)
 
 
-@app.command("list")
-@friendly_errors
+@api_command(app, "list")
 def list_command(
     user: UserOption = None,
     status: Annotated[str | None, typer.Option("--status", help="pending, distilled or failed.")] = None,
     limit: Annotated[int, typer.Option("--limit", min=1, max=500)] = 50,
     offset: Annotated[int, typer.Option("--offset", min=0)] = 0,
-    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
-) -> None:
+) -> ApiCall:
     """List memories, newest exchange first."""
-    data = call_api(remote, api_key, "GET", "/api/memories",
-                    params={"user_id": user, "status": status, "limit": limit, "offset": offset})
-
     def render(page: dict) -> None:
         if not page["items"] and offset == 0:
             # An empty table for a mistyped user id looked like an answer; say what it means.
@@ -58,18 +51,15 @@ def list_command(
             grid.add_row(m["id"], m["user_id"], m["occurred_at"][:19], m["status"], short(m["content"], 60))
         print_page(console, grid, page)
 
-    emit(data, as_json, render)
+    return ApiCall("GET", "/api/memories", render,
+                   params={"user_id": user, "status": status, "limit": limit, "offset": offset})
 
 
-@app.command("show")
-@friendly_errors
+@api_command(app, "show")
 def show_command(
     memory_id: Annotated[str, typer.Argument(help="Memory id.")],
-    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
-) -> None:
+) -> ApiCall:
     """Show one memory's full text, state and distillations."""
-    data = call_api(remote, api_key, "GET", f"/api/memories/{parse_id(memory_id, 'memory id')}")
-
     def render(m: dict) -> None:
         console.print(f"[bold]{m['id']}[/bold] user {m['user_id']}, {m['status']}, occurred {m['occurred_at']}")
         console.print(m["content"], markup=False, highlight=False)
@@ -81,25 +71,21 @@ def show_command(
                           short(d["content"], 60))
         console.print(grid)
 
-    emit(data, as_json, render)
+    return ApiCall("GET", f"/api/memories/{parse_id(memory_id, 'memory id')}", render)
 
 
-@app.command("delete")
-@friendly_errors
+@api_command(app, "delete")
 def delete_command(
     memory_id: Annotated[str, typer.Argument(help="Memory id.")],
     soft: Annotated[bool, typer.Option("--soft", help="Keep the rows, hidden from every read path.")] = False,
-    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
-) -> None:
+) -> ApiCall:
     """Forget one memory and everything derived from it (cascade; an audit row keeps the ids)."""
-    data = call_api(remote, api_key, "DELETE", f"/api/memories/{parse_id(memory_id, 'memory id')}",
-                    params={"soft": str(soft).lower()})
-    emit(data, as_json, lambda d: console.print(
-        f"forgot memory {', '.join(d['deleted_memory_ids'])} and {len(d['deleted_distillation_ids'])} distillations"))
+    return ApiCall("DELETE", f"/api/memories/{parse_id(memory_id, 'memory id')}", lambda d: console.print(
+        f"forgot memory {', '.join(d['deleted_memory_ids'])} and {len(d['deleted_distillation_ids'])} distillations"),
+                   params={"soft": str(soft).lower()})
 
 
-@app.command("search")
-@friendly_errors
+@api_command(app, "search")
 def search_command(
     query: Annotated[str, typer.Argument(help="What to recall.")],
     user: Annotated[str, typer.Option("--user", help="Whose memories to search.")],
@@ -108,14 +94,11 @@ def search_command(
                                              help="Relevance threshold t (calibrated relevance, docs/RECALL.md).")] = 0.7,
     as_of: Annotated[str | None, typer.Option("--as-of", help="Recall as of this ISO-8601 moment, e.g. 2026-03-01T00:00:00Z.")] = None,
     explain: Annotated[bool, typer.Option("--explain", help="Show each hit's score breakdown.")] = False,
-    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
-) -> None:
+) -> ApiCall:
     """Recall a user's best distillations for a query, with their scores (nothing when nothing is relevant)."""
     body: dict = {"query": query, "user_id": user, "limit": limit, "threshold": threshold, "explain": explain}
     if as_of is not None:
         body["as_of"] = as_of
-    data = call_api(remote, api_key, "POST", "/api/distillations/search", json_body=body)
-
     def render(hits: list) -> None:
         if not hits:
             console.print("no memory is relevant enough (threshold %.2f)" % threshold)
@@ -139,4 +122,4 @@ def search_command(
                               f"{'; placed newest first (a question about the present)' if e.get('newest_first') else ''}",
                               highlight=False, markup=False)
 
-    emit(data, as_json, render)
+    return ApiCall("POST", "/api/distillations/search", render, json_body=body)

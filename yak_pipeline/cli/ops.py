@@ -17,6 +17,7 @@ from yak_pipeline.cli.api_client import (
     emit,
     parse_id,
 )
+from yak_pipeline.cli.api_command import ApiCall, api_command
 from yak_pipeline.cli.errors import FAILURE_EXIT, USAGE_EXIT, fail, friendly_errors
 from yak_pipeline.cli.render import make_console, short, table
 
@@ -27,6 +28,9 @@ conflicts_app = typer.Typer(help="Contradictions between a user's distillations.
 keys_app = typer.Typer(help="API keys (admin key needed).", no_args_is_help=True)
 
 UserFilter = Annotated[str | None, typer.Option("--user", help="Only this user's (a user key: its own).")]
+DistillationId = Annotated[str, typer.Argument(help="Distillation id.")]
+ConflictId = Annotated[str, typer.Argument(help="Conflict id.")]
+SettledNote = Annotated[str | None, typer.Option("--note", help="How it was settled.")]
 
 
 def metrics_as_json(text: str) -> dict:
@@ -69,14 +73,10 @@ def health_command(remote: RemoteOption = None, api_key: ApiKeyOption = None, as
         raise typer.Exit(FAILURE_EXIT)
 
 
-@queue_app.command("status")
-@friendly_errors
-def queue_status_command(
-    user: UserFilter = None, remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
-) -> None:
+@api_command(queue_app, "status")
+def queue_status_command(user: UserFilter = None) -> ApiCall:
     """Show pending memories and turns, the latest failed items, and (admin key) what the drop
     folder quarantined in failed/, with the reasons."""
-    data = call_api(remote, api_key, "GET", "/api/queue", params={"user_id": user})
 
     def render(q: dict) -> None:
         console.print(f"pending: {q['pending_memories']} memories, {q['pending_turns']} turns; "
@@ -99,7 +99,7 @@ def queue_status_command(
                     grid.add_row(item["name"], item["kind"], str(item["records"] or ""), reason)
                 console.print(grid)
 
-    emit(data, as_json, render)
+    return ApiCall("GET", "/api/queue", render, params={"user_id": user})
 
 
 def _is_plain_argument(command: str, context_id: str | None) -> bool:
@@ -169,49 +169,39 @@ def _render_review(items: list) -> None:
     console.print(grid if items else "nothing waits for review")
 
 
-@review_app.command("list")
-@friendly_errors
+@api_command(review_app, "list")
 def review_list_command(
     user: UserFilter = None,
     limit: Annotated[int, typer.Option("--limit", min=1, max=500)] = 50,
-    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
-) -> None:
+) -> ApiCall:
     """List distillations waiting for a decision, oldest first."""
-    data = call_api(remote, api_key, "GET", "/api/review", params={"user_id": user, "limit": limit})
-    emit(data, as_json, _render_review)
+    return ApiCall("GET", "/api/review", _render_review, params={"user_id": user, "limit": limit})
 
 
-@review_app.command("approve")
-@friendly_errors
-def review_approve_command(
-    distillation_id: Annotated[str, typer.Argument(help="Distillation id.")],
-    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
-) -> None:
+def _review_decision(distillation_id: str, decision: str) -> ApiCall:
+    """The request that approves or rejects a flagged distillation."""
+    return ApiCall("POST", f"/api/review/{parse_id(distillation_id, 'distillation id')}/{decision}",
+                   lambda d: console.print(f"{d['decision']} {d['id']}"))
+
+
+@api_command(review_app, "approve")
+def review_approve_command(distillation_id: DistillationId) -> ApiCall:
     """Approve a flagged distillation: it becomes active and recallable."""
-    data = call_api(remote, api_key, "POST", f"/api/review/{parse_id(distillation_id, 'distillation id')}/approve")
-    emit(data, as_json, lambda d: console.print(f"{d['decision']} {d['id']}"))
+    return _review_decision(distillation_id, "approve")
 
 
-@review_app.command("reject")
-@friendly_errors
-def review_reject_command(
-    distillation_id: Annotated[str, typer.Argument(help="Distillation id.")],
-    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
-) -> None:
+@api_command(review_app, "reject")
+def review_reject_command(distillation_id: DistillationId) -> ApiCall:
     """Reject a flagged distillation: kept, never recalled."""
-    data = call_api(remote, api_key, "POST", f"/api/review/{parse_id(distillation_id, 'distillation id')}/reject")
-    emit(data, as_json, lambda d: console.print(f"{d['decision']} {d['id']}"))
+    return _review_decision(distillation_id, "reject")
 
 
-@conflicts_app.command("list")
-@friendly_errors
+@api_command(conflicts_app, "list")
 def conflicts_list_command(
     user: UserFilter = None,
     status: Annotated[str, typer.Option("--status", help="open, resolved, dismissed or all.")] = "open",
-    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
-) -> None:
+) -> ApiCall:
     """List conflicts with both sides' text."""
-    data = call_api(remote, api_key, "GET", "/api/conflicts", params={"user_id": user, "status": status})
 
     def render(items: list) -> None:
         grid = table("id", "user", "score", "status", "a", "b")
@@ -220,50 +210,38 @@ def conflicts_list_command(
                           short(c["content_b"], 40))
         console.print(grid if items else "no conflicts")
 
-    emit(data, as_json, render)
+    return ApiCall("GET", "/api/conflicts", render, params={"user_id": user, "status": status})
 
 
-def _close_conflict(action: str, conflict_id: str, note: str | None, remote: str | None, api_key: str | None,
-                    as_json: bool) -> None:
-    data = call_api(remote, api_key, "POST", f"/api/conflicts/{parse_id(conflict_id, 'conflict id')}/{action}",
-                    json_body={"resolution": note})
-    emit(data, as_json, lambda d: console.print(f"conflict {d['id']} {d['status']}"))
+def _close_conflict(action: str, conflict_id: str, body: dict, shown: str = "") -> ApiCall:
+    """The request that resolves, dismisses or keeps a side of a conflict."""
+    return ApiCall("POST", f"/api/conflicts/{parse_id(conflict_id, 'conflict id')}/{action}",
+                   lambda d: console.print(f"conflict {d['id']} {d['status']}{shown}"), json_body=body)
 
 
-@conflicts_app.command("resolve")
-@friendly_errors
-def conflicts_resolve_command(
-    conflict_id: Annotated[str, typer.Argument(help="Conflict id.")],
-    note: Annotated[str | None, typer.Option("--note", help="How it was settled.")] = None,
-    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
-) -> None:
+@api_command(conflicts_app, "resolve")
+def conflicts_resolve_command(conflict_id: ConflictId, note: SettledNote = None) -> ApiCall:
     """Mark a conflict resolved (after rejecting or editing one side)."""
-    _close_conflict("resolve", conflict_id, note, remote, api_key, as_json)
+    return _close_conflict("resolve", conflict_id, {"resolution": note})
 
 
-@conflicts_app.command("dismiss")
-@friendly_errors
+@api_command(conflicts_app, "dismiss")
 def conflicts_dismiss_command(
-    conflict_id: Annotated[str, typer.Argument(help="Conflict id.")],
+    conflict_id: ConflictId,
     note: Annotated[str | None, typer.Option("--note", help="Why it is no contradiction.")] = None,
-    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
-) -> None:
+) -> ApiCall:
     """Mark a conflict as no contradiction after all."""
-    _close_conflict("dismiss", conflict_id, note, remote, api_key, as_json)
+    return _close_conflict("dismiss", conflict_id, {"resolution": note})
 
 
-@conflicts_app.command("keep")
-@friendly_errors
+@api_command(conflicts_app, "keep")
 def conflicts_keep_command(
-    conflict_id: Annotated[str, typer.Argument(help="Conflict id.")],
+    conflict_id: ConflictId,
     side: Annotated[Literal["a", "b", "both"], typer.Argument(help="a or b (the other side is rejected), or both.")],
-    note: Annotated[str | None, typer.Option("--note", help="How it was settled.")] = None,
-    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
-) -> None:
+    note: SettledNote = None,
+) -> ApiCall:
     """Settle a conflict by keeping one side (the other is rejected: kept, never recalled) or both."""
-    data = call_api(remote, api_key, "POST", f"/api/conflicts/{parse_id(conflict_id, 'conflict id')}/keep",
-                    json_body={"keep": side, "resolution": note})
-    emit(data, as_json, lambda d: console.print(f"conflict {d['id']} {d['status']} (kept {side})"))
+    return _close_conflict("keep", conflict_id, {"keep": side, "resolution": note}, f" (kept {side})")
 
 
 @keys_app.command("create")
@@ -286,14 +264,11 @@ def keys_create_command(
                                f"{data['prefix']}… created; it is not shown again")
 
 
-@keys_app.command("list")
-@friendly_errors
+@api_command(keys_app, "list")
 def keys_list_command(
     include_revoked: Annotated[bool, typer.Option("--all", help="Include revoked keys.")] = False,
-    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
-) -> None:
+) -> ApiCall:
     """List API keys (their prefixes, never the keys)."""
-    data = call_api(remote, api_key, "GET", "/api/keys", params={"include_revoked": str(include_revoked).lower()})
 
     def render(keys: list) -> None:
         grid = table("id", "prefix", "scope", "label", "created", "revoked")
@@ -302,18 +277,14 @@ def keys_list_command(
                           k["created_at"][:19], (k["revoked_at"] or "")[:19])
         console.print(grid)
 
-    emit(data, as_json, render)
+    return ApiCall("GET", "/api/keys", render, params={"include_revoked": str(include_revoked).lower()})
 
 
-@keys_app.command("revoke")
-@friendly_errors
-def keys_revoke_command(
-    key_id: Annotated[str, typer.Argument(help="Key id (from `yak keys list`).")],
-    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
-) -> None:
+@api_command(keys_app, "revoke")
+def keys_revoke_command(key_id: Annotated[str, typer.Argument(help="Key id (from `yak keys list`).")]) -> ApiCall:
     """Revoke an API key."""
-    data = call_api(remote, api_key, "DELETE", f"/api/keys/{parse_id(key_id, 'key id')}")
-    emit(data, as_json, lambda d: console.print(f"revoked key {d['prefix']}…"))
+    return ApiCall("DELETE", f"/api/keys/{parse_id(key_id, 'key id')}",
+                   lambda d: console.print(f"revoked key {d['prefix']}…"))
 
 
 def register(app: typer.Typer) -> None:

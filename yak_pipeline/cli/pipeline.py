@@ -39,7 +39,7 @@ def dagster_instance(settings: Settings):  # noqa: ANN201 - DagsterInstance impo
     import dagster as dg
 
     home = _dagster_home(settings)
-    if (home / "dagster.yaml").exists() and os.environ.get("YAK_DAGSTER_PG_URL"):
+    if (home / "dagster.yaml").exists() and settings.dagster_pg_url is not None:
         return dg.DagsterInstance.from_config(str(home))
     return dg.DagsterInstance.ephemeral()
 
@@ -172,7 +172,9 @@ def _prepare_dagster_home(settings: Settings, url: str) -> dict[str, str]:
     ensure_dagster_database(url)
     env = dict(os.environ)
     env["DAGSTER_HOME"] = str(home)
-    env["YAK_DAGSTER_PG_URL"] = dagster_storage_url(url)
+    # dagster.yaml reads the variable itself (Dagster loads it, not Yak): set it from the setting.
+    configured = settings.dagster_pg_url
+    env["YAK_DAGSTER_PG_URL"] = configured.get_secret_value() if configured else dagster_storage_url(url)
     env["YAK_HOME"] = str(settings.home.resolve())
     if settings.database_url is None:
         # Children must reach the same embedded server without starting a second one.

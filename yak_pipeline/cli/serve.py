@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -19,6 +19,10 @@ from yak_pipeline.store.errors import StoreError
 
 if TYPE_CHECKING:  # every `yak` command imports this module; the store is imported when it serves
     from yak_pipeline.store.database import Database
+
+
+HostOption = Annotated[str, typer.Option("--host", help="Interface to listen on.")]
+PortOption = Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")]
 
 
 def ensure_admin_key(settings: Settings, database: Database) -> Path | None:
@@ -57,11 +61,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("serve")
     @friendly_errors
-    def serve_command(
-        host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
-        port: int = typer.Option(8000, "--port", min=1, max=65535, help="Port to listen on."),
-        as_json: JsonOption = False,
-    ) -> None:
+    def serve_command(host: HostOption = "127.0.0.1", port: PortOption = 8000, as_json: JsonOption = False) -> None:
         """Run the HTTP API (OpenAPI at /openapi.json, /docs) and the web page (/ui) until Ctrl-C; on
         first start, create an admin key and say where it is stored."""
         import uvicorn
@@ -102,11 +102,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("proxy")
     @friendly_errors
-    def proxy_command(
-        host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
-        port: int = typer.Option(8001, "--port", min=1, max=65535, help="Port to listen on."),
-        as_json: JsonOption = False,
-    ) -> None:
+    def proxy_command(host: HostOption = "127.0.0.1", port: PortOption = 8001, as_json: JsonOption = False) -> None:
         """Run the memory proxy alone until Ctrl-C: an OpenAI-compatible /v1 that recalls before and
         remembers after every chat, forwarding to YAK_UPSTREAM_BASE_URL (`yak serve` and `yak up`
         serve it too, under /v1 of the API). Clients use a Yak API key as their OpenAI key."""

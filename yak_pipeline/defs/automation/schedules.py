@@ -6,7 +6,6 @@ import dagster as dg
 
 from yak_pipeline.defs.automation.jobs import warmth_job
 from yak_pipeline.defs.partitions import days_partitions, partition_key, users_partitions
-from yak_pipeline.settings import get_settings
 
 NIGHTLY_DAYS = 7
 
@@ -35,15 +34,20 @@ def nightly_run_requests(users: list[str], scheduled_for: datetime, days: int = 
     return requests
 
 
-@dg.schedule(job=warmth_job, cron_schedule="0 2 * * *", execution_timezone=get_settings().timezone,
-             default_status=dg.DefaultScheduleStatus.RUNNING)
-def nightly_warmth_schedule(context: dg.ScheduleEvaluationContext) -> list[dg.RunRequest] | dg.SkipReason:
-    """At 02:00 in YAK_TIMEZONE: re-evaluate warmth over the last 7 days for every user,
-    including memories that were recalled but never evaluated."""
-    users = context.instance.get_dynamic_partitions(users_partitions.name)
-    if not users:
-        return dg.SkipReason("no users yet")
-    scheduled = context.scheduled_execution_time or datetime.now().astimezone()
-    known_days = set(context.instance.get_dynamic_partitions(days_partitions.name))
-    return nightly_run_requests(users, scheduled, known_days=known_days) or dg.SkipReason("no recent days with data")
+def nightly_warmth_schedule(timezone: str) -> dg.ScheduleDefinition:
+    """The nightly warmth schedule at 02:00 in ``timezone`` (``YAK_TIMEZONE``, passed in by
+    ``definitions.py`` so nothing reads the settings when this module is imported)."""
 
+    @dg.schedule(name="nightly_warmth_schedule", job=warmth_job, cron_schedule="0 2 * * *",
+                 execution_timezone=timezone, default_status=dg.DefaultScheduleStatus.RUNNING)
+    def nightly_warmth(context: dg.ScheduleEvaluationContext) -> list[dg.RunRequest] | dg.SkipReason:
+        """At 02:00 in YAK_TIMEZONE: re-evaluate warmth over the last 7 days for every user,
+        including memories that were recalled but never evaluated."""
+        users = context.instance.get_dynamic_partitions(users_partitions.name)
+        if not users:
+            return dg.SkipReason("no users yet")
+        scheduled = context.scheduled_execution_time or datetime.now().astimezone()
+        known_days = set(context.instance.get_dynamic_partitions(days_partitions.name))
+        return nightly_run_requests(users, scheduled, known_days=known_days) or dg.SkipReason("no recent days with data")
+
+    return nightly_warmth

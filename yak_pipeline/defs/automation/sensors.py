@@ -12,7 +12,6 @@ from yak_pipeline.defs.automation.jobs import memory_job, warmth_job
 from yak_pipeline.defs.partitions import missing_partition_requests, partition_key
 from yak_pipeline.defs.resources import AlertsResource, PostgresResource
 from yak_pipeline.services.discovery import discover_work
-from yak_pipeline.settings import get_settings
 
 # The daemon evaluates sensors in a loop that runs every 5 s at most; an interval of 5 s made a
 # sensor skip every other pass (its last tick started a little after its loop pass began), so
@@ -48,7 +47,7 @@ def _requests(
 def drop_folder_sensor(context: dg.SensorEvaluationContext, postgres: PostgresResource) -> dg.SensorResult:
     """Claims ready drop-folder files — parse, store their exchanges, move them to processed/ (or
     failed/ with an .error.txt) — and requests a memory run for each user's day they touched."""
-    found = discover_work(postgres.database(), drop_dir=get_settings().resolved_drop_dir, drop_folder=True)
+    found = discover_work(postgres.database(), drop_dir=postgres.settings().resolved_drop_dir, drop_folder=True)
     for outcome in found.claimed.files:
         if outcome.error:
             context.log.warning("drop file %s: %s", outcome.name, outcome.error)

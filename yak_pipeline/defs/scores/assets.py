@@ -1,5 +1,7 @@
 """Conflict scores, near-duplicate versions and warmth as Dagster assets."""
 
+from collections.abc import Callable
+
 import dagster as dg
 from pydantic import Field
 
@@ -7,8 +9,8 @@ from yak_pipeline.defs.distillations.assets import distillations
 from yak_pipeline.defs.partitions import exchange_partitions, partition_parts
 from yak_pipeline.defs.resources import AlertsResource, EmbedderResource, LLMResource, PostgresResource
 from yak_pipeline.services.consolidate import ConsolidateJob, merge_near_duplicates, score_conflicts
+from yak_pipeline.services.reports import StageReport
 from yak_pipeline.services.warmth import WarmthJob, evaluate_pending_turns, offline_judge, reevaluate_recent
-from yak_pipeline.settings import get_settings
 from yak_pipeline.store.distillations import partition_gate_passed
 
 
@@ -29,6 +31,19 @@ def _job(postgres: PostgresResource, llm: LLMResource, embedder: EmbedderResourc
                           alerter=alerts.alerter(), concurrency=llm.max_concurrency())
 
 
+def _consolidation_step(context: dg.AssetExecutionContext, what: str, step: Callable[..., StageReport],
+                        postgres: PostgresResource, llm: LLMResource, embedder: EmbedderResource,
+                        alerts: AlertsResource) -> dg.MaterializeResult:
+    """Run ``step`` (conflict scoring or merging) on the partition unless its quality gate holds it back."""
+    with alerts.database_guard(f"{what} of {context.partition_key}"):
+        held = _held_back(context, postgres)
+        if held is not None:
+            return held
+        user_id, day = partition_parts(context.partition_key)
+        report = step(_job(postgres, llm, embedder, alerts), user_id=user_id, day=day)
+    return dg.MaterializeResult(metadata=report.metadata())
+
+
 @dg.asset(partitions_def=exchange_partitions, deps=[distillations], group_name="memory", kinds={"postgres"})
 def conflict_scores(
     context: dg.AssetExecutionContext,
@@ -42,13 +57,7 @@ def conflict_scores(
     A score above 0.7 records a conflict, flags both distillations for review, keeps them from
     being merged, and raises a ``conflict_detected`` alert.
     """
-    with alerts.database_guard(f"scoring conflicts of {context.partition_key}"):
-        held = _held_back(context, postgres)
-        if held is not None:
-            return held
-        user_id, day = partition_parts(context.partition_key)
-        report = score_conflicts(_job(postgres, llm, embedder, alerts), user_id=user_id, day=day)
-    return dg.MaterializeResult(metadata=report.metadata())
+    return _consolidation_step(context, "scoring conflicts", score_conflicts, postgres, llm, embedder, alerts)
 
 
 @dg.asset(partitions_def=exchange_partitions, deps=[conflict_scores], group_name="memory", kinds={"postgres"})
@@ -66,13 +75,8 @@ def distillation_versions(
     a new version recording ``merged_from``, the newer one becomes ``merged``. Old text stays in
     the version history.
     """
-    with alerts.database_guard(f"merging near-duplicates of {context.partition_key}"):
-        held = _held_back(context, postgres)
-        if held is not None:
-            return held
-        user_id, day = partition_parts(context.partition_key)
-        report = merge_near_duplicates(_job(postgres, llm, embedder, alerts), user_id=user_id, day=day)
-    return dg.MaterializeResult(metadata=report.metadata())
+    return _consolidation_step(context, "merging near-duplicates", merge_near_duplicates, postgres, llm, embedder,
+                               alerts)
 
 
 class WarmthConfig(dg.Config):
@@ -110,7 +114,7 @@ def warmth(
     with alerts.database_guard(f"evaluating warmth of {context.partition_key}"):
         provider = llm.provider()
         job = WarmthJob(db=postgres.database(), llm=provider, alerter=alerts.alerter(),
-                        judge=offline_judge(get_settings(), provider, embedder.embedder()))
+                        judge=offline_judge(llm.settings(), provider, embedder.embedder()))
         if config.nightly:
             report = reevaluate_recent(job, user_id=user_id, day=day, days=config.days)
         else:
