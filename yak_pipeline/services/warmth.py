@@ -31,8 +31,8 @@ from yak_pipeline.services.reports import StageReport
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.distillations import get_distillation
-from yak_pipeline.store.turns import mark_turn
-from yak_pipeline.store.warmth import WarmthUpdate, apply_relevance
+from yak_pipeline.store.turns import lock_turn, mark_turn, turn_ids
+from yak_pipeline.store.warmth import WarmthUpdate, apply_relevance, evaluated_distillations
 
 MAX_TURN_ATTEMPTS = 5
 
@@ -116,34 +116,19 @@ class WarmthJob:
 
 def _turn_ids(db: Database, *, user_id: str | None, day: date | None, since: datetime | None, pending_only: bool) -> list[str]:
     with db.connection() as conn:
-        rows = conn.execute(
-            """SELECT id FROM turns
-               WHERE deleted_at IS NULL
-                 AND (%(user)s::text IS NULL OR user_id = %(user)s)
-                 AND (%(day)s::date IS NULL OR (occurred_at AT TIME ZONE 'UTC')::date = %(day)s)
-                 AND (%(since)s::timestamptz IS NULL OR occurred_at >= %(since)s)
-                 AND (status = 'pending' OR NOT %(pending_only)s)
-               ORDER BY occurred_at, id""",
-            {"user": user_id, "day": day, "since": since, "pending_only": pending_only},
-        ).fetchall()
-    return [str(r[0]) for r in rows]
+        return turn_ids(conn, user_id=user_id, day=day, since=since, pending_only=pending_only)
 
 
 def evaluate_turn(job: WarmthJob, turn_id: str, *, reason: str) -> StageReport:
     """Evaluate every recalled memory of one turn that has no warmth event for it yet."""
     report = StageReport(rows_in=1)
     with job.db.connection() as conn:
-        turn = conn.execute(
-            """SELECT id, user_id, user_message, assistant_message, recalled_ids, attempts FROM turns
-               WHERE id = %s AND deleted_at IS NULL FOR UPDATE SKIP LOCKED""",
-            (turn_id,),
-        ).fetchone()
+        turn = lock_turn(conn, turn_id)
         if turn is None:
             report.skipped += 1
             return report
         _, user_id, user_message, assistant_message, recalled, attempts = turn
-        done = {str(r[0]) for r in conn.execute(
-            "SELECT distillation_id FROM warmth_events WHERE turn_id = %s", (turn_id,)).fetchall()}
+        done = evaluated_distillations(conn, turn_id)
         context = format_exchange(user_message, assistant_message)
         try:
             for distillation_id in [str(r) for r in recalled if str(r) not in done]:

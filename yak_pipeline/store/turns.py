@@ -11,6 +11,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from yak_pipeline.core.types import validate_user_id
+from yak_pipeline.store.locking import lock_live_row
 
 _COLUMNS = (
     "id, user_id, memory_id, user_message, assistant_message, recalled_ids, status, attempts, last_error, "
@@ -85,3 +86,28 @@ def mark_turn(conn: psycopg.Connection, turn_id: UUID | str, *, status: str, err
            WHERE id = %s""",
         (status, None if error is None else error[:2000], status, str(turn_id)),
     )
+
+
+def turn_ids(conn: psycopg.Connection, *, user_id: str | None, day: date | None, since: datetime | None,
+             pending_only: bool) -> list[str]:
+    """Ids of live turns (of a user, a day, since a moment; only pending ones), oldest first."""
+    rows = conn.execute(
+        """SELECT id FROM turns
+           WHERE deleted_at IS NULL
+             AND (%(user)s::text IS NULL OR user_id = %(user)s)
+             AND (%(day)s::date IS NULL OR (occurred_at AT TIME ZONE 'UTC')::date = %(day)s)
+             AND (%(since)s::timestamptz IS NULL OR occurred_at >= %(since)s)
+             AND (status = 'pending' OR NOT %(pending_only)s)
+           ORDER BY occurred_at, id""",
+        {"user": user_id, "day": day, "since": since, "pending_only": pending_only},
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def lock_turn(conn: psycopg.Connection, turn_id: UUID | str) -> tuple | None:
+    """Lock a live turn for evaluation: ``(id, user_id, user_message, assistant_message, recalled_ids, attempts)``.
+
+    None when it is forgotten or another worker holds it (the caller skips it).
+    """
+    return lock_live_row(conn, "turns", turn_id,
+                         ("id", "user_id", "user_message", "assistant_message", "recalled_ids", "attempts"))
