@@ -26,9 +26,10 @@ from yak_pipeline.services.recall import embed_pending_contexts
 from yak_pipeline.services.reports import StageReport
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.distillations import NewDistillation, insert_distillation, live_distillation_of, redistill
+from yak_pipeline.store.locking import lock_live_row
 from yak_pipeline.store.recall import set_exchange_embeddings
 from yak_pipeline.store.memories import (
-    lock_memory,
+    DISTIL_COLUMNS,
     mark_memory_distilled,
     memories_to_distill,
     record_memory_error,
@@ -69,7 +70,7 @@ def _distill_one(job: DistillJob, memory_id: str) -> StageReport:
     report = StageReport(rows_in=1)
     started = time.monotonic()
     with job.db.connection() as conn:
-        row = lock_memory(conn, memory_id)
+        row = lock_live_row(conn, "memories", memory_id, DISTIL_COLUMNS)
         if row is None:
             report.skipped += 1  # another worker has it, or it was forgotten meanwhile
             return report

@@ -14,7 +14,9 @@ from psycopg.rows import dict_row
 from yak_pipeline.core.exchanges import content_sha256, normalise_exchange_text
 from yak_pipeline.core.types import MEMORY_SOURCES, validate_user_id
 from yak_pipeline.store.audit import write_audit
-from yak_pipeline.store.locking import lock_live_row
+
+# What distilling a memory reads of it, under its lock (``store.locking.lock_live_row``).
+DISTIL_COLUMNS = ("id", "user_id", "content", "occurred_at", "attempts", "status")
 
 _MEMORY_COLUMNS = "id, user_id, content, occurred_at, created_at, source, source_ref, content_sha256, status, attempts, last_error"
 
@@ -266,11 +268,3 @@ def memories_to_distill(conn: psycopg.Connection, *, user_id: str, day: date | N
     ).fetchall()
     return [str(r[0]) for r in rows]
 
-
-def lock_memory(conn: psycopg.Connection, memory_id: UUID | str) -> tuple | None:
-    """Lock a live memory for distilling: ``(id, user_id, content, occurred_at, attempts, status)``.
-
-    None when it is forgotten or another worker holds it (the caller skips it).
-    """
-    return lock_live_row(conn, "memories", memory_id,
-                         ("id", "user_id", "content", "occurred_at", "attempts", "status"))

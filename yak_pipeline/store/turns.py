@@ -11,7 +11,9 @@ import psycopg
 from psycopg.rows import dict_row
 
 from yak_pipeline.core.types import validate_user_id
-from yak_pipeline.store.locking import lock_live_row
+
+# What evaluating a turn reads of it, under its lock (``store.locking.lock_live_row``).
+EVALUATE_COLUMNS = ("id", "user_id", "user_message", "assistant_message", "recalled_ids", "attempts")
 
 _COLUMNS = (
     "id, user_id, memory_id, user_message, assistant_message, recalled_ids, status, attempts, last_error, "
@@ -103,11 +105,3 @@ def turn_ids(conn: psycopg.Connection, *, user_id: str | None, day: date | None,
     ).fetchall()
     return [str(r[0]) for r in rows]
 
-
-def lock_turn(conn: psycopg.Connection, turn_id: UUID | str) -> tuple | None:
-    """Lock a live turn for evaluation: ``(id, user_id, user_message, assistant_message, recalled_ids, attempts)``.
-
-    None when it is forgotten or another worker holds it (the caller skips it).
-    """
-    return lock_live_row(conn, "turns", turn_id,
-                         ("id", "user_id", "user_message", "assistant_message", "recalled_ids", "attempts"))
