@@ -53,7 +53,7 @@ def sql_literals(source: str) -> list[tuple[int, str]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
             if _STATEMENT.search(node.value) or _FRAGMENT.search(node.value):
-                hits.append((node.lineno, " ".join(node.value.split())[:80]))
+                hits.append((node.lineno, " ".join(node.value.split())))
     return sorted(hits)
 
 
@@ -86,7 +86,7 @@ def test_no_sql_statement_outside_the_store() -> None:
         if relative.parts[0] in SQL_HOMES:
             continue
         for line, text in sql_literals(path.read_text(encoding="utf-8")):
-            offenders.append(f"yak_pipeline/{relative.as_posix()}:{line}: {text}")
+            offenders.append(f"yak_pipeline/{relative.as_posix()}:{line}: {text[:80]}")
     assert not offenders, "SQL outside store/ — move it to the store module that owns the table:\n" + "\n".join(offenders)
 
 
@@ -109,3 +109,31 @@ def test_a_distillations_text_is_written_by_one_store_function() -> None:
     assert inside, "_write_version no longer inserts the version row"
     calls = [n for n in ast.walk(writer) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "write_audit"]
     assert calls, "_write_version no longer writes the audit row"
+
+
+# The statements outside ``add_version`` that set a distillation's ``content``, and why each may.
+CONTENT_WRITERS_ALLOWED = {
+    # Forgetting rolls a distillation back to its latest version left after the tainted ones are
+    # removed: the text is already a recorded version, and forget writes its own audit row.
+    "forget.py",
+}
+
+
+def test_a_distillations_live_text_changes_only_through_add_version() -> None:
+    """``UPDATE distillations SET content`` stands in ``add_version`` (which then writes the version
+    and audit row through ``_write_version``), or in a listed exception."""
+    offenders = []
+    for path in sorted((PACKAGE / "store").rglob("*.py")):
+        source = path.read_text(encoding="utf-8")
+        tree = ast.parse(source)
+        add_version = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "add_version"
+                            and path.name == "distillations.py"), None)
+        inside = range(add_version.lineno, add_version.end_lineno + 1) if add_version else range(0)
+        for line, text in sql_literals(source):
+            if re.match(r"UPDATE\s+distillations\b(?:\s+\w+)?\s+SET\b.*\bcontent\s*=", text, re.IGNORECASE):
+                if line not in inside and path.name not in CONTENT_WRITERS_ALLOWED:
+                    offenders.append(f"store/{path.name}:{line}")
+    assert not offenders, f"a distillation's text is changed outside add_version: {offenders}"
+    writer = next(n for n in ast.walk(ast.parse((PACKAGE / "store" / "distillations.py").read_text(encoding="utf-8")))
+                  if isinstance(n, ast.FunctionDef) and n.name == "add_version")
+    assert any(isinstance(n, ast.Call) and getattr(n.func, "id", None) == "_write_version" for n in ast.walk(writer))

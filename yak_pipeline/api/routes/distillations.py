@@ -8,7 +8,7 @@ from uuid import UUID
 
 from fastapi import APIRouter, HTTPException, Query, status
 
-from yak_pipeline.api.dependencies import ApiServices, Caller, Services
+from yak_pipeline.api.dependencies import Caller, Services
 from yak_pipeline.api.schemas import (
     DistillationDetail,
     DistillationOut,
@@ -32,6 +32,7 @@ from yak_pipeline.services.curation import (
 )
 from yak_pipeline.services.memories import user_has_memories
 from yak_pipeline.services.recall import recall_params, relevance_model, search_memories
+from yak_pipeline.store.database import Database
 
 router = APIRouter(prefix="/api/distillations", tags=["distillations"])
 
@@ -39,8 +40,8 @@ _MERGE_REFUSALS = {"not_found": status.HTTP_404_NOT_FOUND, "different_users": st
                    "same_id": status.HTTP_422_UNPROCESSABLE_CONTENT, "not_mergeable": status.HTTP_409_CONFLICT}
 
 
-def _detail(services: ApiServices, distillation_id: UUID, user_id: str | None) -> DistillationDetail:
-    found = distillation_with_versions(services.database, distillation_id, user_id=user_id)
+def _detail(db: Database, distillation_id: UUID, user_id: str | None) -> DistillationDetail:
+    found = distillation_with_versions(db, distillation_id, user_id=user_id)
     if found is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"distillation {distillation_id} not found")
     row, versions = found
@@ -98,13 +99,13 @@ def merge(body: MergeRequest, caller: Caller, services: Services) -> Distillatio
                                   actor=caller.actor)
     if outcome.result != "merged":
         raise HTTPException(_MERGE_REFUSALS[outcome.result], outcome.detail)
-    return _detail(services, body.keep_id, caller.scope)
+    return _detail(services.database, body.keep_id, caller.scope)
 
 
 @router.get("/{distillation_id}", response_model=DistillationDetail)
 def show(distillation_id: UUID, caller: Caller, services: Services) -> DistillationDetail:
     """One distillation with every version of its text, oldest first."""
-    return _detail(services, distillation_id, caller.scope)
+    return _detail(services.database, distillation_id, caller.scope)
 
 
 @router.post("/{distillation_id}/versions", response_model=DistillationDetail, status_code=status.HTTP_201_CREATED)
@@ -114,7 +115,7 @@ def add_manual_version(distillation_id: UUID, body: ManualVersion, caller: Calle
     if not write_manual_version(services.database, services.embedder, distillation_id, content=body.content,
                                 user_id=caller.scope, actor=caller.actor):
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"distillation {distillation_id} not found")
-    return _detail(services, distillation_id, caller.scope)
+    return _detail(services.database, distillation_id, caller.scope)
 
 
 @router.post("/{distillation_id}/re-embed", response_model=DistillationDetail)
@@ -123,7 +124,7 @@ def reembed(distillation_id: UUID, caller: Caller, services: Services) -> Distil
     if not reembed_distillation(services.database, services.embedder, distillation_id, user_id=caller.scope,
                                 actor=caller.actor):
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"distillation {distillation_id} not found")
-    return _detail(services, distillation_id, caller.scope)
+    return _detail(services.database, distillation_id, caller.scope)
 
 
 @router.post("/{distillation_id}/weight", response_model=DistillationDetail)
@@ -134,4 +135,4 @@ def set_weight(distillation_id: UUID, body: WeightUpdate, caller: Caller, servic
                                      user_id=caller.scope, actor=caller.actor)
     if before is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"distillation {distillation_id} not found")
-    return _detail(services, distillation_id, caller.scope)
+    return _detail(services.database, distillation_id, caller.scope)
