@@ -23,6 +23,8 @@ from typing import Literal
 
 import httpx
 
+from yak_pipeline.store.alert_state import claim_alert_window
+
 logger = logging.getLogger("yak.alerts")
 
 Level = Literal["warn", "error", "critical"]
@@ -93,16 +95,6 @@ _WEBHOOK_URL_FILTER = _HideWebhookUrls()
 logging.getLogger("httpx").addFilter(_WEBHOOK_URL_FILTER)
 
 
-# Claims the dedup window for a type; returns a row only if this caller may send.
-_CLAIM_SQL = """
-INSERT INTO alert_state (alert_type, last_sent_at) VALUES (%(type)s, now())
-ON CONFLICT (alert_type) DO UPDATE SET last_sent_at = now(), suppressed = 0
-    WHERE alert_state.last_sent_at <= now() - make_interval(secs => %(window)s)
-RETURNING alert_type
-"""
-_SUPPRESS_SQL = "UPDATE alert_state SET suppressed = suppressed + 1 WHERE alert_type = %(type)s"
-
-
 class Alerter:
     """Sends alerts; ``connect`` opens a database connection for cross-process de-duplication."""
 
@@ -131,11 +123,9 @@ class Alerter:
         if self._connect is not None:
             try:
                 with self._connect() as conn:  # type: ignore[attr-defined]
-                    row = conn.execute(_CLAIM_SQL, {"type": alert_type, "window": self._dedup_seconds}).fetchone()
-                    if row is None:
-                        conn.execute(_SUPPRESS_SQL, {"type": alert_type})
+                    claimed = claim_alert_window(conn, alert_type, window_seconds=self._dedup_seconds)
                     conn.commit()
-                    return row is not None
+                    return claimed
             except Exception as exc:  # noqa: BLE001 - alerting must never break the caller
                 logger.warning("alert de-duplication fell back to %s: %s",
                                "the state folder" if self._state_dir is not None else "this process only",

@@ -7,7 +7,7 @@ import socket
 import pytest
 from pydantic import SecretStr
 
-from yak_pipeline.api import queue_watch
+from yak_pipeline.services import queue_watch
 from yak_pipeline.api.app import create_app
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database

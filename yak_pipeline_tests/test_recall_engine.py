@@ -346,7 +346,7 @@ def test_supersession_counts_only_once_the_newer_memory_had_happened(conn: psyco
 def test_supersession_as_of_goes_by_when_the_newer_memory_happened_not_when_it_was_refreshed(
         conn: psycopg.Connection) -> None:
     lisbon, porto = _lisbon_then_porto(conn)
-    # Porto's distillation is edited by hand later (api.curation.write_manual_version: refreshed_at
+    # Porto's distillation is edited by hand later (services.curation.write_manual_version: refreshed_at
     # becomes now()); it was *said* five days before NOW.
     add_version(conn, porto, content="User lives in Porto, Portugal.",
                 embedding=EMBEDDER.embed_query("User lives in Porto, Portugal."), embedding_model=MODEL,

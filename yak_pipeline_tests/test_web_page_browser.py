@@ -26,7 +26,7 @@ from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import WebDriverWait
 
 from yak_pipeline.api.app import create_app
-from yak_pipeline.api.curation import merge_distillations
+from yak_pipeline.services.curation import merge_distillations
 from yak_pipeline.llm.rules import RulesProvider
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.api_keys import create_api_key

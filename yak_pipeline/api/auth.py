@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from fastapi import HTTPException, status
 
-from yak_pipeline.store.api_keys import find_api_key
+from yak_pipeline.services.api_keys import find_key
 
 if TYPE_CHECKING:
     from yak_pipeline.api.dependencies import ApiServices
@@ -83,8 +83,7 @@ def authenticate(services: ApiServices, key: str | None) -> Principal:
         matched |= hmac.compare_digest(given, _digest(admin_key))
     if matched:
         return Principal(user_id=None, actor="api:admin")
-    with services.database.connection() as conn:
-        record = find_api_key(conn, key)
+    record = find_key(services.database, key)
     if record is None:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "invalid or revoked API key",
                             headers={"WWW-Authenticate": "ApiKey"})

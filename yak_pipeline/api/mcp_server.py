@@ -39,10 +39,10 @@ from yak_pipeline.api.dependencies import ApiServices
 from yak_pipeline.core.exchanges import MAX_RECALL_QUERY_CHARS, MAX_TURN_MESSAGE_CHARS, format_exchange, turn_refusal
 from yak_pipeline.core.forget import ForgetCommandError
 from yak_pipeline.services.forget import ForgetOutcome, confirm_forget, run_forget_command
+from yak_pipeline.services.memories import list_memories, store_memory
 from yak_pipeline.services.memory_export import memory_markdown
 from yak_pipeline.services.recall import recall_params, relevance_model, search_memories
 from yak_pipeline.store.errors import DatabaseUnavailable
-from yak_pipeline.store.memories import insert_memory, list_memories
 
 logger = logging.getLogger("yak.mcp")
 
@@ -96,10 +96,10 @@ class YakMemoryTools:
 
     def save(self, user_id: str, content: str, actor: str) -> dict[str, Any]:
         """Store ``content`` as a pending memory, like ``POST /api/memories`` (the same text once)."""
-        with self.services.database.connection() as conn:
-            stored = insert_memory(conn, user_id=user_id, content=content, source="api", actor=actor)
-        return {"memory_id": str(stored.id), "stored": stored.created,
-                "note": "stored; the pipeline distils it shortly" if stored.created else "already stored"}
+        created, row = store_memory(self.services.database, user_id=user_id, content=content, source="api",
+                                    occurred_at=None, actor=actor)
+        return {"memory_id": str(row["id"]), "stored": created,
+                "note": "stored; the pipeline distils it shortly" if created else "already stored"}
 
     def forget(self, user_id: str, target: str | None, token: str | None, actor: str) -> dict[str, Any]:
         """Forget by id at once, list a phrase's candidates with a token, or confirm a token."""
@@ -115,8 +115,7 @@ class YakMemoryTools:
 
     def recent(self, user_id: str, limit: int) -> dict[str, Any]:
         """The user's latest memories, newest exchange first."""
-        with self.services.database.connection() as conn:
-            rows = list_memories(conn, user_id=user_id, limit=limit)
+        rows = list_memories(self.services.database, user_id=user_id, limit=limit)
         return _plain({"memories": [{"memory_id": r["id"], "content": r["content"], "said_at": r["occurred_at"],
                                      "status": r["status"]} for r in rows]})
 

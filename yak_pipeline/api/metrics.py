@@ -1,6 +1,6 @@
 """``GET /metrics``: the metrics of DESIGN §6, the memory proxy and the MCP server, read from PostgreSQL at scrape time.
 
-Counts come from every process (see :mod:`yak_pipeline.store.metrics`). The API's own
+Counts come from every process (see :mod:`yak_pipeline.services.metrics`). The API's own
 contributions — request counts, recall latencies, errors it answered — are buffered in memory
 and appended to the database every couple of seconds, before every scrape and at shutdown, so
 counting never adds a database write to a request; a buffer that cannot be written (database
@@ -20,16 +20,16 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from yak_pipeline.store.database import Database
-from yak_pipeline.store.metrics import (
+from yak_pipeline.services.metrics import (
     KNOWN_LABEL_VALUES,
     METRICS,
     MetricEvent,
     MetricTotals,
-    append_metric_events,
+    append_events,
     counter_event,
     observation_event,
 )
+from yak_pipeline.store.database import Database
 
 # Label names per metric; every other metric has none.
 METRIC_LABELS: Final[dict[str, tuple[str, ...]]] = {
@@ -116,8 +116,7 @@ class MetricsBuffer:
         if not events:
             return 0
         try:
-            with database.connection() as conn:
-                return append_metric_events(conn, events)
+            return append_events(database, events)
         except Exception:
             for event in events:
                 self._add(event)

@@ -112,7 +112,7 @@ def index_command(
     """
     from yak_pipeline.embeddings import get_embedder
     from yak_pipeline.services.recall import embed_pending_contexts, embed_pending_exchanges
-    from yak_pipeline.store.memories import rebuild_exchange_context
+    from yak_pipeline.services.memories import rebuild_exchange_context
     from yak_pipeline.wiring import open_database
 
     settings = get_settings()
@@ -121,8 +121,7 @@ def index_command(
     progress = make_console(stderr=True)
     try:
         if rebuild_context:
-            with db.connection() as conn:
-                contexts = rebuild_exchange_context(conn)
+            contexts = rebuild_exchange_context(db)
         embedder = get_embedder(settings)
         exchanges = embed_pending_exchanges(db, embedder, contexts=False,
                                             on_progress=lambda n: progress.print(f"embedded {n} exchanges …"))

@@ -48,11 +48,9 @@ def add_partitions_with_data(instance, database) -> None:  # noqa: ANN001 - Dags
     """Make every user and day that holds data a partition (the sensors add them as data arrives;
     this also covers data stored before, or by a process without a sensor)."""
     from yak_pipeline.defs.partitions import add_missing_partitions
-    from yak_pipeline.store.memories import days_with_data
+    from yak_pipeline.services.discovery import partitions_with_data
 
-    with database.connection() as conn:
-        keys = days_with_data(conn)
-    add_missing_partitions(instance, keys)
+    add_missing_partitions(instance, partitions_with_data(database))
 
 
 def _sum_metadata(totals: dict[str, dict[str, int]], asset: str, metadata: dict) -> None:

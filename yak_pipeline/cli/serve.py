@@ -32,19 +32,15 @@ def ensure_admin_key(settings: Settings, database: Database) -> Path | None:
     set keys up); the file is replaced when its key no longer works (a new database).
     Returns the file holding a working admin key, if there is one.
     """
-    from yak_pipeline.store.api_keys import create_api_key, find_api_key, has_admin_key
+    from yak_pipeline.services.api_keys import first_admin_key
 
     if settings.admin_api_key is not None:
         return None
     path = admin_key_file(settings)
-    with database.connection() as conn:
-        if path.is_file():
-            stored = find_api_key(conn, path.read_text().strip())
-            if stored is not None and stored.is_admin:
-                return path
-        elif has_admin_key(conn):
-            return None
-        _, key = create_api_key(conn, user_id=None, label="created by yak serve on first start", actor="yak serve")
+    outcome, key = first_admin_key(database, path.read_text().strip() if path.is_file() else None,
+                                   label="created by yak serve on first start", actor="yak serve")
+    if outcome != "created":
+        return path if outcome == "file_works" else None
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(descriptor, "w") as handle:

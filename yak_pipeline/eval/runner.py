@@ -58,7 +58,8 @@ from yak_pipeline.core.relevance import RelevanceModel
 from yak_pipeline.services.recall import embed_pending_exchanges, recall_params, relevance_model
 from yak_pipeline.services.reports import StageReport
 from yak_pipeline.settings import Settings
-from yak_pipeline.store.database import Database, connect, resolve_database_url, with_database
+from yak_pipeline.store.database import Database, create_database, drop_database, resolve_database_url, with_database
+from yak_pipeline.store.distillations import status_counts
 from yak_pipeline.store.errors import StoreError
 from yak_pipeline.store.memories import list_memories
 from yak_pipeline.store.recall import active_distillation_ids, bm25_search, recall, source_memories, vector_search
@@ -159,8 +160,7 @@ def evaluation_database(settings: Settings, *, keep: bool = False, progress: Pro
     server_url = resolve_database_url(settings)
     name = f"yak_eval_{uuid.uuid4().hex[:12]}"
     try:
-        with connect(server_url, autocommit=True, vector=False) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
+        create_database(server_url, name)
     except StoreError:
         raise  # already one line (server unreachable, say)
     except psycopg.Error as exc:  # a permission or server problem, said in one line
@@ -178,8 +178,7 @@ def evaluation_database(settings: Settings, *, keep: bool = False, progress: Pro
         if keep:
             progress(f"kept evaluation database {name}")
         else:
-            with connect(server_url, autocommit=True, vector=False) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+            drop_database(server_url, name)
 
 
 def _ingest(db: Database, settings: Settings, embedder: Embedder, conversations: Sequence[Conversation],
@@ -259,8 +258,7 @@ def _ingest(db: Database, settings: Settings, embedder: Embedder, conversations:
             memory_turns={m: frozenset(t) for m, t in memory_turns.items()},
         ))
     with db.connection() as conn:
-        statuses = dict(conn.execute(
-            "SELECT status, count(*) FROM distillations WHERE deleted_at IS NULL GROUP BY status").fetchall())
+        statuses = status_counts(conn)
     counts["distillations_by_status"] = {k: int(v) for k, v in sorted(statuses.items())}
     return ingested, {"seconds": {k: round(v, 2) for k, v in seconds.items()}, "counts": counts,
                       "llm_provider": llm.name, "llm": {name: llm_summary(stage) for name, stage in llm_stages.items()}}

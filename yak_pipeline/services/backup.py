@@ -33,6 +33,7 @@ from yak_pipeline.store.backup import (
     backup_rows,
     backup_size_estimate,
     backup_users,
+    begin_snapshot,
     existing_exchanges,
     existing_ids,
     finish_restore,
@@ -75,7 +76,7 @@ def write_backup(db: Database, out: IO[str], *, user_id: str | None, on_progress
     summary = BackupSummary(user_id)
     with db.connection() as conn:
         # Every table read from the same snapshot: rows written meanwhile are all in or all out.
-        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        begin_snapshot(conn)
         meta = read_meta(conn)
         applied = [s.migration.name for s in migration_states(conn) if s.applied_at is not None]
         columns = {table: backup_columns(conn, table) for table in BACKUP_TABLES}

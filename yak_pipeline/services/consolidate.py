@@ -29,7 +29,16 @@ from yak_pipeline.llm.provider import LLMProvider
 from yak_pipeline.services.reports import StageReport
 from yak_pipeline.store.conflicts import conflicting_ids, record_conflict
 from yak_pipeline.store.database import Database
-from yak_pipeline.store.distillations import add_version, nearest_active, set_distillation_status
+from yak_pipeline.store.distillations import (
+    add_version,
+    contents_by_id,
+    lock_merge_target,
+    lock_unchecked,
+    mark_checked,
+    nearest_active,
+    set_distillation_status,
+    unchecked_distillations,
+)
 from yak_pipeline.store.metrics import record_error
 
 
@@ -55,26 +64,8 @@ class ConsolidateJob:
 
 def _unchecked(db: Database, *, user_id: str, day: date | None, column: str, require: str | None = None) -> list[str]:
     """Active distillations of the partition not yet checked by ``column``, oldest first."""
-    extra = f" AND d.{require} IS NOT NULL" if require else ""
     with db.connection() as conn:
-        rows = conn.execute(
-            f"""SELECT d.id FROM distillations d JOIN memories m ON m.id = d.memory_id
-                WHERE d.user_id = %(user)s AND d.status = 'active' AND d.deleted_at IS NULL
-                  AND d.{column} IS NULL{extra}
-                  AND (%(day)s::date IS NULL OR (m.occurred_at AT TIME ZONE 'UTC')::date = %(day)s)
-                ORDER BY d.created_at, d.id""",  # noqa: S608 - column names are constants of this module
-            {"user": user_id, "day": day},
-        ).fetchall()
-    return [str(r[0]) for r in rows]
-
-
-def _lock_active(conn, distillation_id: str, column: str):  # noqa: ANN001, ANN202
-    return conn.execute(
-        f"""SELECT id, user_id, content, embedding, embedding_model, created_at, refreshed_at FROM distillations
-            WHERE id = %s AND status = 'active' AND deleted_at IS NULL AND {column} IS NULL
-            FOR UPDATE SKIP LOCKED""",  # noqa: S608 - column names are constants of this module
-        (distillation_id,),
-    ).fetchone()
+        return unchecked_distillations(conn, user_id=user_id, day=day, column=column, require=require)
 
 
 def score_conflicts(job: ConsolidateJob, *, user_id: str, day: date | None) -> StageReport:
@@ -83,7 +74,7 @@ def score_conflicts(job: ConsolidateJob, *, user_id: str, day: date | None) -> S
     for distillation_id in _unchecked(job.db, user_id=user_id, day=day, column="conflict_checked_at"):
         report.rows_in += 1
         with job.db.connection() as conn:
-            row = _lock_active(conn, distillation_id, "conflict_checked_at")
+            row = lock_unchecked(conn, distillation_id, "conflict_checked_at")
             if row is None:
                 report.skipped += 1
                 continue
@@ -92,8 +83,7 @@ def score_conflicts(job: ConsolidateJob, *, user_id: str, day: date | None) -> S
                                         limit=CONFLICT_CHECK_TOP_K, exclude_id=distillation_id)
             candidates = conflict_candidates(distillation_id, owner, neighbours)
             # All candidates' texts in one round trip rather than one query per candidate.
-            texts = dict(conn.execute("SELECT id::text, content FROM distillations WHERE id = ANY(%s::uuid[])",
-                                      ([n.id for n in candidates],)).fetchall()) if candidates else {}
+            texts = contents_by_id(conn, [n.id for n in candidates])
             try:
                 for neighbour in candidates:
                     result = job.llm.conflict_score(texts[neighbour.id], content)
@@ -115,7 +105,7 @@ def score_conflicts(job: ConsolidateJob, *, user_id: str, day: date | None) -> S
                 report.failed += 1
                 report.errors.append(f"{distillation_id}: {exc.reason}")
                 continue
-            conn.execute("UPDATE distillations SET conflict_checked_at = now() WHERE id = %s", (distillation_id,))
+            mark_checked(conn, [distillation_id], "conflict_checked_at")
             report.rows_out += 1
     return report
 
@@ -160,11 +150,7 @@ def _merge_pair(conn, distillation_id: str, row, *, lock: bool) -> tuple[bool, _
     target = choose_merge_target(near)
     if target is None:
         return False, None
-    other = conn.execute(
-        """SELECT id, content, created_at, refreshed_at FROM distillations
-           WHERE id = %s AND status = 'active' AND deleted_at IS NULL""" + (" FOR UPDATE SKIP LOCKED" if lock else ""),
-        (target.id,),
-    ).fetchone()
+    other = lock_merge_target(conn, target.id, lock=lock)
     if other is None:
         return True, None
     mine = (distillation_id, content, created_at, refreshed_at)
@@ -186,11 +172,7 @@ def _look_ahead(job: ConsolidateJob, ids: list[str], report: StageReport) -> tup
     # Reads first, in one short transaction; the LLM calls below hold no connection.
     with job.db.connection() as conn:
         for distillation_id in ids:
-            row = conn.execute(
-                """SELECT id, user_id, content, embedding, embedding_model, created_at, refreshed_at FROM distillations
-                   WHERE id = %s AND status = 'active' AND deleted_at IS NULL AND dedup_checked_at IS NULL""",
-                (distillation_id,),
-            ).fetchone()
+            row = lock_unchecked(conn, distillation_id, "dedup_checked_at", lock=False)
             pair = None if row is None else _merge_pair(conn, distillation_id, row, lock=False)[1]
             if pair is not None:
                 ids_of_pair = {str(pair.older[0]), str(pair.newer[0])}
@@ -255,7 +237,7 @@ def _merge_one(job: ConsolidateJob, distillation_id: str, foresight: _Foresight 
     """Check one distillation for a near-duplicate and merge them, in one transaction."""
     report.rows_in += 1
     with job.db.connection() as conn:
-        row = _lock_active(conn, distillation_id, "dedup_checked_at")
+        row = lock_unchecked(conn, distillation_id, "dedup_checked_at")
         if row is None:
             report.skipped += 1
             return
@@ -289,10 +271,9 @@ def _merge_one(job: ConsolidateJob, distillation_id: str, foresight: _Foresight 
                         embedding_model=job.embedder.model_name, reason="merged", merged_from=[newer[0]],
                         refreshed_at=max(older[3], newer[3]))
             set_distillation_status(conn, newer[0], status="merged", action="merge")
-            conn.execute("UPDATE distillations SET dedup_checked_at = now() WHERE id = ANY(%s::uuid[])",
-                         ([str(older[0]), str(newer[0])],))
+            mark_checked(conn, [older[0], newer[0]], "dedup_checked_at")
             report.flagged += 1
             report.ids.append(str(older[0]))
         else:
-            conn.execute("UPDATE distillations SET dedup_checked_at = now() WHERE id = %s", (distillation_id,))
+            mark_checked(conn, [distillation_id], "dedup_checked_at")
         report.rows_out += 1

@@ -25,9 +25,16 @@ from yak_pipeline.llm.provider import LLMProvider
 from yak_pipeline.services.recall import embed_pending_contexts
 from yak_pipeline.services.reports import StageReport
 from yak_pipeline.store.database import Database
-from yak_pipeline.store.distillations import NewDistillation, add_version, insert_distillation
+from yak_pipeline.store.distillations import NewDistillation, insert_distillation, live_distillation_of, redistill
+from yak_pipeline.store.locking import lock_live_row
 from yak_pipeline.store.recall import set_exchange_embeddings
-from yak_pipeline.store.memories import mark_memory_distilled, record_memory_error, users_of_memories
+from yak_pipeline.store.memories import (
+    DISTIL_COLUMNS,
+    mark_memory_distilled,
+    memories_to_distill,
+    record_memory_error,
+    users_of_memories,
+)
 from yak_pipeline.store.metrics import record_distillation_latency
 
 logger = logging.getLogger(__name__)
@@ -55,40 +62,20 @@ def partition_memory_ids(db: Database, *, user_id: str, day: date | None, includ
     distillation was made by another prompt or output-schema version (the backfill case).
     """
     with db.connection() as conn:
-        rows = conn.execute(
-            """SELECT m.id FROM memories m
-               WHERE m.user_id = %(user)s AND m.deleted_at IS NULL
-                 AND (%(day)s::date IS NULL OR (m.occurred_at AT TIME ZONE 'UTC')::date = %(day)s)
-                 AND (m.status = 'pending' OR (%(outdated)s AND EXISTS (
-                        SELECT 1 FROM distillations d WHERE d.memory_id = m.id AND d.deleted_at IS NULL
-                          AND d.status IN ('active', 'review')
-                          AND (d.prompt_version <> %(prompt)s OR d.schema_version <> %(schema)s))))
-               ORDER BY m.occurred_at, m.id""",
-            {"user": user_id, "day": day, "outdated": include_outdated, "prompt": prompt_version,
-             "schema": OUTPUT_SCHEMA_VERSION},
-        ).fetchall()
-    return [str(r[0]) for r in rows]
+        return memories_to_distill(conn, user_id=user_id, day=day, include_outdated=include_outdated,
+                                   prompt_version=prompt_version, schema_version=OUTPUT_SCHEMA_VERSION)
 
 
 def _distill_one(job: DistillJob, memory_id: str) -> StageReport:
     report = StageReport(rows_in=1)
     started = time.monotonic()
     with job.db.connection() as conn:
-        row = conn.execute(
-            """SELECT id, user_id, content, occurred_at, attempts, status FROM memories
-               WHERE id = %s AND deleted_at IS NULL FOR UPDATE SKIP LOCKED""",
-            (memory_id,),
-        ).fetchone()
+        row = lock_live_row(conn, "memories", memory_id, DISTIL_COLUMNS)
         if row is None:
             report.skipped += 1  # another worker has it, or it was forgotten meanwhile
             return report
         _, user_id, content, occurred_at, attempts, status = row
-        existing = conn.execute(
-            """SELECT id, prompt_version, schema_version FROM distillations
-               WHERE memory_id = %s AND deleted_at IS NULL AND status IN ('active', 'review')
-               ORDER BY created_at LIMIT 1""",
-            (memory_id,),
-        ).fetchone()
+        existing = live_distillation_of(conn, memory_id)
         if status != "pending" and (existing is None or
                                     (existing[1] == job.prompt_version and existing[2] == OUTPUT_SCHEMA_VERSION)):
             report.skipped += 1  # done by someone else since it was listed
@@ -125,20 +112,10 @@ def _distill_one(job: DistillJob, memory_id: str) -> StageReport:
         else:
             # Re-distillation after a prompt change: a new version, the old text kept in history.
             distillation_id = existing[0]
-            current = conn.execute("SELECT content FROM distillations WHERE id = %s", (distillation_id,)).fetchone()
-            # An unchanged text needs no new version; the row still records the new prompt version.
-            if current[0] != result.content:
-                add_version(conn, distillation_id, content=result.content, embedding=embedding,
-                            embedding_model=job.embedder.model_name, reason="redistilled",
-                            prompt_version=job.prompt_version, refreshed_at=occurred_at)
-            conn.execute(
-                """UPDATE distillations SET confidence = %s, tier = %s, status = %s, needs_review = %s,
-                          prompt_version = %s, schema_version = %s, conflict_checked_at = NULL,
-                          dedup_checked_at = NULL, updated_at = now()
-                   WHERE id = %s""",
-                (result.confidence, result.tier, decision.status, decision.needs_review, job.prompt_version,
-                 OUTPUT_SCHEMA_VERSION, distillation_id),
-            )
+            redistill(conn, distillation_id, content=result.content, embedding=embedding,
+                      embedding_model=job.embedder.model_name, confidence=result.confidence, tier=result.tier,
+                      prompt_version=job.prompt_version, schema_version=OUTPUT_SCHEMA_VERSION,
+                      refreshed_at=occurred_at)
         set_exchange_embeddings(conn, embedding_model=job.embedder.model_name,
                                 vectors={memory_id: exchange_embedding})
         record_distillation_latency(conn, (time.monotonic() - started) * 1000)

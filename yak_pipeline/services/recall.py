@@ -26,6 +26,7 @@ from yak_pipeline.embeddings import Embedder
 from yak_pipeline.recall_models import load_relevance_model
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
+from yak_pipeline.store.distillations import recall_hit_rows
 from yak_pipeline.store.recall import (
     exchanges_without_embedding,
     recall,
@@ -102,15 +103,7 @@ def search_memories(
                         embedding_model=embedder.model_name, params=params, model=model, now=now, as_of=as_of)
         if not ranked:
             return []
-        rows = conn.execute(
-            """SELECT d.id, d.memory_id, d.content, d.confidence, m.occurred_at,
-                      EXISTS (SELECT 1 FROM conflicts c WHERE c.status = 'open'
-                                AND (c.distillation_a = d.id OR c.distillation_b = d.id))
-               FROM distillations d JOIN memories m ON m.id = d.memory_id
-               WHERE d.id = ANY(%s::uuid[])""",
-            ([r.id for r in ranked],),
-        ).fetchall()
-    by_id = {str(r[0]): r for r in rows}
+        by_id = recall_hit_rows(conn, [r.id for r in ranked])
     return [
         RecallHit(ranked=r, memory_id=str(by_id[r.id][1]), content=by_id[r.id][2], confidence=by_id[r.id][3],
                   occurred_at=by_id[r.id][4], in_conflict=bool(by_id[r.id][5]))

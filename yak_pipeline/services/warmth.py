@@ -13,13 +13,17 @@ answer used scored 0.67, under 0.7).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import date, datetime, timedelta, timezone
+from typing import Any
+from uuid import UUID
 
 import psycopg
 
 from yak_pipeline.alerts import NULL_ALERTER, Alerter
 from yak_pipeline.core.exchanges import format_exchange
+from yak_pipeline.core.warmth import WARMTH_DEFAULT
 from yak_pipeline.core.recall import RecallParams
 from yak_pipeline.core.relevance import RelevanceModel, RelevanceSignals
 from yak_pipeline.embeddings import Embedder
@@ -31,8 +35,15 @@ from yak_pipeline.services.reports import StageReport
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.distillations import get_distillation
-from yak_pipeline.store.turns import mark_turn
-from yak_pipeline.store.warmth import WarmthUpdate, apply_relevance
+from yak_pipeline.store.locking import lock_live_row
+from yak_pipeline.store.turns import EVALUATE_COLUMNS, mark_turn, turn_ids
+from yak_pipeline.store.warmth import (
+    WarmthUpdate,
+    apply_relevance,
+    evaluated_distillations,
+    reset_warmth,
+    warmth_history,
+)
 
 MAX_TURN_ATTEMPTS = 5
 
@@ -116,34 +127,19 @@ class WarmthJob:
 
 def _turn_ids(db: Database, *, user_id: str | None, day: date | None, since: datetime | None, pending_only: bool) -> list[str]:
     with db.connection() as conn:
-        rows = conn.execute(
-            """SELECT id FROM turns
-               WHERE deleted_at IS NULL
-                 AND (%(user)s::text IS NULL OR user_id = %(user)s)
-                 AND (%(day)s::date IS NULL OR (occurred_at AT TIME ZONE 'UTC')::date = %(day)s)
-                 AND (%(since)s::timestamptz IS NULL OR occurred_at >= %(since)s)
-                 AND (status = 'pending' OR NOT %(pending_only)s)
-               ORDER BY occurred_at, id""",
-            {"user": user_id, "day": day, "since": since, "pending_only": pending_only},
-        ).fetchall()
-    return [str(r[0]) for r in rows]
+        return turn_ids(conn, user_id=user_id, day=day, since=since, pending_only=pending_only)
 
 
 def evaluate_turn(job: WarmthJob, turn_id: str, *, reason: str) -> StageReport:
     """Evaluate every recalled memory of one turn that has no warmth event for it yet."""
     report = StageReport(rows_in=1)
     with job.db.connection() as conn:
-        turn = conn.execute(
-            """SELECT id, user_id, user_message, assistant_message, recalled_ids, attempts FROM turns
-               WHERE id = %s AND deleted_at IS NULL FOR UPDATE SKIP LOCKED""",
-            (turn_id,),
-        ).fetchone()
+        turn = lock_live_row(conn, "turns", turn_id, EVALUATE_COLUMNS)
         if turn is None:
             report.skipped += 1
             return report
         _, user_id, user_message, assistant_message, recalled, attempts = turn
-        done = {str(r[0]) for r in conn.execute(
-            "SELECT distillation_id FROM warmth_events WHERE turn_id = %s", (turn_id,)).fetchall()}
+        done = evaluated_distillations(conn, turn_id)
         context = format_exchange(user_message, assistant_message)
         try:
             for distillation_id in [str(r) for r in recalled if str(r) not in done]:
@@ -188,3 +184,34 @@ def reevaluate_recent(job: WarmthJob, *, user_id: str | None, day: date | None, 
     for turn_id in _turn_ids(job.db, user_id=user_id, day=day, since=since, pending_only=False):
         total.merge(evaluate_turn(job, turn_id, reason="nightly"))
     return total
+
+
+def evaluate_now(db: Database, llm: LLMProvider, *, distillation_id: str, context: str, evaluator: str | None,
+                 user_id: str | None, judge: OfflineJudge | None) -> WarmthUpdate | None:
+    """A person's (or client's) manual evaluation: :func:`evaluate_relevance` in its own transaction."""
+    with db.connection() as conn:
+        return evaluate_relevance(conn, llm, distillation_id=distillation_id, context=context, reason="manual",
+                                  evaluator=evaluator, user_id=user_id, judge=judge)
+
+
+def reset_warmth_of(db: Database, distillation_ids: Sequence[str] | None, *, user_id: str, actor: str) -> int:
+    """Reset warmth to the default for the user's distillations (all, or the listed ones); how many changed."""
+    with db.connection() as conn:
+        return reset_warmth(conn, distillation_ids, user_id=user_id, actor=actor)
+
+
+def warmth_of(db: Database, distillation_id: UUID | str, *, user_id: str | None, limit: int = 50,
+              reset: bool = False, actor: str = "system") -> tuple[float, list[dict[str, Any]]] | None:
+    """A distillation's warmth and its latest events, newest first; None when not found (for ``user_id``).
+
+    With ``reset`` its warmth goes back to the default first (recorded as an event).
+    """
+    with db.connection() as conn:
+        row = get_distillation(conn, distillation_id, user_id=user_id)
+        if row is None:
+            return None
+        warmth = row["warmth"]
+        if reset:
+            reset_warmth(conn, [str(distillation_id)], user_id=row["user_id"], actor=actor)
+            warmth = WARMTH_DEFAULT
+        return warmth, warmth_history(conn, distillation_id, limit=limit)

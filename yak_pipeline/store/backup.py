@@ -65,6 +65,11 @@ _SELECTIONS: Final[dict[str, tuple[str, str]]] = {
 _FETCH_ROWS: Final = 500
 
 
+def begin_snapshot(conn: psycopg.Connection) -> None:
+    """Make the connection's transaction one read-only snapshot: every table read as of the same moment."""
+    conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+
+
 def backup_columns(conn: psycopg.Connection, table: str) -> list[str]:
     """The columns of ``table`` a backup holds: those the database does not compute, minus the left-out ones."""
     rows = conn.execute(

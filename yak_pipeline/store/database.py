@@ -8,6 +8,7 @@ from urllib.parse import urlsplit, urlunsplit
 from contextlib import contextmanager
 
 import psycopg
+from psycopg import sql
 from pgvector.psycopg import register_vector
 from psycopg_pool import ConnectionPool, PoolTimeout
 
@@ -65,6 +66,18 @@ def ensure_dagster_database(url: str) -> bool:
             return False
         conn.execute("CREATE DATABASE dagster")
         return True
+
+
+def create_database(server_url: str, name: str) -> None:
+    """Create database ``name`` on the server of ``server_url`` (a psycopg error when not allowed)."""
+    with connect(server_url, autocommit=True, vector=False) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+
+def drop_database(server_url: str, name: str) -> None:
+    """Drop database ``name`` if it exists, closing its open connections (``WITH (FORCE)``)."""
+    with connect(server_url, autocommit=True, vector=False) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
 def connect(url: str, *, autocommit: bool = False, vector: bool = True) -> psycopg.Connection:
@@ -137,6 +150,11 @@ class Database:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def ping(self) -> None:
+        """Run a trivial query on a pooled connection; raises when the database does not answer."""
+        with self.connection() as conn:
+            conn.execute("SELECT 1").fetchone()
 
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection]:

@@ -17,6 +17,7 @@ from yak_pipeline.core.dedup import Neighbour
 from yak_pipeline.core.gates import confidence_gate
 from yak_pipeline.core.types import TIERS
 from yak_pipeline.store.audit import write_audit
+from yak_pipeline.store.locking import lock_live_row
 
 # The schema's CHECK on user_weight: (0, 10]. 1 is neutral; a pinned memory weighs more.
 MAX_USER_WEIGHT = 10.0
@@ -68,16 +69,50 @@ def insert_distillation(conn: psycopg.Connection, new: NewDistillation, *, actor
          decision.needs_review, embedding, new.embedding_model, new.prompt_version, new.schema_version,
          new.refreshed_at),
     ).fetchone()[0]
-    conn.execute(
-        """INSERT INTO distillation_versions (distillation_id, version, content, embedding, embedding_model,
-                                              prompt_version, reason)
-           VALUES (%s, 1, %s, %s, %s, %s, 'distilled')""",
-        (distillation_id, new.content, embedding, new.embedding_model, new.prompt_version),
-    )
-    write_audit(conn, actor=actor, action="distil", target_type="distillation", target_id=distillation_id,
-                user_id=new.user_id, detail={"memory_id": str(new.memory_id), "status": decision.status,
-                                             "confidence": new.confidence, "tier": new.tier})
+    _write_version(conn, distillation_id, user_id=new.user_id, content=new.content, vector=embedding,
+                   embedding_model=new.embedding_model, prompt_version=new.prompt_version, reason="distilled",
+                   actor=actor, action="distil",
+                   detail={"memory_id": str(new.memory_id), "status": decision.status,
+                           "confidence": new.confidence, "tier": new.tier})
     return distillation_id
+
+
+def _write_version(
+    conn: psycopg.Connection,
+    distillation_id: UUID | str,
+    *,
+    user_id: str,
+    content: str,
+    vector: np.ndarray,
+    embedding_model: str,
+    prompt_version: str | None,
+    reason: str,
+    actor: str,
+    action: str,
+    merged_from: Sequence[UUID | str] = (),
+    detail: dict[str, Any] | None = None,
+) -> int:
+    """The one writer of a distillation's text history: the next version row and its audit row.
+
+    Every content change of a distillation (its first text in ``insert_distillation``, each later
+    one in ``add_version``) goes through here, so none can skip its version or its audit row.
+    Returns the new version number; ``detail`` defaults to the version, reason and sources.
+    """
+    merged = [str(m) for m in merged_from]
+    version = conn.execute(
+        """INSERT INTO distillation_versions (distillation_id, version, content, embedding, embedding_model,
+                                              prompt_version, reason, merged_from)
+           SELECT %(id)s, coalesce(max(version), 0) + 1, %(content)s, %(embedding)s, %(model)s,
+                  %(prompt)s, %(reason)s, %(merged)s::uuid[]
+           FROM distillation_versions WHERE distillation_id = %(id)s
+           RETURNING version""",
+        {"id": str(distillation_id), "content": content, "embedding": vector, "model": embedding_model,
+         "prompt": prompt_version, "reason": reason, "merged": merged},
+    ).fetchone()[0]
+    write_audit(conn, actor=actor, action=action, target_type="distillation", target_id=distillation_id,
+                user_id=user_id,
+                detail=detail if detail is not None else {"version": version, "reason": reason, "merged_from": merged})
+    return version
 
 
 def add_version(
@@ -104,16 +139,6 @@ def add_version(
     if row is None:
         raise LookupError(f"distillation {distillation_id} not found")
     vector = _vector(embedding)
-    version = conn.execute(
-        """INSERT INTO distillation_versions (distillation_id, version, content, embedding, embedding_model,
-                                              prompt_version, reason, merged_from)
-           SELECT %(id)s, coalesce(max(version), 0) + 1, %(content)s, %(embedding)s, %(model)s,
-                  %(prompt)s, %(reason)s, %(merged)s::uuid[]
-           FROM distillation_versions WHERE distillation_id = %(id)s
-           RETURNING version""",
-        {"id": str(distillation_id), "content": content, "embedding": vector, "model": embedding_model,
-         "prompt": prompt_version, "reason": reason, "merged": [str(m) for m in merged_from]},
-    ).fetchone()[0]
     conn.execute(
         """UPDATE distillations
            SET content = %(content)s, embedding = %(embedding)s, embedding_model = %(model)s,
@@ -123,10 +148,9 @@ def add_version(
         {"id": str(distillation_id), "content": content, "embedding": vector, "model": embedding_model,
          "prompt": prompt_version, "refreshed": refreshed_at},
     )
-    write_audit(conn, actor=actor, action="version", target_type="distillation", target_id=distillation_id,
-                user_id=row[0], detail={"version": version, "reason": reason,
-                                        "merged_from": [str(m) for m in merged_from]})
-    return version
+    return _write_version(conn, distillation_id, user_id=row[0], content=content, vector=vector,
+                          embedding_model=embedding_model, prompt_version=prompt_version, reason=reason,
+                          actor=actor, action="version", merged_from=merged_from)
 
 
 def set_distillation_status(
@@ -320,3 +344,118 @@ def partition_gate_passed(conn: psycopg.Connection, *, user_id: str, day: date) 
     """The gate's latest verdict on a partition (None: never checked)."""
     row = conn.execute("SELECT passed FROM partition_gates WHERE user_id = %s AND day = %s", (user_id, day)).fetchone()
     return None if row is None else bool(row[0])
+
+
+# The consolidation stages' "checked once" markers (sql/001): which stage has seen a distillation.
+CHECK_COLUMNS = ("conflict_checked_at", "dedup_checked_at")
+
+# What the consolidation stages read of the distillation they check.
+_CHECKED_ROW = ("id", "user_id", "content", "embedding", "embedding_model", "created_at", "refreshed_at")
+
+
+def _check_column(column: str) -> str:
+    if column not in CHECK_COLUMNS:
+        raise ValueError(f"unknown check column {column!r}")
+    return column
+
+
+def unchecked_distillations(conn: psycopg.Connection, *, user_id: str, day: date | None, column: str,
+                            require: str | None = None) -> list[str]:
+    """Active distillations of a partition not yet checked by ``column`` (and checked by ``require``), oldest first."""
+    column = _check_column(column)
+    extra = f" AND d.{_check_column(require)} IS NOT NULL" if require else ""
+    rows = conn.execute(
+        f"""SELECT d.id FROM distillations d JOIN memories m ON m.id = d.memory_id
+            WHERE d.user_id = %(user)s AND d.status = 'active' AND d.deleted_at IS NULL
+              AND d.{column} IS NULL{extra}
+              AND (%(day)s::date IS NULL OR (m.occurred_at AT TIME ZONE 'UTC')::date = %(day)s)
+            ORDER BY d.created_at, d.id""",  # noqa: S608 - column names are checked against CHECK_COLUMNS
+        {"user": user_id, "day": day},
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+
+
+def lock_unchecked(conn: psycopg.Connection, distillation_id: UUID | str, column: str, *,
+                   lock: bool = True) -> tuple | None:
+    """Lock an active distillation still unchecked by ``column``; None when gone, held or done.
+
+    The row is ``(id, user_id, content, embedding, embedding_model, created_at, refreshed_at)``;
+    ``lock=False`` only reads it (the merge stage's look-ahead).
+    """
+    return lock_live_row(conn, "distillations", distillation_id, _CHECKED_ROW, where={"status": "active"},
+                         unset=(_check_column(column),), lock=lock)
+
+
+def lock_merge_target(conn: psycopg.Connection, distillation_id: UUID | str, *, lock: bool) -> tuple | None:
+    """An active distillation about to absorb or be absorbed: ``(id, content, created_at, refreshed_at)``."""
+    return lock_live_row(conn, "distillations", distillation_id, ("id", "content", "created_at", "refreshed_at"),
+                         where={"status": "active"}, lock=lock)
+
+
+def mark_checked(conn: psycopg.Connection, distillation_ids: Sequence[UUID | str], column: str) -> None:
+    """Record that a consolidation stage has checked these distillations (``column`` = now)."""
+    conn.execute(
+        f"UPDATE distillations SET {_check_column(column)} = now() WHERE id = ANY(%s::uuid[])",  # noqa: S608
+        ([str(i) for i in distillation_ids],),
+    )
+
+
+def contents_by_id(conn: psycopg.Connection, distillation_ids: Sequence[UUID | str]) -> dict[str, str]:
+    """The current text of each distillation, by id (one round trip)."""
+    if not distillation_ids:
+        return {}
+    return dict(conn.execute("SELECT id::text, content FROM distillations WHERE id = ANY(%s::uuid[])",
+                             ([str(i) for i in distillation_ids],)).fetchall())
+
+
+def live_distillation_of(conn: psycopg.Connection, memory_id: UUID | str) -> tuple | None:
+    """A memory's live distillation (active or in review): ``(id, prompt_version, schema_version)``."""
+    return conn.execute(
+        """SELECT id, prompt_version, schema_version FROM distillations
+           WHERE memory_id = %s AND deleted_at IS NULL AND status IN ('active', 'review')
+           ORDER BY created_at LIMIT 1""",
+        (str(memory_id),),
+    ).fetchone()
+
+
+def redistill(conn: psycopg.Connection, distillation_id: UUID | str, *, content: str, embedding: Sequence[float],
+              embedding_model: str, confidence: float, tier: str, prompt_version: str, schema_version: int,
+              refreshed_at: datetime | None) -> None:
+    """A memory distilled again (after a prompt change): new text as a version, new gate and checks.
+
+    An unchanged text needs no new version; the row still records the new prompt version. The
+    confidence gate is applied here as in ``insert_distillation``, and both consolidation checks
+    start over for the new text.
+    """
+    current = conn.execute("SELECT content FROM distillations WHERE id = %s", (str(distillation_id),)).fetchone()
+    if current[0] != content:
+        add_version(conn, distillation_id, content=content, embedding=embedding, embedding_model=embedding_model,
+                    reason="redistilled", prompt_version=prompt_version, refreshed_at=refreshed_at)
+    decision = confidence_gate(confidence)
+    conn.execute(
+        """UPDATE distillations SET confidence = %s, tier = %s, status = %s, needs_review = %s,
+                  prompt_version = %s, schema_version = %s, conflict_checked_at = NULL,
+                  dedup_checked_at = NULL, updated_at = now()
+           WHERE id = %s""",
+        (confidence, tier, decision.status, decision.needs_review, prompt_version, schema_version,
+         str(distillation_id)),
+    )
+
+
+def recall_hit_rows(conn: psycopg.Connection, distillation_ids: Sequence[str]) -> dict[str, tuple]:
+    """What a recall hit shows, by id: ``(id, memory_id, content, confidence, occurred_at, in_conflict)``."""
+    rows = conn.execute(
+        """SELECT d.id, d.memory_id, d.content, d.confidence, m.occurred_at,
+                  EXISTS (SELECT 1 FROM conflicts c WHERE c.status = 'open'
+                            AND (c.distillation_a = d.id OR c.distillation_b = d.id))
+           FROM distillations d JOIN memories m ON m.id = d.memory_id
+           WHERE d.id = ANY(%s::uuid[])""",
+        (list(distillation_ids),),
+    ).fetchall()
+    return {str(r[0]): r for r in rows}
+
+
+def status_counts(conn: psycopg.Connection) -> dict[str, int]:
+    """How many live distillations have each status."""
+    return dict(conn.execute(
+        "SELECT status, count(*) FROM distillations WHERE deleted_at IS NULL GROUP BY status").fetchall())

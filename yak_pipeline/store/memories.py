@@ -15,6 +15,9 @@ from yak_pipeline.core.exchanges import content_sha256, normalise_exchange_text
 from yak_pipeline.core.types import MEMORY_SOURCES, validate_user_id
 from yak_pipeline.store.audit import write_audit
 
+# What distilling a memory reads of it, under its lock (``store.locking.lock_live_row``).
+DISTIL_COLUMNS = ("id", "user_id", "content", "occurred_at", "attempts", "status")
+
 _MEMORY_COLUMNS = "id, user_id, content, occurred_at, created_at, source, source_ref, content_sha256, status, attempts, last_error"
 
 
@@ -242,3 +245,26 @@ def partition_memory_stats(conn: psycopg.Connection, *, user_id: str, day: date)
     ).fetchall()
     stats["hash_mismatches"] = sum(1 for content, digest in contents if content_sha256(content) != digest)
     return stats
+
+
+def memories_to_distill(conn: psycopg.Connection, *, user_id: str, day: date | None, include_outdated: bool,
+                        prompt_version: str, schema_version: int) -> list[str]:
+    """Ids of a partition's memories that need (re-)distilling, oldest first.
+
+    Pending memories always; with ``include_outdated`` also distilled memories whose live
+    distillation was made by another prompt or output-schema version.
+    """
+    rows = conn.execute(
+        """SELECT m.id FROM memories m
+           WHERE m.user_id = %(user)s AND m.deleted_at IS NULL
+             AND (%(day)s::date IS NULL OR (m.occurred_at AT TIME ZONE 'UTC')::date = %(day)s)
+             AND (m.status = 'pending' OR (%(outdated)s AND EXISTS (
+                    SELECT 1 FROM distillations d WHERE d.memory_id = m.id AND d.deleted_at IS NULL
+                      AND d.status IN ('active', 'review')
+                      AND (d.prompt_version <> %(prompt)s OR d.schema_version <> %(schema)s))))
+           ORDER BY m.occurred_at, m.id""",
+        {"user": user_id, "day": day, "outdated": include_outdated, "prompt": prompt_version,
+         "schema": schema_version},
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+

@@ -12,6 +12,9 @@ from psycopg.rows import dict_row
 
 from yak_pipeline.core.types import validate_user_id
 
+# What evaluating a turn reads of it, under its lock (``store.locking.lock_live_row``).
+EVALUATE_COLUMNS = ("id", "user_id", "user_message", "assistant_message", "recalled_ids", "attempts")
+
 _COLUMNS = (
     "id, user_id, memory_id, user_message, assistant_message, recalled_ids, status, attempts, last_error, "
     "occurred_at, created_at, evaluated_at"
@@ -85,3 +88,20 @@ def mark_turn(conn: psycopg.Connection, turn_id: UUID | str, *, status: str, err
            WHERE id = %s""",
         (status, None if error is None else error[:2000], status, str(turn_id)),
     )
+
+
+def turn_ids(conn: psycopg.Connection, *, user_id: str | None, day: date | None, since: datetime | None,
+             pending_only: bool) -> list[str]:
+    """Ids of live turns (of a user, a day, since a moment; only pending ones), oldest first."""
+    rows = conn.execute(
+        """SELECT id FROM turns
+           WHERE deleted_at IS NULL
+             AND (%(user)s::text IS NULL OR user_id = %(user)s)
+             AND (%(day)s::date IS NULL OR (occurred_at AT TIME ZONE 'UTC')::date = %(day)s)
+             AND (%(since)s::timestamptz IS NULL OR occurred_at >= %(since)s)
+             AND (status = 'pending' OR NOT %(pending_only)s)
+           ORDER BY occurred_at, id""",
+        {"user": user_id, "day": day, "since": since, "pending_only": pending_only},
+    ).fetchall()
+    return [str(r[0]) for r in rows]
+

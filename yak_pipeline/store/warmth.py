@@ -142,3 +142,9 @@ def warmth_history(conn: psycopg.Connection, distillation_id: UUID | str, *, lim
     keys = ("id", "turn_id", "relevance_score", "delta", "warmth_before", "warmth_after", "reason", "evaluator",
             "created_at")
     return [dict(zip(keys, r)) for r in rows]
+
+
+def evaluated_distillations(conn: psycopg.Connection, turn_id: UUID | str) -> set[str]:
+    """Ids of the distillations that already have a warmth event for this turn (each pair counts once)."""
+    return {str(r[0]) for r in conn.execute(
+        "SELECT distillation_id FROM warmth_events WHERE turn_id = %s", (str(turn_id),)).fetchall()}

@@ -9,7 +9,7 @@ from fastapi import APIRouter, HTTPException, Query, status
 
 from yak_pipeline.api.dependencies import Caller, Services
 from yak_pipeline.api.schemas import ConflictClose, ConflictClosed, ConflictKeep, ConflictOut, UserId, rows_to
-from yak_pipeline.store.conflicts import close_conflict, keep_in_conflict, list_conflicts
+from yak_pipeline.services.curation import close_conflict, keep_in_conflict, list_conflicts
 
 router = APIRouter(prefix="/api/conflicts", tags=["conflicts"])
 
@@ -23,17 +23,15 @@ def conflicts(
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> list[ConflictOut]:
     """Conflicts with both sides' text, newest first (open ones unless asked otherwise)."""
-    with services.database.connection() as conn:
-        rows = list_conflicts(conn, user_id=caller.user_filter(user_id),
-                              status=None if conflict_status == "all" else conflict_status, limit=limit)
+    rows = list_conflicts(services.database, user_id=caller.user_filter(user_id),
+                          status=None if conflict_status == "all" else conflict_status, limit=limit)
     return rows_to(ConflictOut, rows)
 
 
 def _close(conflict_id: UUID, body: ConflictClose | None, new_status: Literal["resolved", "dismissed"],
            caller: Caller, services: Services) -> ConflictClosed:
-    with services.database.connection() as conn:
-        closed = close_conflict(conn, conflict_id, status=new_status, resolution=body.resolution if body else None,
-                                user_id=caller.scope, actor=caller.actor)
+    closed = close_conflict(services.database, conflict_id, status=new_status,
+                            resolution=body.resolution if body else None, user_id=caller.scope, actor=caller.actor)
     if not closed:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no open conflict {conflict_id}")
     return ConflictClosed(id=conflict_id, status=new_status)
@@ -55,9 +53,8 @@ def dismiss(conflict_id: UUID, caller: Caller, services: Services, body: Conflic
 def keep(conflict_id: UUID, body: ConflictKeep, caller: Caller, services: Services) -> ConflictClosed:
     """Settle an open conflict by keeping side ``a`` or ``b`` (the other is rejected: kept with its
     versions, never recalled) or ``both`` (both confirmed); the conflict is resolved."""
-    with services.database.connection() as conn:
-        settled = keep_in_conflict(conn, conflict_id, keep=body.keep, resolution=body.resolution,
-                                   user_id=caller.scope, actor=caller.actor)
+    settled = keep_in_conflict(services.database, conflict_id, keep=body.keep, resolution=body.resolution,
+                               user_id=caller.scope, actor=caller.actor)
     if not settled:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no open conflict {conflict_id}")
     return ConflictClosed(id=conflict_id, status="resolved")

@@ -8,8 +8,8 @@ from fastapi import APIRouter
 
 from yak_pipeline.api.dependencies import Caller, Services
 from yak_pipeline.api.schemas import ContextOut, ContextRequest
+from yak_pipeline.services.memories import user_has_memories
 from yak_pipeline.services.recall import build_context, recall_params, relevance_model
-from yak_pipeline.store.memories import user_has_memories
 
 router = APIRouter(prefix="/api/context", tags=["recall"])
 
@@ -31,9 +31,8 @@ def context(body: ContextRequest, caller: Caller, services: Services) -> Context
     if not built.recalled_ids and built.recall_error is None:
         # Still 200 with a prompt (an assistant's first turn with a new user must work), but a
         # mistyped user id should not look the same as "nothing relevant".
-        with services.database.connection() as conn:
-            if not user_has_memories(conn, user_id):
-                note = f"user {user_id!r} has no memories"
+        if not user_has_memories(services.database, user_id):
+            note = f"user {user_id!r} has no memories"
     return ContextOut(block=block, recalled_ids=built.recalled_ids, messages=built.messages,
                       recall_error=built.recall_error, note=note)
 

@@ -8,7 +8,6 @@ from uuid import UUID
 
 from fastapi import APIRouter, HTTPException, Query, status
 
-from yak_pipeline.api.curation import merge_distillations, reembed_distillation, write_manual_version
 from yak_pipeline.api.dependencies import Caller, Services
 from yak_pipeline.api.schemas import (
     DistillationDetail,
@@ -23,9 +22,16 @@ from yak_pipeline.api.schemas import (
     WeightUpdate,
     rows_to,
 )
+from yak_pipeline.services.curation import (
+    distillation_with_versions,
+    list_distillations,
+    merge_distillations,
+    reembed_distillation,
+    set_weight as set_distillation_weight,
+    write_manual_version,
+)
+from yak_pipeline.services.memories import user_has_memories
 from yak_pipeline.services.recall import recall_params, relevance_model, search_memories
-from yak_pipeline.store.distillations import get_distillation, list_distillations, list_versions, set_user_weight
-from yak_pipeline.store.memories import user_has_memories
 from yak_pipeline.store.database import Database
 
 router = APIRouter(prefix="/api/distillations", tags=["distillations"])
@@ -35,11 +41,10 @@ _MERGE_REFUSALS = {"not_found": status.HTTP_404_NOT_FOUND, "different_users": st
 
 
 def _detail(db: Database, distillation_id: UUID, user_id: str | None) -> DistillationDetail:
-    with db.connection() as conn:
-        row = get_distillation(conn, distillation_id, user_id=user_id)
-        if row is None:
-            raise HTTPException(status.HTTP_404_NOT_FOUND, f"distillation {distillation_id} not found")
-        versions = list_versions(conn, distillation_id)
+    found = distillation_with_versions(db, distillation_id, user_id=user_id)
+    if found is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"distillation {distillation_id} not found")
+    row, versions = found
     return DistillationDetail.model_validate({**row, "versions": rows_to(VersionOut, versions)})
 
 
@@ -58,9 +63,8 @@ def search(body: SearchRequest, caller: Caller, services: Services) -> list[Sear
     services.metrics.observe_recall((time.perf_counter() - started) * 1000)
     if not hits:
         # Asked only when nothing was found, so a successful search costs nothing more.
-        with services.database.connection() as conn:
-            if not user_has_memories(conn, user_id):
-                raise HTTPException(status.HTTP_404_NOT_FOUND, f"user {user_id!r} has no memories")
+        if not user_has_memories(services.database, user_id):
+            raise HTTPException(status.HTTP_404_NOT_FOUND, f"user {user_id!r} has no memories")
     return [SearchHit(id=h.id, memory_id=h.memory_id, content=h.content, confidence=h.confidence, tier=h.tier,
                       warmth=h.warmth, similarity=h.similarity, relevance=h.relevance, score=h.score,
                       is_core=h.is_core, occurred_at=h.occurred_at, superseded_by=h.superseded_by,
@@ -80,9 +84,8 @@ def list_distillations_route(
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> DistillationPage:
     """List live distillations, newest first."""
-    with services.database.connection() as conn:
-        rows = list_distillations(conn, user_id=caller.user_filter(user_id), status=distillation_status,
-                                  memory_id=memory_id, needs_review=needs_review, limit=limit + 1, offset=offset)
+    rows = list_distillations(services.database, user_id=caller.user_filter(user_id), status=distillation_status,
+                              memory_id=memory_id, needs_review=needs_review, limit=limit + 1, offset=offset)
     return DistillationPage(items=rows_to(DistillationOut, rows[:limit]), limit=limit, offset=offset,
                             next_offset=offset + limit if len(rows) > limit else None)
 
@@ -128,9 +131,8 @@ def reembed(distillation_id: UUID, caller: Caller, services: Services) -> Distil
 def set_weight(distillation_id: UUID, body: WeightUpdate, caller: Caller, services: Services) -> DistillationDetail:
     """Pin a distillation (or unpin it): set its ``user_weight``, a factor of recall's gravity
     (tier gravity × user_weight); 1 is neutral. Audited with the weight before and after."""
-    with services.database.connection() as conn:
-        before = set_user_weight(conn, distillation_id, user_weight=body.user_weight, user_id=caller.scope,
-                                 actor=caller.actor)
+    before = set_distillation_weight(services.database, distillation_id, user_weight=body.user_weight,
+                                     user_id=caller.scope, actor=caller.actor)
     if before is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"distillation {distillation_id} not found")
     return _detail(services.database, distillation_id, caller.scope)

@@ -20,8 +20,7 @@ PROBE_TIMEOUT_SECONDS: Final = 5.0
 
 def _database(services: ApiServices) -> ComponentHealth:
     try:
-        with services.database.connection() as conn:
-            conn.execute("SELECT 1").fetchone()
+        services.database.ping()
     except Exception as exc:  # noqa: BLE001 - any failure means "not reachable"
         # No server address in an unauthenticated answer: the log has the details.
         return ComponentHealth(ok=False, detail=f"unreachable ({type(exc).__name__})")

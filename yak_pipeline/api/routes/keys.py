@@ -8,7 +8,8 @@ from fastapi import APIRouter, HTTPException, status
 
 from yak_pipeline.api.dependencies import Caller, Services
 from yak_pipeline.api.schemas import KeyCreate, KeyCreated, KeyOut
-from yak_pipeline.store.api_keys import ApiKey, create_api_key, list_api_keys, revoke_api_key
+from yak_pipeline.services import api_keys
+from yak_pipeline.services.api_keys import ApiKey
 
 router = APIRouter(prefix="/api/keys", tags=["keys"])
 
@@ -22,8 +23,7 @@ def _out(key: ApiKey) -> dict:
 def create_key(body: KeyCreate, caller: Caller, services: Services) -> KeyCreated:
     """Create a key, admin or scoped to one user; the key is in this answer and never again."""
     caller.require_admin()
-    with services.database.connection() as conn:
-        record, key = create_api_key(conn, user_id=body.user_id, label=body.label, actor=caller.actor)
+    record, key = api_keys.create_key(services.database, user_id=body.user_id, label=body.label, actor=caller.actor)
     return KeyCreated(**_out(record), key=key)
 
 
@@ -31,8 +31,7 @@ def create_key(body: KeyCreate, caller: Caller, services: Services) -> KeyCreate
 def list_keys(caller: Caller, services: Services, include_revoked: bool = False) -> list[KeyOut]:
     """Stored keys, newest first (prefixes only, never the keys)."""
     caller.require_admin()
-    with services.database.connection() as conn:
-        keys = list_api_keys(conn, include_revoked=include_revoked)
+    keys = api_keys.list_keys(services.database, include_revoked=include_revoked)
     return [KeyOut(**_out(k)) for k in keys]
 
 
@@ -40,8 +39,7 @@ def list_keys(caller: Caller, services: Services, include_revoked: bool = False)
 def revoke_key(key_id: UUID, caller: Caller, services: Services) -> KeyOut:
     """Revoke a key; requests with it are refused from now on."""
     caller.require_admin()
-    with services.database.connection() as conn:
-        if not revoke_api_key(conn, key_id, actor=caller.actor):
-            raise HTTPException(status.HTTP_404_NOT_FOUND, f"no live API key {key_id}")
-        revoked = next(k for k in list_api_keys(conn, include_revoked=True) if str(k.id) == str(key_id))
+    revoked = api_keys.revoke_key(services.database, key_id, actor=caller.actor)
+    if revoked is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no live API key {key_id}")
     return KeyOut(**_out(revoked))

@@ -18,9 +18,7 @@ from yak_pipeline.api.schemas import (
     UserId,
     rows_to,
 )
-from yak_pipeline.store.distillations import list_distillations
-from yak_pipeline.store.forget import forget_memories
-from yak_pipeline.store.memories import get_memory, insert_memory, list_memories
+from yak_pipeline.services.memories import forget_memory, list_memories, memory_with_distillations, store_memory
 
 router = APIRouter(prefix="/api/memories", tags=["memories"])
 
@@ -35,11 +33,9 @@ def create_memory(body: MemoryCreate, caller: Caller, services: Services, respon
     memory already stored.
     """
     user_id = caller.acting_for(body.user_id)
-    with services.database.connection() as conn:
-        stored = insert_memory(conn, user_id=user_id, content=body.content, source="api",
-                               occurred_at=body.occurred_at, actor=caller.actor)
-        row = get_memory(conn, stored.id)
-    if not stored.created:
+    created, row = store_memory(services.database, user_id=user_id, content=body.content, source="api",
+                                occurred_at=body.occurred_at, actor=caller.actor)
+    if not created:
         response.status_code = status.HTTP_200_OK
     return MemoryOut.model_validate(row)
 
@@ -58,9 +54,8 @@ def list_memories_route(
     offset: Annotated[int, Query(ge=0)] = 0,
 ) -> MemoryPage:
     """List live memories, newest exchange first, a page at a time."""
-    with services.database.connection() as conn:
-        rows = list_memories(conn, user_id=caller.user_filter(user_id), status=memory_status, limit=limit + 1,
-                             offset=offset)
+    rows = list_memories(services.database, user_id=caller.user_filter(user_id), status=memory_status,
+                         limit=limit + 1, offset=offset)
     return MemoryPage(items=rows_to(MemoryOut, rows[:limit]), limit=limit, offset=offset,
                       next_offset=offset + limit if len(rows) > limit else None)
 
@@ -71,11 +66,10 @@ router.add_api_route("/", list_memories_route, methods=["GET"], response_model=M
 @router.get("/{memory_id}", response_model=MemoryDetail)
 def show_memory(memory_id: UUID, caller: Caller, services: Services) -> MemoryDetail:
     """One memory: its full text, processing state and distillations."""
-    with services.database.connection() as conn:
-        row = get_memory(conn, memory_id, user_id=caller.scope)
-        if row is None:
-            raise HTTPException(status.HTTP_404_NOT_FOUND, f"memory {memory_id} not found")
-        distillations = list_distillations(conn, memory_id=memory_id, user_id=row["user_id"], limit=100)
+    found = memory_with_distillations(services.database, memory_id, user_id=caller.scope)
+    if found is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"memory {memory_id} not found")
+    row, distillations = found
     return MemoryDetail.model_validate({**row, "distillations": rows_to(DistillationSummary, distillations)})
 
 
@@ -88,10 +82,8 @@ def delete_memory(
 ) -> ForgetResult:
     """Forget one memory: the raw exchange, its distillations, versions, embeddings, warmth
     events, conflicts and turns (DESIGN §4); an audit row records ids only."""
-    with services.database.connection() as conn:
-        row = get_memory(conn, memory_id, user_id=caller.scope)
-        if row is None:
-            raise HTTPException(status.HTTP_404_NOT_FOUND, f"memory {memory_id} not found")
-        report = forget_memories(conn, user_id=row["user_id"], memory_ids=[memory_id], actor=caller.actor, soft=soft)
+    report = forget_memory(services.database, memory_id, user_id=caller.scope, actor=caller.actor, soft=soft)
+    if report is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"memory {memory_id} not found")
     return ForgetResult(action="deleted", deleted_memory_ids=report.memory_ids,
                         deleted_distillation_ids=report.distillation_ids)

@@ -6,8 +6,7 @@ from fastapi import APIRouter, Request, Response
 
 from yak_pipeline.api.dependencies import Caller, Services
 from yak_pipeline.api.metrics import render_metrics
-from yak_pipeline.api.queue_watch import watched_queue_counts
-from yak_pipeline.store.metrics import MetricTotals, read_metrics
+from yak_pipeline.services.metrics import metric_totals
 
 router = APIRouter(tags=["operations"])
 
@@ -22,10 +21,5 @@ def metrics(request: Request, caller: Caller, services: Services) -> Response:
     database = services.database
     services.metrics.flush(database)
 
-    def read_totals() -> MetricTotals:
-        with database.connection() as conn:
-            counts = watched_queue_counts(conn, services.alerter, user_id=None)
-            return read_metrics(conn, queue_sizes={"memories": counts.pending_memories, "turns": counts.pending_turns})
-
-    body, content_type = render_metrics(read_totals, request.headers.get("accept"))
+    body, content_type = render_metrics(lambda: metric_totals(database, services.alerter), request.headers.get("accept"))
     return Response(body, headers={"Content-Type": content_type})

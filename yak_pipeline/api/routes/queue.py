@@ -8,10 +8,9 @@ from typing import Annotated, Final
 from fastapi import APIRouter, Query
 
 from yak_pipeline.api.dependencies import Caller, Services
-from yak_pipeline.api.queue_watch import watched_queue_counts
 from yak_pipeline.api.schemas import FailedItem, QuarantinedItem, QuarantineOut, QueueOut, UserId, rows_to
 from yak_pipeline.defs.exchanges.drop_folder import failed_dir, list_quarantine
-from yak_pipeline.store.queue import failed_items
+from yak_pipeline.services.queue_watch import queue_status
 
 router = APIRouter(prefix="/api/queue", tags=["operations"])
 
@@ -30,9 +29,7 @@ def queue(
     latest failed items with their errors, and (admin keys) the drop folder's quarantine: files
     it could not read and records it rejected, with the reasons."""
     scope = caller.user_filter(user_id)
-    with services.database.connection() as conn:
-        counts = watched_queue_counts(conn, services.alerter, user_id=scope)
-        failed = failed_items(conn, user_id=scope)
+    counts, failed = queue_status(services.database, services.alerter, user_id=scope)
     return QueueOut(pending_memories=counts.pending_memories, pending_turns=counts.pending_turns,
                     failed_memories=counts.failed_memories, failed_turns=counts.failed_turns,
                     failed=rows_to(FailedItem, failed),

@@ -9,7 +9,7 @@ from fastapi import APIRouter, HTTPException, Query, status
 
 from yak_pipeline.api.dependencies import Caller, Services
 from yak_pipeline.api.schemas import ReviewDecision, ReviewItem, UserId, rows_to
-from yak_pipeline.store.review import ReviewOutcome, approve_distillation, list_review_queue, reject_distillation
+from yak_pipeline.services.curation import ReviewOutcome, review, review_queue as list_review_queue
 
 router = APIRouter(prefix="/api/review", tags=["review"])
 
@@ -32,22 +32,19 @@ def review_queue(
 ) -> list[ReviewItem]:
     """Flagged distillations, oldest first: held back under the 0.6 confidence gate, active but
     uncertain (0.6–0.8), or one side of a conflict."""
-    with services.database.connection() as conn:
-        rows = list_review_queue(conn, user_id=caller.user_filter(user_id), limit=limit, offset=offset)
+    rows = list_review_queue(services.database, user_id=caller.user_filter(user_id), limit=limit, offset=offset)
     return rows_to(ReviewItem, rows)
 
 
 @router.post("/{distillation_id}/approve", response_model=ReviewDecision)
 def approve(distillation_id: UUID, caller: Caller, services: Services) -> ReviewDecision:
     """Confirm a flagged distillation: it becomes active (recallable) and leaves the queue."""
-    with services.database.connection() as conn:
-        outcome = approve_distillation(conn, distillation_id, user_id=caller.scope, actor=caller.actor)
+    outcome = review(services.database, distillation_id, "approve", user_id=caller.scope, actor=caller.actor)
     return _decided(distillation_id, outcome)
 
 
 @router.post("/{distillation_id}/reject", response_model=ReviewDecision)
 def reject(distillation_id: UUID, caller: Caller, services: Services) -> ReviewDecision:
     """Turn a flagged distillation down: it is kept with its versions but never recalled."""
-    with services.database.connection() as conn:
-        outcome = reject_distillation(conn, distillation_id, user_id=caller.scope, actor=caller.actor)
+    outcome = review(services.database, distillation_id, "reject", user_id=caller.scope, actor=caller.actor)
     return _decided(distillation_id, outcome)

@@ -6,8 +6,7 @@ from fastapi import APIRouter, status
 
 from yak_pipeline.api.dependencies import Caller, Services
 from yak_pipeline.api.schemas import TurnAccepted, TurnCreate
-from yak_pipeline.store.exchange_turns import store_exchange_turn
-from yak_pipeline.store.memories import user_has_memories
+from yak_pipeline.services.memories import record_turn
 
 router = APIRouter(prefix="/api/turns", tags=["turns"])
 
@@ -22,11 +21,9 @@ def post_turn(body: TurnCreate, caller: Caller, services: Services) -> TurnAccep
     memory (with a user-scoped key the id is the key's own). ``new_user`` is then true, so a
     client can catch a mistyped id."""
     user_id = caller.acting_for(body.user_id)
-    with services.database.connection() as conn:
-        known = user_has_memories(conn, user_id)
-        stored = store_exchange_turn(conn, user_id=user_id, user_message=body.user_message,
-                                     assistant_message=body.assistant_message, recalled_ids=body.recalled_ids,
-                                     occurred_at=body.occurred_at, actor=caller.actor)
+    known, stored = record_turn(services.database, user_id=user_id, user_message=body.user_message,
+                                assistant_message=body.assistant_message, recalled_ids=body.recalled_ids,
+                                occurred_at=body.occurred_at, actor=caller.actor)
     return TurnAccepted(turn_id=stored.turn_id, memory_id=stored.memory_id, queued=stored.created,
                         new_user=not known)
 

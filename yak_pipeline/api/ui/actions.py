@@ -28,14 +28,11 @@ from yak_pipeline.api.ui.access import (
 )
 from yak_pipeline.core.forget import ForgetCommandError
 from yak_pipeline.services.forget import confirm_forget, run_forget_command
-from yak_pipeline.store.conflicts import close_conflict, keep_in_conflict
-from yak_pipeline.store.distillations import MAX_USER_WEIGHT, list_distillations, set_user_weight
-from yak_pipeline.store.memories import get_memory
-from yak_pipeline.store.review import approve_distillation, reject_distillation
+from yak_pipeline.services.curation import MAX_USER_WEIGHT, close_conflict, keep_in_conflict, review, set_weight
+from yak_pipeline.services.memories import memory_with_distillations
 
 router = APIRouter(prefix=f"{PREFIX}/u/{{user_id}}", include_in_schema=False, route_class=PageRoute)
 
-_REVIEW = {"approve": approve_distillation, "reject": reject_distillation}
 _REVIEW_NOTES = {"approved": "approved: it is recallable now", "rejected": "rejected: kept, never recalled",
                  "not_flagged": "that distillation is not waiting for review (any more)"}
 _CONFLICT_NOTES = {"a": "kept the first side; the other is rejected", "b": "kept the second side; the other is rejected",
@@ -48,8 +45,7 @@ def review_decision(user_id: str, distillation_id: UUID, decision: Literal["appr
     """Approve or reject a flagged distillation (as ``POST /api/review/{id}/approve|reject``)."""
     user_page(visitor, user_id)
     checked_form(visitor, csrf_token)
-    with services.database.connection() as conn:
-        outcome = _REVIEW[decision](conn, distillation_id, user_id=user_id, actor=visitor.caller.actor)
+    outcome = review(services.database, distillation_id, decision, user_id=user_id, actor=visitor.caller.actor)
     if outcome == "not_found":
         raise PageError(404, f"distillation {distillation_id} not found")
     visitor.session.flash = _REVIEW_NOTES[outcome]
@@ -62,11 +58,12 @@ def conflict_decision(user_id: str, conflict_id: UUID, choice: Literal["a", "b",
     """Keep one side, keep both, or dismiss (as ``POST /api/conflicts/{id}/keep|dismiss``)."""
     user_page(visitor, user_id)
     checked_form(visitor, csrf_token)
-    with services.database.connection() as conn:
-        if choice == "dismiss":
-            done = close_conflict(conn, conflict_id, status="dismissed", user_id=user_id, actor=visitor.caller.actor)
-        else:
-            done = keep_in_conflict(conn, conflict_id, keep=choice, user_id=user_id, actor=visitor.caller.actor)
+    if choice == "dismiss":
+        done = close_conflict(services.database, conflict_id, status="dismissed", user_id=user_id,
+                              actor=visitor.caller.actor)
+    else:
+        done = keep_in_conflict(services.database, conflict_id, keep=choice, user_id=user_id,
+                                actor=visitor.caller.actor)
     if not done:
         raise PageError(404, f"no open conflict {conflict_id}")
     visitor.session.flash = _CONFLICT_NOTES[choice]
@@ -79,9 +76,8 @@ def pin(user_id: str, distillation_id: UUID, visitor: SignedIn, services: Servic
     """Pin or unpin: set ``user_weight`` (as ``POST /api/distillations/{id}/weight``)."""
     user_page(visitor, user_id)
     checked_form(visitor, csrf_token)
-    with services.database.connection() as conn:
-        before = set_user_weight(conn, distillation_id, user_weight=user_weight, user_id=user_id,
-                                 actor=visitor.caller.actor)
+    before = set_weight(services.database, distillation_id, user_weight=user_weight, user_id=user_id,
+                        actor=visitor.caller.actor)
     if before is None:
         raise PageError(404, f"distillation {distillation_id} not found")
     visitor.session.flash = f"user_weight {before:g} → {user_weight:g}"
@@ -93,11 +89,10 @@ def forget_memory_form(request: Request, user_id: str, memory_id: UUID, visitor:
                        services: Services) -> Response:
     """The confirmation step: the exchange and every distillation that forgetting it deletes."""
     user_page(visitor, user_id)
-    with services.database.connection() as conn:
-        memory = get_memory(conn, memory_id, user_id=user_id)
-        if memory is None:
-            raise PageError(404, f"memory {memory_id} not found")
-        distillations = list_distillations(conn, memory_id=memory_id, user_id=user_id, limit=100)
+    found = memory_with_distillations(services.database, memory_id, user_id=user_id)
+    if found is None:
+        raise PageError(404, f"memory {memory_id} not found")
+    memory, distillations = found
     return render(request, "forget_confirm.html", visitor=visitor, user_id=user_id,
                   candidates=[{"memory_id": memory["id"], "content": memory["content"],
                                "occurred_at": memory["occurred_at"],

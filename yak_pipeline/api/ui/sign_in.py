@@ -8,7 +8,6 @@ from fastapi import APIRouter, Form, HTTPException, Request, Response
 
 from yak_pipeline.api.auth import authenticate
 from yak_pipeline.api.dependencies import Services
-from yak_pipeline.api.queue_watch import watched_queue_counts
 from yak_pipeline.api.ui.access import (
     PREFIX,
     CsrfToken,
@@ -23,7 +22,7 @@ from yak_pipeline.api.ui.access import (
     user_url,
 )
 from yak_pipeline.api.ui.sessions import COOKIE_NAME, PageSession
-from yak_pipeline.store.overview import list_users
+from yak_pipeline.services.overview import users_overview
 
 router = APIRouter(prefix=PREFIX, include_in_schema=False, route_class=PageRoute)
 
@@ -104,7 +103,5 @@ def users(request: Request, visitor: SignedIn, services: Services, user: str | N
         return redirect(user_url(visitor.caller.user_id or ""))
     if user:
         return redirect(user_url(user_page(visitor, user.strip())))
-    with services.database.connection() as conn:
-        rows = list_users(conn)
-        queue = watched_queue_counts(conn, services.alerter, user_id=None)
+    rows, queue = users_overview(services.database, services.alerter)
     return render(request, "users.html", visitor=visitor, users=rows, queue=queue)

@@ -1,6 +1,6 @@
 """The pages that show one user's memory: overview, search, one memory, recent changes, the
-review queue, conflicts and the pipeline's state. They read through the same store and recall
-functions as the API's routes, with the same scoping (the user in the URL, checked against the key)."""
+review queue, conflicts and the pipeline's state. They read through the same services as the
+API's routes, with the same scoping (the user in the URL, checked against the key)."""
 
 from __future__ import annotations
 
@@ -11,17 +11,13 @@ from uuid import UUID
 from fastapi import APIRouter, Query, Request, Response
 
 from yak_pipeline.api.dependencies import Services
-from yak_pipeline.api.queue_watch import watched_queue_counts
 from yak_pipeline.api.ui.access import PREFIX, PageError, PageRoute, SignedIn, render, user_page
 from yak_pipeline.defs.exchanges.drop_folder import failed_dir, list_quarantine
+from yak_pipeline.services.curation import MAX_USER_WEIGHT, list_conflicts, review_queue
+from yak_pipeline.services.memories import user_has_memories
+from yak_pipeline.services.overview import distillation_page, exchanges_of, recent_changes, user_overview
+from yak_pipeline.services.queue_watch import queue_status
 from yak_pipeline.services.recall import recall_params, relevance_model, search_memories
-from yak_pipeline.store.conflicts import list_conflicts, open_conflicts_of
-from yak_pipeline.store.distillations import MAX_USER_WEIGHT, get_distillation, list_versions
-from yak_pipeline.store.memories import get_memory, list_memories, user_has_memories
-from yak_pipeline.store.overview import recent_distillations, user_counts
-from yak_pipeline.store.queue import failed_items
-from yak_pipeline.store.review import list_review_queue
-from yak_pipeline.store.warmth import warmth_history
 
 router = APIRouter(prefix=f"{PREFIX}/u/{{user_id}}", include_in_schema=False, route_class=PageRoute)
 
@@ -39,9 +35,7 @@ def _dagster_links(services: Services) -> dict[str, str]:
 def overview(request: Request, user_id: str, visitor: SignedIn, services: Services) -> Response:
     """A user's memory at a glance: counts, what waits for a person, and the pipeline's state."""
     user_page(visitor, user_id)
-    with services.database.connection() as conn:
-        counts = user_counts(conn, user_id)
-        queue = watched_queue_counts(conn, services.alerter, user_id=user_id)
+    counts, queue = user_overview(services.database, services.alerter, user_id)
     return render(request, "overview.html", visitor=visitor, user_id=user_id, counts=counts, queue=queue,
                   dagster=_dagster_links(services), section="overview")
 
@@ -67,10 +61,9 @@ def search(
                                params=recall_params(services.settings, threshold=threshold, limit=limit),
                                model=relevance_model(services.settings, services.embedder))
         services.metrics.observe_recall((time.perf_counter() - started) * 1000)
-        with services.database.connection() as conn:
-            exchanges = {h.memory_id: get_memory(conn, h.memory_id, user_id=user_id) for h in hits}
-            if not hits and not user_has_memories(conn, user_id):
-                note = f"user {user_id!r} has no memories"
+        exchanges = exchanges_of(services.database, [h.memory_id for h in hits], user_id=user_id)
+        if not hits and not user_has_memories(services.database, user_id):
+            note = f"user {user_id!r} has no memories"
     return render(request, "search.html", visitor=visitor, user_id=user_id, query=query, threshold=threshold,
                   limit=limit, hits=hits, exchanges=exchanges, note=note, section="search")
 
@@ -81,16 +74,10 @@ def distillation(request: Request, user_id: str, distillation_id: UUID, visitor:
     """One memory: its text and every version (what changed, merged from where), its raw exchange,
     warmth history and open conflicts, with pin, review and forget."""
     user_page(visitor, user_id)
-    with services.database.connection() as conn:
-        row = get_distillation(conn, distillation_id, user_id=user_id)
-        if row is None:
-            raise PageError(404, f"distillation {distillation_id} not found")
-        versions = list_versions(conn, distillation_id)
-        exchange = get_memory(conn, row["memory_id"], user_id=user_id)
-        warmth = warmth_history(conn, distillation_id, limit=20)
-        conflicts = open_conflicts_of(conn, distillation_id)
-    return render(request, "distillation.html", visitor=visitor, user_id=user_id, d=row, versions=versions,
-                  exchange=exchange, warmth=warmth, conflicts=conflicts, max_weight=MAX_USER_WEIGHT,
+    page = distillation_page(services.database, distillation_id, user_id=user_id)
+    if page is None:
+        raise PageError(404, f"distillation {distillation_id} not found")
+    return render(request, "distillation.html", visitor=visitor, user_id=user_id, **page, max_weight=MAX_USER_WEIGHT,
                   section="recent")
 
 
@@ -98,9 +85,7 @@ def distillation(request: Request, user_id: str, distillation_id: UUID, visitor:
 def recent(request: Request, user_id: str, visitor: SignedIn, services: Services) -> Response:
     """The latest changed distillations (with their versions and merges) and the latest exchanges."""
     user_page(visitor, user_id)
-    with services.database.connection() as conn:
-        distillations = recent_distillations(conn, user_id, limit=PAGE_ROWS)
-        memories = list_memories(conn, user_id=user_id, limit=PAGE_ROWS)
+    distillations, memories = recent_changes(services.database, user_id, limit=PAGE_ROWS)
     return render(request, "recent.html", visitor=visitor, user_id=user_id, distillations=distillations,
                   memories=memories, section="recent")
 
@@ -109,8 +94,7 @@ def recent(request: Request, user_id: str, visitor: SignedIn, services: Services
 def review(request: Request, user_id: str, visitor: SignedIn, services: Services) -> Response:
     """The review queue, oldest first: approve (recallable) or reject (kept, never recalled)."""
     user_page(visitor, user_id)
-    with services.database.connection() as conn:
-        items = list_review_queue(conn, user_id=user_id, limit=PAGE_ROWS)
+    items = review_queue(services.database, user_id=user_id, limit=PAGE_ROWS)
     return render(request, "review.html", visitor=visitor, user_id=user_id, items=items, section="review")
 
 
@@ -118,8 +102,7 @@ def review(request: Request, user_id: str, visitor: SignedIn, services: Services
 def conflicts(request: Request, user_id: str, visitor: SignedIn, services: Services) -> Response:
     """Open conflicts, each side's text: keep one, keep both, or dismiss."""
     user_page(visitor, user_id)
-    with services.database.connection() as conn:
-        items = list_conflicts(conn, user_id=user_id, status="open", limit=PAGE_ROWS)
+    items = list_conflicts(services.database, user_id=user_id, status="open", limit=PAGE_ROWS)
     return render(request, "conflicts.html", visitor=visitor, user_id=user_id, items=items, section="conflicts")
 
 
@@ -129,9 +112,7 @@ def pipeline(request: Request, user_id: str, visitor: SignedIn, services: Servic
     folder's quarantine (files and records it refused, with the reasons), and links to the
     Dagster UI for runs and lineage."""
     user_page(visitor, user_id)
-    with services.database.connection() as conn:
-        queue = watched_queue_counts(conn, services.alerter, user_id=user_id)
-        failed = failed_items(conn, user_id=user_id)
+    queue, failed = queue_status(services.database, services.alerter, user_id=user_id)
     quarantine, folder = None, None
     if visitor.caller.is_admin:
         drop_dir = services.settings.resolved_drop_dir
