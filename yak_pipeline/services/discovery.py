@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
 
-from yak_pipeline.services.claim import ClaimReport, claim_drop_files
+from yak_pipeline.ingestion.claim import ClaimReport, claim_drop_files
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.memories import pending_memory_partitions
 from yak_pipeline.store.turns import pending_turn_partitions

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Query, Request, Response
 from yak_pipeline.api.dependencies import Services
 from yak_pipeline.api.queue_watch import watched_queue_counts
 from yak_pipeline.api.ui.access import PREFIX, PageError, PageRoute, SignedIn, render, user_page
-from yak_pipeline.defs.exchanges.drop_folder import failed_dir, list_quarantine
+from yak_pipeline.ingestion.drop_folder import failed_dir, list_quarantine
 from yak_pipeline.services.recall import recall_params, relevance_model, search_memories
 from yak_pipeline.store.conflicts import list_conflicts, open_conflicts_of
 from yak_pipeline.store.distillations import MAX_USER_WEIGHT, get_distillation, list_versions

@@ -1,7 +1,7 @@
 """Claim drop-folder files: parse, store their exchanges, then move them out of the folder.
 
 Shared by the drop-folder sensor and ``yak process``. Each file is imported as ``yak import``
-imports it (:mod:`yak_pipeline.services.history_import`: its format told from its content),
+imports it (:mod:`yak_pipeline.ingestion.history`: its format told from its content),
 for the user of the user folder it sits in, if any. Storing happens before the file moves,
 and storing is idempotent on the content hash, so a crash between the two re-ingests the file
 as duplicates on the next tick: nothing is lost, nothing is stored twice.
@@ -15,8 +15,8 @@ from datetime import date
 from pathlib import Path
 
 from yak_pipeline.core.exchange_files import ParsedFile
-from yak_pipeline.defs.exchanges.drop_folder import DropFolderError, finish_file, list_ready_files_by_user
-from yak_pipeline.services.history_import import import_history
+from yak_pipeline.ingestion.drop_folder import DropFolderError, finish_file, list_ready_files_by_user
+from yak_pipeline.ingestion.history import import_history
 from yak_pipeline.store.database import Database
 
 logger = logging.getLogger(__name__)

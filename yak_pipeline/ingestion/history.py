@@ -1,6 +1,6 @@
 """Import a history file: tell its format, store its exchanges, remember how far a session was read.
 
-Shared by ``yak import`` and the drop folder (:mod:`yak_pipeline.services.claim`). Storing is
+Shared by ``yak import`` and the drop folder (:mod:`yak_pipeline.ingestion.claim`). Storing is
 idempotent on each exchange's content hash, so importing the same file twice adds nothing. A
 Claude Code transcript that grew since it was last imported is read from where that import
 stopped (``import_cursors``, sql/011), provided what was read then is unchanged: exchanges
@@ -19,8 +19,8 @@ from pathlib import Path
 from yak_pipeline.core.claude_code_sessions import prefix_sha256, session_id_of
 from yak_pipeline.core.exchange_files import RejectedRecord
 from yak_pipeline.core.history_files import detect_format, parse_history_file
-from yak_pipeline.defs.exchanges.drop_folder import quarantine_records
-from yak_pipeline.services.ingest import ingest_records
+from yak_pipeline.ingestion.drop_folder import quarantine_records
+from yak_pipeline.ingestion.records import ingest_records
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.import_cursors import ImportCursor, get_import_cursor, save_import_cursor
 
