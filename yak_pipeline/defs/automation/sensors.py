@@ -1,5 +1,8 @@
 """Sensors: the drop folder, the API inbox, pending turns, and failed runs.
 
+They detect work and request runs; the runs do it (drop-folder files are stored by the
+``raw_exchanges`` asset of the runs requested for them, so the lineage shows where rows came from).
+
 Each request's ``run_key`` names the partition and a signature of its pending state, so a
 state is run once however many ticks see it; the cursor keeps the signatures last requested.
 """
@@ -9,10 +12,10 @@ import json
 import dagster as dg
 
 from yak_pipeline.defs.automation.jobs import memory_job, warmth_job
+from yak_pipeline.defs.exchanges.assets import DROP_FILES_TAG
 from yak_pipeline.defs.partitions import missing_partition_requests, partition_key
 from yak_pipeline.defs.resources import AlertsResource, PostgresResource
 from yak_pipeline.services.discovery import discover_work
-from yak_pipeline.settings import get_settings
 
 # The daemon evaluates sensors in a loop that runs every 5 s at most; an interval of 5 s made a
 # sensor skip every other pass (its last tick started a little after its loop pass began), so
@@ -24,8 +27,13 @@ def _requests(
     context: dg.SensorEvaluationContext,
     partitions: dict,
     prefix: str,
+    drop_files: dict | None = None,
 ) -> dg.SensorResult:
-    """Run requests for partitions whose pending state changed since the cursor, plus new users."""
+    """Run requests for partitions whose pending state changed since the cursor, plus new users.
+
+    A partition with ready drop files gets them in its run's ``yak/drop_files`` tag: that run's
+    ``raw_exchanges`` stores them.
+    """
     previous: dict[str, str] = json.loads(context.cursor) if context.cursor else {}
     current: dict[str, str] = {}
     requests = []
@@ -33,8 +41,10 @@ def _requests(
         key = partition_key(user_id, day)
         current[str(key)] = signature
         if previous.get(str(key)) != signature:
-            requests.append(dg.RunRequest(run_key=f"{prefix}:{key}:{signature}", partition_key=key,
-                                          tags={"yak/trigger": prefix}))
+            tags = {"yak/trigger": prefix}
+            if drop_files and (user_id, day) in drop_files:
+                tags[DROP_FILES_TAG] = json.dumps(drop_files[(user_id, day)])
+            requests.append(dg.RunRequest(run_key=f"{prefix}:{key}:{signature}", partition_key=key, tags=tags))
     return dg.SensorResult(
         run_requests=requests,
         # New users and days are added in the same tick as the runs that need them.
@@ -46,16 +56,14 @@ def _requests(
 
 @dg.sensor(job=memory_job, minimum_interval_seconds=SENSOR_INTERVAL_SECONDS, default_status=dg.DefaultSensorStatus.RUNNING)
 def drop_folder_sensor(context: dg.SensorEvaluationContext, postgres: PostgresResource) -> dg.SensorResult:
-    """Claims ready drop-folder files — parse, store their exchanges, move them to processed/ (or
-    failed/ with an .error.txt) — and requests a memory run for each user's day they touched."""
-    found = discover_work(postgres.database(), drop_dir=get_settings().resolved_drop_dir, drop_folder=True)
-    for outcome in found.claimed.files:
-        if outcome.error:
-            context.log.warning("drop file %s: %s", outcome.name, outcome.error)
-        else:
-            context.log.info("drop file %s: %d stored, %d duplicates, %d rejected", outcome.name, outcome.stored,
-                             outcome.duplicates, outcome.rejected)
-    return _requests(context, found.memory_partitions, "drop")
+    """Detects ready drop-folder files and requests a memory run for each user's day they hold,
+    naming the files in the run's ``yak/drop_files`` tag; the run's ``raw_exchanges`` stores them.
+    The sensor stores nothing: it only reads and parses the files, and finishes at once those that
+    hold nothing to store (unreadable ones go to failed/ with an .error.txt). Partitions with
+    pending drop-folder memories (a failed run) are requested again too."""
+    found = discover_work(postgres.database(), drop_dir=postgres.settings().resolved_drop_dir, drop_folder=True)
+    found.claimed.log_to(context.log)
+    return _requests(context, found.memory_partitions, "drop", found.drop_files)
 
 
 @dg.sensor(job=memory_job, minimum_interval_seconds=SENSOR_INTERVAL_SECONDS, default_status=dg.DefaultSensorStatus.RUNNING)
