@@ -56,7 +56,7 @@ class ClaimReport:
         """New memories stored."""
         return sum(f.stored for f in self.files)
 
-    def log_to(self, log: logging.Logger | Any) -> None:
+    def log_to(self, log: Any) -> None:
         """One line per file on ``log`` (a logger, or a Dagster context's log): why it failed, or what it stored."""
         for outcome in self.files:
             if outcome.error:
