@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -31,6 +33,7 @@ from yak_pipeline.defs.partitions import (
     users_partitions,
 )
 from yak_pipeline.defs.resources import AlertsResource, PostgresResource
+from yak_pipeline.ingestion.claim import claim_drop_files
 from yak_pipeline.settings import Settings, get_settings
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.memories import record_memory_error
@@ -183,6 +186,27 @@ def test_the_raw_exchanges_of_a_partition_store_the_files_its_run_names(
     assert [(f["name"], f["stored"]) for f in meta["drop_files"]] == [("a.jsonl", 1)]
     assert fetch_all(database, "SELECT user_id FROM memories") == [("alice",)]
     assert (drop_dir / "processed" / "a.jsonl").exists() and (drop_dir / "b.jsonl").exists()
+
+
+def test_runs_claiming_the_same_file_at_once_store_it_once_and_quarantine_its_bad_records_once(
+        settings: Settings, database: Database, drop_dir: Path) -> None:
+    """A file holding several partitions is named in each of their runs, which may start side by side."""
+    lines = [_line(user, f"I keep note {i}.", "2026-03-14") for i, user in enumerate(["alice", "bob", "carol"])]
+    _drop(drop_dir, "shared.jsonl", "\n".join([*lines, _line("eve|x", "I own a boat.", "2026-03-14")]) + "\n")
+    barrier = threading.Barrier(3)
+
+    def claim() -> list:
+        barrier.wait()
+        return claim_drop_files(database, drop_dir, names=["shared.jsonl"]).files
+
+    with ThreadPoolExecutor(3) as pool:
+        outcomes = [outcome for files in pool.map(lambda _: claim(), range(3)) for outcome in files]
+
+    assert [(o.name, o.stored, o.rejected, o.error) for o in outcomes] == [("shared.jsonl", 3, 1, None)]
+    assert fetch_all(database, "SELECT count(*) FROM memories") == [(3,)]
+    assert sorted(p.name for p in (drop_dir / "failed").iterdir()) == [
+        "shared.rejected.jsonl", "shared.rejected.jsonl.error.txt"]
+    assert [p.name for p in (drop_dir / "processed").iterdir()] == ["shared.jsonl"]
 
 
 def test_a_new_drop_file_for_a_known_partition_requests_it_again_under_a_new_run_key(

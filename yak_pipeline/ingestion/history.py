@@ -61,10 +61,10 @@ class HistoryImport:
 
 @dataclass
 class HistoryRead:
-    """A history file read and parsed, nothing stored: its format, what it yielded, and where a
-    grown Claude Code transcript resumed (``session_key`` names its import cursor)."""
+    """A history file read and parsed, nothing stored: what it yielded (its format in
+    ``parsed.format``), and where a grown Claude Code transcript resumed (``session_key`` names
+    its import cursor)."""
 
-    kind: str | None
     parsed: ParsedHistory
     session_key: str | None = None
     resume_at: int = 0
@@ -90,7 +90,7 @@ def read_history(db: Database, name: str, data: bytes, *, user_id: str | None) -
                     and prefix_sha256(data, cursor.resume_at) == cursor.prefix_sha256):
                 resume_at = cursor.resume_at
     parsed = parse_history_file(name, data, user_id=user_id, resume_at=resume_at, detected=kind)
-    return HistoryRead(kind, parsed, session_key, resume_at)
+    return HistoryRead(parsed, session_key, resume_at)
 
 
 def import_history(db: Database, name: str, data: bytes, *, user_id: str | None, source: str,
