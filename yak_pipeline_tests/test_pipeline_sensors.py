@@ -11,6 +11,7 @@ import json
 import os
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
@@ -228,6 +229,31 @@ def test_a_new_drop_file_for_a_known_partition_requests_it_again_under_a_new_run
     _run_requested(instance, settings, second)
     assert fetch_all(database, "SELECT count(*) FROM memories") == [(2,)]
     assert sorted(p.name for p in (drop_dir / "processed").iterdir()) == ["a-again.jsonl", "a.jsonl", "b.jsonl"]
+
+
+def test_a_partition_whose_drop_run_is_still_going_is_left_to_it_then_asked_again_for_what_it_left(
+        settings: Settings, database: Database, drop_dir: Path) -> None:
+    """Storing a file changes its partitions' pending state while their runs go on: no new run then."""
+    _drop(drop_dir, "a.jsonl", _line("alice", "I live in Berlin.", "2026-03-14") + "\n")
+    instance = new_instance("alice")
+    first = _tick(drop_folder_sensor, instance, settings)
+    [request] = first.run_requests
+    # The daemon launched the requested run; its raw_exchanges stored the file, its distilling goes on.
+    run = dg.DagsterRun(job_name="memory_job", run_id=str(uuid.uuid4()), status=dg.DagsterRunStatus.STARTED,
+                        tags={**request.tags, "dagster/partition": str(request.partition_key)})
+    instance.add_run(run)
+    claim_drop_files(database, drop_dir, names=json.loads(request.tags[DROP_FILES_TAG]))
+
+    during = _tick(drop_folder_sensor, instance, settings, cursor=first.cursor)
+    assert during.run_requests == []
+    assert json.loads(during.cursor) == json.loads(first.cursor)  # the state last requested is kept
+
+    # The run failed before distilling: its memories are still pending, so they get a new run.
+    instance.report_run_failed(run)
+    after = _tick(drop_folder_sensor, instance, settings, cursor=during.cursor)
+    assert _keys(after) == [str(partition_key("alice", DAY))]
+    assert after.run_requests[0].run_key != request.run_key
+    assert DROP_FILES_TAG not in after.run_requests[0].tags  # the file is stored: nothing left to claim
 
 
 # --- API inbox -------------------------------------------------------------------------------------
