@@ -78,7 +78,7 @@ def bench_stages(settings: Settings, url: str, n: int, seed: int) -> dict:
     from yak_pipeline.llm import get_llm_provider
     from yak_pipeline.services.consolidate import ConsolidateJob, merge_near_duplicates, score_conflicts
     from yak_pipeline.services.distill import DistillJob, distill_memories, partition_memory_ids
-    from yak_pipeline.services.ingest import ingest_records
+    from yak_pipeline.ingestion.records import ingest_records
     from yak_pipeline.services.recall import embed_pending_exchanges
     from yak_pipeline.wiring import open_database
 
@@ -124,7 +124,7 @@ def bench_llm_concurrency(settings: Settings, url: str, n: int, seed: int) -> di
     from yak_pipeline.embeddings import get_embedder
     from yak_pipeline.llm import OpenAIChatProvider
     from yak_pipeline.services.distill import DistillJob, distill_memories, partition_memory_ids
-    from yak_pipeline.services.ingest import ingest_records
+    from yak_pipeline.ingestion.records import ingest_records
     from yak_pipeline.wiring import open_database
     from yak_pipeline_tests.fake_openai import FakeOpenAIServer, Reply
 

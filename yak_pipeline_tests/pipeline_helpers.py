@@ -73,12 +73,13 @@ def run_partition(
     day: date,
     assets: Sequence[Any] = tuple(MEMORY_ASSETS),
     run_config: dict | None = None,
+    tags: dict[str, str] | None = None,
 ) -> dg.ExecuteInProcessResult:
     """Materialize ``assets`` for one user's day, never raising on a failed step (adding the user
-    and the day as partitions first, as the sensors do)."""
+    and the day as partitions first, as the sensors do); ``tags`` are the run's (a sensor's request)."""
     add_missing_partitions(instance, [(user_id, day)])
     return dg.materialize(list(assets), resources=resources, partition_key=partition_key(user_id, day),
-                          instance=instance, raise_on_error=False, run_config=run_config)
+                          instance=instance, raise_on_error=False, run_config=run_config, tags=tags)
 
 
 def materialization_metadata(result: dg.ExecuteInProcessResult, asset: str) -> dict[str, Any] | None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from yak_pipeline.core.exchange_files import parse_exchange_file
-from yak_pipeline.defs.exchanges.drop_folder import (
+from yak_pipeline.ingestion.drop_folder import (
     DropFolderError,
     claim_file,
     ensure_drop_dirs,

@@ -21,7 +21,7 @@ import pytest
 
 from yak_pipeline.core.claude_code_sessions import read_session
 from yak_pipeline.core.history_files import FORMATS, detect_format, parse_history_file
-from yak_pipeline.services.claim import claim_drop_files
+from yak_pipeline.ingestion.claim import claim_drop_files
 from yak_pipeline.store.database import Database, connect
 from yak_pipeline.store.forget import forget_memories
 from yak_pipeline_tests.test_cli_process import _env as yak_env, _yak as yak

@@ -23,7 +23,7 @@ from yak_pipeline.llm.errors import LLMUnavailable
 from yak_pipeline.llm.rules import RulesProvider
 from yak_pipeline.services.consolidate import ConsolidateJob, merge_near_duplicates, score_conflicts
 from yak_pipeline.services.distill import DistillJob, distill_memories, partition_memory_ids
-from yak_pipeline.services.ingest import ingest_records
+from yak_pipeline.ingestion.records import ingest_records
 from yak_pipeline.store.database import Database
 
 # --- Coalescer ---------------------------------------------------------------------------------

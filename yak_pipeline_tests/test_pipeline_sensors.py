@@ -1,14 +1,18 @@
 """The sensors, evaluated with ``dg.build_sensor_context`` against a real database and drop folder.
 
-Each tick is checked for what it asks of Dagster — run requests with their partition keys and
-run keys, new user partitions, the new cursor — and for what it did on disk and in the database.
+Each tick is checked for what it asks of Dagster — run requests with their partition keys, run
+keys and tags, new user partitions, the new cursor — and for what it did on disk and in the
+database; the drop folder's requested runs are then run, as the daemon would, and checked too.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import threading
 import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -21,9 +25,16 @@ from yak_pipeline.defs.automation.sensors import (
     run_failure_alert_sensor,
     turns_sensor,
 )
-from yak_pipeline.defs.exchanges.assets import raw_exchanges
-from yak_pipeline.defs.partitions import add_missing_partitions, days_partitions, partition_key, users_partitions
+from yak_pipeline.defs.exchanges.assets import DROP_FILES_TAG, raw_exchanges
+from yak_pipeline.defs.partitions import (
+    add_missing_partitions,
+    days_partitions,
+    partition_key,
+    partition_parts,
+    users_partitions,
+)
 from yak_pipeline.defs.resources import AlertsResource, PostgresResource
+from yak_pipeline.ingestion.claim import claim_drop_files
 from yak_pipeline.settings import Settings, get_settings
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.memories import record_memory_error
@@ -35,8 +46,11 @@ from yak_pipeline_tests.pipeline_helpers import (
     add_exchange,
     drop_dir,  # noqa: F401 - fixture
     fetch_all,
+    materialization_metadata,
     new_instance,
     pipeline_env,  # noqa: F401 - fixture
+    pipeline_resources,
+    run_partition,
 )
 from yak_pipeline_tests.store_helpers import seed_memory_with_distillation
 
@@ -90,7 +104,16 @@ def _drop(folder: Path, name: str, text: str, *, age_seconds: float = 60) -> Pat
 # --- drop folder ---------------------------------------------------------------------------------
 
 
-def test_drop_folder_tick_claims_files_quarantines_bad_ones_and_requests_runs(
+def _run_requested(instance: dg.DagsterInstance, settings: Settings, result: dg.SensorResult) -> None:
+    """What the daemon does with a tick: add its partitions, then run each requested memory run (offline LLM)."""
+    _apply_partition_requests(instance, result)
+    for request in result.run_requests:
+        user_id, day = partition_parts(request.partition_key)
+        run = run_partition(instance, pipeline_resources(settings), user_id, day, tags=request.tags)
+        assert run.success
+
+
+def test_drop_folder_tick_detects_files_and_requests_runs_that_store_them(
         settings: Settings, database: Database, drop_dir: Path) -> None:
     _drop(drop_dir, "history.jsonl", "\n".join([_line("alice", "I live in Berlin.", "2026-03-14"),
                                                 _line("alice", "I like tea.", "2026-03-14"),
@@ -110,32 +133,81 @@ def test_drop_folder_tick_claims_files_quarantines_bad_ones_and_requests_runs(
     assert _keys(result) == [str(k) for k in expected]
     assert all(r.run_key.startswith(f"drop:{r.partition_key}:") for r in result.run_requests)
     assert len({r.run_key for r in result.run_requests}) == 4
+    # Each run is told which files hold its partition's exchanges: its raw_exchanges stores them.
+    assert [json.loads(r.tags[DROP_FILES_TAG]) for r in result.run_requests] == [
+        ["history.jsonl"], ["mixed.jsonl"], ["history.jsonl"], ["notes.md"]]
     assert _added_users(result) == ["bob", "carol", "dave"]
     # The days grow with the data too: only the two days these exchanges happened on.
     assert _added(result, days_partitions) == [DAY.isoformat(), NEXT_DAY.isoformat()]
     assert set(json.loads(result.cursor)) == {str(k) for k in expected}
 
-    # Files: claimed ones moved, the unreadable one quarantined with its reason, the young one left alone.
-    assert sorted(p.name for p in (drop_dir / "processed").iterdir()) == ["history.jsonl", "mixed.jsonl", "notes.md"]
+    # The tick stores nothing: the files wait for their runs. Only the unreadable one, which no run
+    # will claim, is quarantined at once with its reason; the young one is left alone.
+    assert fetch_all(database, "SELECT count(*) FROM memories") == [(0,)]
+    assert sorted(p.name for p in drop_dir.iterdir() if p.is_file()) == [
+        "history.jsonl", "mixed.jsonl", "notes.md", "still-writing.jsonl"]
     assert (drop_dir / "failed" / "broken.json").exists()
     error = (drop_dir / "failed" / "broken.json.error.txt").read_text()
     assert error.startswith("broken.json: line 1") and "JSON" in error
+
+    _run_requested(instance, settings, result)
+
+    # The runs stored the files, then moved them; bad records quarantined with their reasons.
+    assert sorted(p.name for p in (drop_dir / "processed").iterdir()) == ["history.jsonl", "mixed.jsonl", "notes.md"]
     assert json.loads((drop_dir / "failed" / "mixed.rejected.jsonl").read_text())["user_id"] == "eve|x"
     rejected_reason = (drop_dir / "failed" / "mixed.rejected.jsonl.error.txt").read_text()
     assert rejected_reason.startswith("line 2: invalid user id 'eve|x'")  # '|' would break partition keys
+    assert not list((drop_dir / "failed").glob("history*"))  # stored by one run, not quarantined twice
     assert (drop_dir / "still-writing.jsonl").exists()
 
     stored = fetch_all(database, "SELECT user_id, source, source_ref, status FROM memories ORDER BY user_id, content")
-    assert [(u, src, st) for u, src, _, st in stored] == [("alice", "drop_folder", "pending")] * 2 + [
-        ("bob", "drop_folder", "pending"), ("carol", "drop_folder", "pending"), ("dave", "drop_folder", "pending")]
-    assert {ref for *_, ref, _ in stored} == {"history.jsonl", "mixed.jsonl", "notes.md"}
+    assert [(u, src) for u, src, _, _ in stored] == [("alice", "drop_folder")] * 2 + [
+        ("bob", "drop_folder"), ("carol", "drop_folder"), ("dave", "drop_folder")]
+    assert {ref for _, _, ref, _ in stored} == {"history.jsonl", "mixed.jsonl", "notes.md"}
+    assert {status for *_, status in stored} == {"distilled"}
     assert not any("|" in u for u, *_ in stored)
 
     # The next tick, with the cursor, requests nothing twice and adds no user twice.
-    _apply_partition_requests(instance, result)
     quiet = _tick(drop_folder_sensor, instance, settings, cursor=result.cursor)
     assert quiet.run_requests == [] and quiet.dynamic_partitions_requests == []
     assert quiet.skip_reason is not None
+
+
+def test_the_raw_exchanges_of_a_partition_store_the_files_its_run_names(
+        settings: Settings, database: Database, drop_dir: Path) -> None:
+    """The asset, not the sensor, stores: in the UI, the rows come from the run that materialized them."""
+    _drop(drop_dir, "a.jsonl", _line("alice", "I live in Berlin.", "2026-03-14") + "\n")
+    _drop(drop_dir, "b.jsonl", _line("bob", "I like tea.", "2026-03-15") + "\n")
+    instance = new_instance("alice")
+    run = run_partition(instance, {"postgres": PostgresResource(database_url=settings.database_url)}, "alice", DAY,
+                        assets=[raw_exchanges], tags={DROP_FILES_TAG: json.dumps(["a.jsonl"])})
+    assert run.success
+    meta = materialization_metadata(run, "raw_exchanges")
+    assert meta["rows_in"] == 1 and meta["drop_files_claimed"] == 1
+    assert [(f["name"], f["stored"]) for f in meta["drop_files"]] == [("a.jsonl", 1)]
+    assert fetch_all(database, "SELECT user_id FROM memories") == [("alice",)]
+    assert (drop_dir / "processed" / "a.jsonl").exists() and (drop_dir / "b.jsonl").exists()
+
+
+def test_runs_claiming_the_same_file_at_once_store_it_once_and_quarantine_its_bad_records_once(
+        settings: Settings, database: Database, drop_dir: Path) -> None:
+    """A file holding several partitions is named in each of their runs, which may start side by side."""
+    lines = [_line(user, f"I keep note {i}.", "2026-03-14") for i, user in enumerate(["alice", "bob", "carol"])]
+    _drop(drop_dir, "shared.jsonl", "\n".join([*lines, _line("eve|x", "I own a boat.", "2026-03-14")]) + "\n")
+    barrier = threading.Barrier(3)
+
+    def claim() -> list:
+        barrier.wait()
+        return claim_drop_files(database, drop_dir, names=["shared.jsonl"]).files
+
+    with ThreadPoolExecutor(3) as pool:
+        outcomes = [outcome for files in pool.map(lambda _: claim(), range(3)) for outcome in files]
+
+    assert [(o.name, o.stored, o.rejected, o.error) for o in outcomes] == [("shared.jsonl", 3, 1, None)]
+    assert fetch_all(database, "SELECT count(*) FROM memories") == [(3,)]
+    assert sorted(p.name for p in (drop_dir / "failed").iterdir()) == [
+        "shared.rejected.jsonl", "shared.rejected.jsonl.error.txt"]
+    assert [p.name for p in (drop_dir / "processed").iterdir()] == ["shared.jsonl"]
 
 
 def test_a_new_drop_file_for_a_known_partition_requests_it_again_under_a_new_run_key(
@@ -143,8 +215,8 @@ def test_a_new_drop_file_for_a_known_partition_requests_it_again_under_a_new_run
     _drop(drop_dir, "a.jsonl", _line("alice", "I live in Berlin.", "2026-03-14") + "\n")
     instance = new_instance()
     first = _tick(drop_folder_sensor, instance, settings)
-    _apply_partition_requests(instance, first)
     assert _added_users(first) == ["alice"]
+    _run_requested(instance, settings, first)
 
     _drop(drop_dir, "b.jsonl", _line("alice", "I like tea.", "2026-03-14") + "\n")
     # The same exchange dropped again is stored once and changes nothing.
@@ -154,8 +226,34 @@ def test_a_new_drop_file_for_a_known_partition_requests_it_again_under_a_new_run
     assert _keys(second) == [str(partition_key("alice", DAY))]
     assert second.run_requests[0].run_key != first.run_requests[0].run_key
     assert second.dynamic_partitions_requests == []
+    _run_requested(instance, settings, second)
     assert fetch_all(database, "SELECT count(*) FROM memories") == [(2,)]
     assert sorted(p.name for p in (drop_dir / "processed").iterdir()) == ["a-again.jsonl", "a.jsonl", "b.jsonl"]
+
+
+def test_a_partition_whose_drop_run_is_still_going_is_left_to_it_then_asked_again_for_what_it_left(
+        settings: Settings, database: Database, drop_dir: Path) -> None:
+    """Storing a file changes its partitions' pending state while their runs go on: no new run then."""
+    _drop(drop_dir, "a.jsonl", _line("alice", "I live in Berlin.", "2026-03-14") + "\n")
+    instance = new_instance("alice")
+    first = _tick(drop_folder_sensor, instance, settings)
+    [request] = first.run_requests
+    # The daemon launched the requested run; its raw_exchanges stored the file, its distilling goes on.
+    run = dg.DagsterRun(job_name="memory_job", run_id=str(uuid.uuid4()), status=dg.DagsterRunStatus.STARTED,
+                        tags={**request.tags, "dagster/partition": str(request.partition_key)})
+    instance.add_run(run)
+    claim_drop_files(database, drop_dir, names=json.loads(request.tags[DROP_FILES_TAG]))
+
+    during = _tick(drop_folder_sensor, instance, settings, cursor=first.cursor)
+    assert during.run_requests == []
+    assert json.loads(during.cursor) == json.loads(first.cursor)  # the state last requested is kept
+
+    # The run failed before distilling: its memories are still pending, so they get a new run.
+    instance.report_run_failed(run)
+    after = _tick(drop_folder_sensor, instance, settings, cursor=during.cursor)
+    assert _keys(after) == [str(partition_key("alice", DAY))]
+    assert after.run_requests[0].run_key != request.run_key
+    assert DROP_FILES_TAG not in after.run_requests[0].tags  # the file is stored: nothing left to claim
 
 
 # --- API inbox -------------------------------------------------------------------------------------

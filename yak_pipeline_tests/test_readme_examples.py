@@ -22,7 +22,7 @@ import httpx
 
 from yak_pipeline.embeddings.local import LocalMiniLMEmbedder
 from yak_pipeline.llm import RulesProvider
-from yak_pipeline.services.claim import claim_drop_files
+from yak_pipeline.ingestion.claim import claim_drop_files
 from yak_pipeline.services.distill import DistillJob, distill_memories
 from yak_pipeline.store.database import Database
 from yak_pipeline_tests.reliability_helpers import free_port

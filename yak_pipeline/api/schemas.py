@@ -14,7 +14,7 @@ from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field
 
 from yak_pipeline.core.exchanges import MAX_RECALL_QUERY_CHARS, MAX_TURN_MESSAGE_CHARS
 from yak_pipeline.core.types import USER_ID_PATTERN
-from yak_pipeline.services.ingest import EARLIEST_EXCHANGE_DATE, FUTURE_TOLERANCE
+from yak_pipeline.ingestion.records import EARLIEST_EXCHANGE_DATE, FUTURE_TOLERANCE
 
 
 def _storable(text: str) -> str:

@@ -58,7 +58,7 @@ def import_command(
     in the drop folder's failed/ with their reasons (`yak queue status` lists them), the rest
     imported. Run `yak process` (or let `yak up` run) to distil what was imported.
     """
-    from yak_pipeline.services.history_import import import_history, quarantine_import
+    from yak_pipeline.ingestion.history import import_history, quarantine_import
     from yak_pipeline.wiring import open_database
 
     if user is not None:

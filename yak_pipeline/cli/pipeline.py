@@ -64,11 +64,17 @@ def _sum_metadata(totals: dict[str, dict[str, int]], asset: str, metadata: dict)
 
 def run_pending_work(settings: Settings, *, user_id: str | None, day: date | None,
                      progress: bool = True) -> dict:
-    """Claim drop files, then materialize every partition with pending memories or turns, in-process."""
+    """Materialize every partition with ready drop files, pending memories or turns, in-process.
+
+    As the daemon's runs do, each partition's ``raw_exchanges`` stores the drop files holding its
+    exchanges (named in the run's ``yak/drop_files`` tag); files holding nothing to store are
+    finished by the discovery.
+    """
     import dagster as dg
 
     from yak_pipeline.definitions import ASSETS, CHECKS, defs
-    from yak_pipeline.defs.partitions import partition_key
+    from yak_pipeline.defs.exchanges.assets import DROP_FILES_TAG
+    from yak_pipeline.defs.partitions import add_missing_partitions, partition_key
     from yak_pipeline.services.discovery import discover_work
     from yak_pipeline.wiring import shared_database
 
@@ -76,21 +82,28 @@ def run_pending_work(settings: Settings, *, user_id: str | None, day: date | Non
     found = discover_work(db, drop_dir=settings.resolved_drop_dir, user_id=user_id, day=day, min_age_seconds=0)
     instance = dagster_instance(settings)
     add_partitions_with_data(instance, db)
+    add_missing_partitions(instance, found.drop_files)  # days whose exchanges are still in drop files
     resources = defs.resources
     memory_assets = [a for a in ASSETS if a.key.to_user_string() != "warmth"]
     warmth_assets = [a for a in ASSETS if a.key.to_user_string() == "warmth"]
     totals: dict[str, dict[str, int]] = {}
     partitions_done: list[dict] = []
     failed_runs = 0
+    files = [vars(f) for f in found.claimed.files]
     work = [("memories", key, memory_assets + CHECKS) for key in sorted(found.memory_partitions, key=lambda k: (k[1], k[0]))]
     work += [("turns", key, warmth_assets) for key in sorted(found.turn_partitions, key=lambda k: (k[1], k[0]))]
     for index, (kind, (user, when), assets) in enumerate(work, start=1):
         started = time.monotonic()
+        tags = {"yak/trigger": "yak-process"}
+        if kind == "memories" and (user, when) in found.drop_files:
+            tags[DROP_FILES_TAG] = json.dumps(found.drop_files[(user, when)])
         result = dg.materialize(assets, resources=resources, partition_key=partition_key(user, when),
-                                instance=instance, raise_on_error=False, tags={"yak/trigger": "yak-process"})
+                                instance=instance, raise_on_error=False, tags=tags)
         for event in result.get_asset_materialization_events():
             materialization = event.event_specific_data.materialization
             _sum_metadata(totals, materialization.asset_key.to_user_string(), materialization.metadata)
+            claimed = materialization.metadata.get("drop_files")
+            files += getattr(claimed, "value", None) or []
         check_failed = [e.check_name for e in result.get_asset_check_evaluations() if not e.passed]
         if not result.success:
             failed_runs += 1
@@ -100,7 +113,7 @@ def run_pending_work(settings: Settings, *, user_id: str | None, day: date | Non
             state = "ok" if result.success and not check_failed else f"FAILED {' '.join(check_failed)}".strip()
             console.print(f"[{index}/{len(work)}] {kind} {user} {when}: {state} ({time.monotonic() - started:.1f}s)")
     return {
-        "files": [vars(f) for f in found.claimed.files],
+        "files": files,
         "partitions": partitions_done,
         "assets": totals,
         "failed_runs": failed_runs,

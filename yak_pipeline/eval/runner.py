@@ -52,7 +52,7 @@ from yak_pipeline.eval.metrics import ScoredQuestion, abstained, aggregate, curr
 from yak_pipeline.llm import get_llm_provider
 from yak_pipeline.services.consolidate import ConsolidateJob, merge_near_duplicates, score_conflicts
 from yak_pipeline.services.distill import DistillJob, distill_memories, partition_memory_ids
-from yak_pipeline.services.ingest import ingest_records
+from yak_pipeline.ingestion.records import ingest_records
 from yak_pipeline.core.recall import RecallParams
 from yak_pipeline.core.relevance import RelevanceModel
 from yak_pipeline.services.recall import embed_pending_exchanges, recall_params, relevance_model

@@ -1,4 +1,7 @@
-"""Applies ``sql/NNN_*.sql`` in order, each in its own transaction, recorded in ``schema_migrations``.
+"""Applies ``yak_pipeline/sql/NNN_*.sql`` in order, each in its own transaction, recorded in ``schema_migrations``.
+
+The migrations are package data, read with :mod:`importlib.resources`: a wheel install finds them
+as well as a source checkout or an editable install.
 
 The embedding dimension is a property of the database: it is substituted into the first
 migration from the configured embedder and recorded in ``yak_meta``; later starts with an
@@ -10,14 +13,15 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
+from importlib.resources import files
+from importlib.resources.abc import Traversable
 
 import psycopg
 
 from yak_pipeline.store.database import connect
 from yak_pipeline.store.errors import PgvectorMissing, SchemaMismatch
 
-SQL_DIR = Path(__file__).resolve().parents[2] / "sql"
+SQL_DIR: Traversable = files("yak_pipeline") / "sql"
 _MIGRATION_NAME = re.compile(r"^(\d{3})_[a-z0-9_]+\.sql$")
 # Serialises concurrent `yak db migrate` runs against one database.
 _MIGRATION_LOCK_KEY = 0x59414B  # "YAK"
@@ -40,7 +44,7 @@ class Migration:
 
     version: int
     name: str
-    path: Path
+    path: Traversable
 
     def sql(self, embedding_dim: int) -> str:
         """The migration's SQL with the embedding dimension filled in."""
@@ -55,14 +59,15 @@ class MigrationState:
     applied_at: datetime | None
 
 
-def discover_migrations(sql_dir: Path = SQL_DIR) -> list[Migration]:
+def discover_migrations(sql_dir: Traversable = SQL_DIR) -> list[Migration]:
     """The migration files in version order; a misnamed or duplicated file is an error."""
     migrations: list[Migration] = []
-    for path in sorted(sql_dir.glob("*.sql")):
+    # A Traversable (package data, perhaps inside a zip) has no glob: filter its entries by name.
+    for path in sorted((p for p in sql_dir.iterdir() if p.name.endswith(".sql")), key=lambda p: p.name):
         match = _MIGRATION_NAME.match(path.name)
         if not match:
             raise SchemaMismatch(f"migration file {path.name} is not named NNN_name.sql")
-        migrations.append(Migration(int(match.group(1)), path.stem, path))
+        migrations.append(Migration(int(match.group(1)), path.name.removesuffix(".sql"), path))
     versions = [m.version for m in migrations]
     if len(set(versions)) != len(versions):
         raise SchemaMismatch(f"two migration files share a number in {sql_dir}")
@@ -122,7 +127,7 @@ def check_embedding_compatibility(meta: dict[str, str], *, dimensions: int, mode
         )
 
 
-def migration_states(conn: psycopg.Connection, sql_dir: Path = SQL_DIR) -> list[MigrationState]:
+def migration_states(conn: psycopg.Connection, sql_dir: Traversable = SQL_DIR) -> list[MigrationState]:
     """Every migration with its applied time, or None when pending."""
     exists = conn.execute("SELECT to_regclass('schema_migrations') IS NOT NULL").fetchone()[0]
     applied: dict[int, datetime] = {}
@@ -131,7 +136,7 @@ def migration_states(conn: psycopg.Connection, sql_dir: Path = SQL_DIR) -> list[
     return [MigrationState(m, applied.get(m.version)) for m in discover_migrations(sql_dir)]
 
 
-def migrate(url: str, *, dimensions: int, model_name: str, sql_dir: Path = SQL_DIR) -> list[Migration]:
+def migrate(url: str, *, dimensions: int, model_name: str, sql_dir: Traversable = SQL_DIR) -> list[Migration]:
     """Apply the pending migrations to the database at ``url``; return those applied.
 
     Idempotent: a second run applies nothing. Each migration commits on its own, so a failing

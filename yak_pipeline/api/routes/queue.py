@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query
 
 from yak_pipeline.api.dependencies import Caller, Services
 from yak_pipeline.api.schemas import FailedItem, QuarantinedItem, QuarantineOut, QueueOut, UserId, rows_to
-from yak_pipeline.defs.exchanges.drop_folder import failed_dir, list_quarantine
+from yak_pipeline.ingestion.drop_folder import failed_dir, list_quarantine
 from yak_pipeline.services.queue_watch import queue_status
 
 router = APIRouter(prefix="/api/queue", tags=["operations"])

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Query, Request, Response
 
 from yak_pipeline.api.dependencies import Services
 from yak_pipeline.api.ui.access import PREFIX, PageError, PageRoute, SignedIn, render, user_page
-from yak_pipeline.defs.exchanges.drop_folder import failed_dir, list_quarantine
+from yak_pipeline.ingestion.drop_folder import failed_dir, list_quarantine
 from yak_pipeline.services.curation import MAX_USER_WEIGHT, list_conflicts, review_queue
 from yak_pipeline.services.memories import user_has_memories
 from yak_pipeline.services.overview import distillation_page, exchanges_of, recent_changes, user_overview

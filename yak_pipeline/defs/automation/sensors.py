@@ -1,5 +1,8 @@
 """Sensors: the drop folder, the API inbox, pending turns, and failed runs.
 
+They detect work and request runs; the runs do it (drop-folder files are stored by the
+``raw_exchanges`` asset of the runs requested for them, so the lineage shows where rows came from).
+
 Each request's ``run_key`` names the partition and a signature of its pending state, so a
 state is run once however many ticks see it; the cursor keeps the signatures last requested.
 """
@@ -9,6 +12,7 @@ import json
 import dagster as dg
 
 from yak_pipeline.defs.automation.jobs import memory_job, warmth_job
+from yak_pipeline.defs.exchanges.assets import DROP_FILES_TAG
 from yak_pipeline.defs.partitions import missing_partition_requests, partition_key
 from yak_pipeline.defs.resources import AlertsResource, PostgresResource
 from yak_pipeline.services.discovery import discover_work
@@ -19,21 +23,49 @@ from yak_pipeline.services.discovery import discover_work
 SENSOR_INTERVAL_SECONDS = 1
 
 
+# The tag Dagster gives a partitioned run, naming its partition ("2026-03-14|alice").
+PARTITION_TAG = "dagster/partition"
+# A run in one of these states has not finished its partition's work yet.
+_IN_FLIGHT = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
+              dg.DagsterRunStatus.STARTED]
+
+
+def _partitions_in_flight(context: dg.SensorEvaluationContext, prefix: str) -> set[str]:
+    """Partition keys of the memory runs this sensor requested that are still queued or running."""
+    runs = context.instance.get_runs(filters=dg.RunsFilter(job_name=memory_job.name, statuses=_IN_FLIGHT,
+                                                           tags={"yak/trigger": prefix}))
+    return {run.tags[PARTITION_TAG] for run in runs if PARTITION_TAG in run.tags}
+
+
 def _requests(
     context: dg.SensorEvaluationContext,
     partitions: dict,
     prefix: str,
+    drop_files: dict | None = None,
+    in_flight: set[str] | frozenset[str] = frozenset(),
 ) -> dg.SensorResult:
-    """Run requests for partitions whose pending state changed since the cursor, plus new users."""
+    """Run requests for partitions whose pending state changed since the cursor, plus new users.
+
+    A partition with ready drop files gets them in its run's ``yak/drop_files`` tag: that run's
+    ``raw_exchanges`` stores them. A partition in ``in_flight`` is left to its run, which changes
+    its pending state as it stores; once the run is done, the state is compared with the one last
+    requested (kept in the cursor), so work the run left asks for a new run then.
+    """
     previous: dict[str, str] = json.loads(context.cursor) if context.cursor else {}
     current: dict[str, str] = {}
     requests = []
     for (user_id, day), (_, signature) in sorted(partitions.items(), key=lambda item: (item[0][1], item[0][0])):
         key = partition_key(user_id, day)
+        if str(key) in in_flight:
+            if str(key) in previous:
+                current[str(key)] = previous[str(key)]
+            continue
         current[str(key)] = signature
         if previous.get(str(key)) != signature:
-            requests.append(dg.RunRequest(run_key=f"{prefix}:{key}:{signature}", partition_key=key,
-                                          tags={"yak/trigger": prefix}))
+            tags = {"yak/trigger": prefix}
+            if drop_files and (user_id, day) in drop_files:
+                tags[DROP_FILES_TAG] = json.dumps(drop_files[(user_id, day)])
+            requests.append(dg.RunRequest(run_key=f"{prefix}:{key}:{signature}", partition_key=key, tags=tags))
     return dg.SensorResult(
         run_requests=requests,
         # New users and days are added in the same tick as the runs that need them.
@@ -45,16 +77,17 @@ def _requests(
 
 @dg.sensor(job=memory_job, minimum_interval_seconds=SENSOR_INTERVAL_SECONDS, default_status=dg.DefaultSensorStatus.RUNNING)
 def drop_folder_sensor(context: dg.SensorEvaluationContext, postgres: PostgresResource) -> dg.SensorResult:
-    """Claims ready drop-folder files — parse, store their exchanges, move them to processed/ (or
-    failed/ with an .error.txt) — and requests a memory run for each user's day they touched."""
+    """Detects ready drop-folder files and requests a memory run for each user's day they hold,
+    naming the files in the run's ``yak/drop_files`` tag; the run's ``raw_exchanges`` stores them.
+    The sensor stores nothing: it only reads and parses the files, and finishes at once those that
+    hold nothing to store (unreadable ones go to failed/ with an .error.txt). Partitions with
+    pending drop-folder memories (a failed run) are requested again too, once no run of this
+    sensor for that partition is still queued or running (a run storing a large file changes its
+    partitions' pending state for minutes: that is not new work)."""
     found = discover_work(postgres.database(), drop_dir=postgres.settings().resolved_drop_dir, drop_folder=True)
-    for outcome in found.claimed.files:
-        if outcome.error:
-            context.log.warning("drop file %s: %s", outcome.name, outcome.error)
-        else:
-            context.log.info("drop file %s: %d stored, %d duplicates, %d rejected", outcome.name, outcome.stored,
-                             outcome.duplicates, outcome.rejected)
-    return _requests(context, found.memory_partitions, "drop")
+    found.claimed.log_to(context.log)
+    return _requests(context, found.memory_partitions, "drop", found.drop_files,
+                     in_flight=_partitions_in_flight(context, "drop"))
 
 
 @dg.sensor(job=memory_job, minimum_interval_seconds=SENSOR_INTERVAL_SECONDS, default_status=dg.DefaultSensorStatus.RUNNING)

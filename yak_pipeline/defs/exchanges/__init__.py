@@ -1,1 +1,1 @@
-"""Dagster definitions for raw exchanges: the drop folder, the ingest asset and its sensors."""
+"""Dagster definitions for raw exchanges: the ``raw_exchanges`` asset (ingestion itself: ``yak_pipeline.ingestion``)."""

@@ -35,6 +35,26 @@ class IngestReport:
         return {user for user, _ in self.partitions}
 
 
+def exchange_time(record: ExchangeRecord, received: datetime) -> tuple[datetime, str | None]:
+    """When ``record`` happened (its own time, else ``received``) and why that time is refused, if it is.
+
+    The same rule decides where an exchange is stored and which partitions the drop-folder sensor
+    asks runs for, so a run is never requested for a day nothing will be stored on.
+    """
+    when = record.occurred_at or received
+    if when.date() < EARLIEST_EXCHANGE_DATE:
+        return when, f"occurred_at {when.date()} is before {EARLIEST_EXCHANGE_DATE}"
+    if when > received + FUTURE_TOLERANCE:
+        return when, f"occurred_at {when.isoformat()} is in the future"
+    return when, None
+
+
+def exchange_partition(record: ExchangeRecord, received: datetime) -> tuple[str, date] | None:
+    """The (user, UTC day) partition ``record`` is stored in, or None when its time is refused."""
+    when, refused = exchange_time(record, received)
+    return None if refused else (record.user_id, when.astimezone(timezone.utc).date())
+
+
 def _reject(record: ExchangeRecord, reason: str) -> RejectedRecord:
     raw = json.dumps({"user_id": record.user_id, "content": record.content,
                       "occurred_at": record.occurred_at.isoformat() if record.occurred_at else None})
@@ -66,12 +86,9 @@ def ingest_records(
     received = now or datetime.now(timezone.utc)
     with db.connection() as conn:
         for record in records:
-            when = record.occurred_at or received
-            if when.date() < EARLIEST_EXCHANGE_DATE:
-                report.rejected.append(_reject(record, f"occurred_at {when.date()} is before {EARLIEST_EXCHANGE_DATE}"))
-                continue
-            if when > received + FUTURE_TOLERANCE:
-                report.rejected.append(_reject(record, f"occurred_at {when.isoformat()} is in the future"))
+            when, refused = exchange_time(record, received)
+            if refused is not None:
+                report.rejected.append(_reject(record, refused))
                 continue
             try:
                 with conn.transaction():

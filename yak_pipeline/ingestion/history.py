@@ -1,6 +1,6 @@
 """Import a history file: tell its format, store its exchanges, remember how far a session was read.
 
-Shared by ``yak import`` and the drop folder (:mod:`yak_pipeline.services.claim`). Storing is
+Shared by ``yak import`` and the drop folder (:mod:`yak_pipeline.ingestion.claim`). Storing is
 idempotent on each exchange's content hash, so importing the same file twice adds nothing. A
 Claude Code transcript that grew since it was last imported is read from where that import
 stopped (``import_cursors``, sql/011), provided what was read then is unchanged: exchanges
@@ -18,9 +18,9 @@ from pathlib import Path
 
 from yak_pipeline.core.claude_code_sessions import prefix_sha256, session_id_of
 from yak_pipeline.core.exchange_files import RejectedRecord
-from yak_pipeline.core.history_files import detect_format, parse_history_file
-from yak_pipeline.defs.exchanges.drop_folder import quarantine_records
-from yak_pipeline.services.ingest import ingest_records
+from yak_pipeline.core.history_files import ParsedHistory, detect_format, parse_history_file
+from yak_pipeline.ingestion.drop_folder import quarantine_records
+from yak_pipeline.ingestion.records import exchange_partition, ingest_records
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.import_cursors import ImportCursor, get_import_cursor, save_import_cursor
 
@@ -59,16 +59,25 @@ class HistoryImport:
                 "quarantined_to": self.quarantined_to}
 
 
-def import_history(db: Database, name: str, data: bytes, *, user_id: str | None, source: str,
-                   source_ref: str | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
-                   on_progress: Progress | None = None) -> HistoryImport:
-    """Parse ``data`` (a file called ``name``) and store its exchanges for ``user_id``.
+@dataclass
+class HistoryRead:
+    """A history file read and parsed, nothing stored: what it yielded (its format in
+    ``parsed.format``), and where a grown Claude Code transcript resumed (``session_key`` names
+    its import cursor)."""
 
-    ``user_id`` is the user of exports (which name none) and of Yak records that name none;
-    without it an export is refused (``fatal``). ``source`` is the memories' source (``import``,
-    ``drop_folder``). Records the parser or the database refuses are in ``rejected``, for the
-    caller to quarantine; nothing is moved or written to disk here.
-    """
+    parsed: ParsedHistory
+    session_key: str | None = None
+    resume_at: int = 0
+
+    def partitions(self, received: datetime) -> set[tuple[str, date]]:
+        """The (user, UTC day) partitions its exchanges will be stored in, ``received`` being now."""
+        return {key for record in self.parsed.records
+                if (key := exchange_partition(record, received)) is not None}
+
+
+def read_history(db: Database, name: str, data: bytes, *, user_id: str | None) -> HistoryRead:
+    """Tell ``data``'s format and parse it for ``user_id``, resuming a grown session where its last
+    import stopped (the cursor is read, not moved); nothing is stored."""
     kind = detect_format(name, data)
     session_key, resume_at = None, 0
     if kind == "claude_code" and user_id is not None:
@@ -81,6 +90,21 @@ def import_history(db: Database, name: str, data: bytes, *, user_id: str | None,
                     and prefix_sha256(data, cursor.resume_at) == cursor.prefix_sha256):
                 resume_at = cursor.resume_at
     parsed = parse_history_file(name, data, user_id=user_id, resume_at=resume_at, detected=kind)
+    return HistoryRead(parsed, session_key, resume_at)
+
+
+def import_history(db: Database, name: str, data: bytes, *, user_id: str | None, source: str,
+                   source_ref: str | None = None, batch_size: int = DEFAULT_BATCH_SIZE,
+                   on_progress: Progress | None = None) -> HistoryImport:
+    """Parse ``data`` (a file called ``name``) and store its exchanges for ``user_id``.
+
+    ``user_id`` is the user of exports (which name none) and of Yak records that name none;
+    without it an export is refused (``fatal``). ``source`` is the memories' source (``import``,
+    ``drop_folder``). Records the parser or the database refuses are in ``rejected``, for the
+    caller to quarantine; nothing is moved or written to disk here.
+    """
+    read = read_history(db, name, data, user_id=user_id)
+    parsed, session_key, resume_at = read.parsed, read.session_key, read.resume_at
     result = HistoryImport(name, parsed.format, skipped=parsed.skipped, rejected=list(parsed.rejected),
                            fatal=parsed.fatal, resumed_at=resume_at, quarantine_suffix=parsed.quarantine_suffix)
     if parsed.fatal is not None:
