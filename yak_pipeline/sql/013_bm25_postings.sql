@@ -127,22 +127,20 @@ BEGIN
                                array_agg(-1), array_agg(o.content_tsv), array_agg(o.content_terms))
            FROM old_rows o WHERE o.status = 'active' AND o.deleted_at IS NULL;
     ELSE
-        -- Only rows whose standing or words changed (warmth updates change neither).
+        -- Only rows whose standing or words changed (warmth updates change neither): the old row's
+        -- contribution goes (sign -1) and the new one's comes (+1), each where that row counts.
         PERFORM yak_bm25_apply('distillations', array_agg(d.id), array_agg(d.user_id), array_agg(d.scope), array_agg(d.sign),
                                array_agg(d.tsv), array_agg(d.terms))
-           FROM (SELECT o.id, o.user_id, coalesce(o.embedding_model, '') AS scope, -1 AS sign, o.content_tsv AS tsv,
-                        o.content_terms AS terms, o.status = 'active' AND o.deleted_at IS NULL AS counts
-                   FROM old_rows o JOIN new_rows n ON n.id = o.id
-                  WHERE (o.user_id, o.status, o.deleted_at IS NULL, o.embedding_model, o.content_tsv)
-                        IS DISTINCT FROM (n.user_id, n.status, n.deleted_at IS NULL, n.embedding_model, n.content_tsv)
-                 UNION ALL
-                 SELECT n.id, n.user_id, coalesce(n.embedding_model, ''), 1, n.content_tsv, n.content_terms,
-                        n.status = 'active' AND n.deleted_at IS NULL
-                   FROM old_rows o JOIN new_rows n ON n.id = o.id
-                  WHERE (o.user_id, o.status, o.deleted_at IS NULL, o.embedding_model, o.content_tsv)
-                        IS DISTINCT FROM (n.user_id, n.status, n.deleted_at IS NULL, n.embedding_model, n.content_tsv)
-                ) AS d
-          WHERE d.counts;
+           FROM old_rows o JOIN new_rows n ON n.id = o.id
+          CROSS JOIN LATERAL (VALUES
+                    (o.id, o.user_id, coalesce(o.embedding_model, ''), -1, o.content_tsv, o.content_terms,
+                     o.status = 'active' AND o.deleted_at IS NULL),
+                    (n.id, n.user_id, coalesce(n.embedding_model, ''), 1, n.content_tsv, n.content_terms,
+                     n.status = 'active' AND n.deleted_at IS NULL)
+                ) AS d(id, user_id, scope, sign, tsv, terms, counts)
+          WHERE (o.user_id, o.status, o.deleted_at IS NULL, o.embedding_model, o.content_tsv)
+                IS DISTINCT FROM (n.user_id, n.status, n.deleted_at IS NULL, n.embedding_model, n.content_tsv)
+            AND d.counts;
     END IF;
     RETURN NULL;
 END
@@ -160,20 +158,17 @@ BEGIN
                                array_agg(o.context_tsv), array_agg(o.context_terms))
            FROM old_rows o WHERE o.deleted_at IS NULL;
     ELSE
+        -- As for distillations: the old row's contribution goes, the new one's comes.
         PERFORM yak_bm25_apply('contexts', array_agg(d.id), array_agg(d.user_id), array_agg(''::text), array_agg(d.sign),
                                array_agg(d.tsv), array_agg(d.terms))
-           FROM (SELECT o.id, o.user_id, -1 AS sign, o.context_tsv AS tsv, o.context_terms AS terms,
-                        o.deleted_at IS NULL AS counts
-                   FROM old_rows o JOIN new_rows n ON n.id = o.id
-                  WHERE (o.user_id, o.deleted_at IS NULL, o.context_tsv)
-                        IS DISTINCT FROM (n.user_id, n.deleted_at IS NULL, n.context_tsv)
-                 UNION ALL
-                 SELECT n.id, n.user_id, 1, n.context_tsv, n.context_terms, n.deleted_at IS NULL
-                   FROM old_rows o JOIN new_rows n ON n.id = o.id
-                  WHERE (o.user_id, o.deleted_at IS NULL, o.context_tsv)
-                        IS DISTINCT FROM (n.user_id, n.deleted_at IS NULL, n.context_tsv)
-                ) AS d
-          WHERE d.counts;
+           FROM old_rows o JOIN new_rows n ON n.id = o.id
+          CROSS JOIN LATERAL (VALUES
+                    (o.id, o.user_id, -1, o.context_tsv, o.context_terms, o.deleted_at IS NULL),
+                    (n.id, n.user_id, 1, n.context_tsv, n.context_terms, n.deleted_at IS NULL)
+                ) AS d(id, user_id, sign, tsv, terms, counts)
+          WHERE (o.user_id, o.deleted_at IS NULL, o.context_tsv)
+                IS DISTINCT FROM (n.user_id, n.deleted_at IS NULL, n.context_tsv)
+            AND d.counts;
     END IF;
     RETURN NULL;
 END
