@@ -211,15 +211,22 @@ def _parse_json(text: str, max_record_chars: int, default_user: str | None) -> P
     return ParsedFile(tuple(records), tuple(rejected), None)
 
 
-def _load_json_document(text: str, start: int) -> object:
+def _decode_json(decoder: json.JSONDecoder, text: str, position: int, *, whole: bool = False) -> tuple[object, int]:
+    """One JSON value at ``position`` (``whole``: the entire text) and where it ends; :class:`FatalError` if invalid."""
     try:
-        document = json.loads(text)
+        if whole:
+            return decoder.decode(text), len(text)
+        return decoder.raw_decode(text, position)
     except json.JSONDecodeError as error:
         raise FatalError(error.lineno, f"invalid JSON at column {error.colno}: {error.msg}") from None
     except RecursionError:
-        raise FatalError(_line_at(text, start), "invalid JSON: nested too deep") from None
+        raise FatalError(_line_at(text, position), "invalid JSON: nested too deep") from None
     except ValueError as error:
-        raise FatalError(_line_at(text, start), f"invalid JSON: {error}") from None
+        raise FatalError(_line_at(text, position), f"invalid JSON: {error}") from None
+
+
+def _load_json_document(text: str, start: int) -> object:
+    document, _ = _decode_json(json.JSONDecoder(), text, start, whole=True)
     if not isinstance(document, dict):
         raise FatalError(
             _line_at(text, start), f"expected a JSON object or a list of objects, got {json_kind(document)}"
@@ -236,14 +243,7 @@ def _scan_json_list(text: str, start: int) -> list[tuple[str, object]]:
         position += 1
     else:
         while True:
-            try:
-                value, end = decoder.raw_decode(text, position)
-            except json.JSONDecodeError as error:
-                raise FatalError(error.lineno, f"invalid JSON at column {error.colno}: {error.msg}") from None
-            except RecursionError:
-                raise FatalError(_line_at(text, position), "invalid JSON: nested too deep") from None
-            except ValueError as error:
-                raise FatalError(_line_at(text, position), f"invalid JSON: {error}") from None
+            value, end = _decode_json(decoder, text, position)
             items.append((text[position:end], value))
             position = _skip_json_whitespace(text, end)
             if position >= len(text):
