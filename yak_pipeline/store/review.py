@@ -45,6 +45,17 @@ def _lock_for_review(conn: psycopg.Connection, distillation_id: UUID | str, user
     ).fetchone()
 
 
+def _lock_flagged(conn: psycopg.Connection, distillation_id: UUID | str, user_id: str | None) -> tuple | ReviewOutcome:
+    """The locked row of a distillation awaiting review, or why there is none (``not_found``, ``not_flagged``)."""
+    row = _lock_for_review(conn, distillation_id, user_id)
+    if row is None:
+        return "not_found"
+    _, status, needs_review, _ = row
+    if status not in ("active", "review") or not (needs_review or status == "review"):
+        return "not_flagged"
+    return row
+
+
 def approve_distillation(
     conn: psycopg.Connection, distillation_id: UUID | str, *, user_id: str | None = None, actor: str = "system"
 ) -> ReviewOutcome:
@@ -54,12 +65,10 @@ def approve_distillation(
     person's confirmation is what that confidence stands for, and the database never allows an
     active row under the gate. The audit row keeps the model's original confidence.
     """
-    row = _lock_for_review(conn, distillation_id, user_id)
-    if row is None:
-        return "not_found"
-    owner, status, needs_review, confidence = row
-    if status not in ("active", "review") or not (needs_review or status == "review"):
-        return "not_flagged"
+    row = _lock_flagged(conn, distillation_id, user_id)
+    if isinstance(row, str):
+        return row
+    owner, status, _, confidence = row
     conn.execute(
         """UPDATE distillations SET status = 'active', needs_review = false,
                   confidence = greatest(confidence, %s), updated_at = now() WHERE id = %s""",
@@ -74,12 +83,10 @@ def reject_distillation(
     conn: psycopg.Connection, distillation_id: UUID | str, *, user_id: str | None = None, actor: str = "system"
 ) -> ReviewOutcome:
     """A person turns a flagged distillation down: it is kept (with its versions) but never recalled."""
-    row = _lock_for_review(conn, distillation_id, user_id)
-    if row is None:
-        return "not_found"
-    owner, status, needs_review, _ = row
-    if status not in ("active", "review") or not (needs_review or status == "review"):
-        return "not_flagged"
+    row = _lock_flagged(conn, distillation_id, user_id)
+    if isinstance(row, str):
+        return row
+    owner, status, _, _ = row
     conn.execute(
         "UPDATE distillations SET status = 'rejected', needs_review = false, updated_at = now() WHERE id = %s",
         (str(distillation_id),),
