@@ -108,3 +108,13 @@ def conn(db_url: str) -> Iterator[psycopg.Connection]:
     """One connection on the test's database (committed by the test when it needs to)."""
     with connect(db_url) as connection:
         yield connection
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`make test-slow` runs on two workers (``-n 2 --dist loadgroup``): the 10 MB drop-file test,
+    minutes of storing, in its own group on one, and every other slow test in one group, so they
+    still run one at a time on the other (the load and crash tests start servers and workers of
+    their own)."""
+    for item in items:
+        if item.get_closest_marker("slow") and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group("slow-one-at-a-time"))

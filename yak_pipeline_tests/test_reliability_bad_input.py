@@ -221,6 +221,7 @@ def test_every_dropped_record_is_stored_or_quarantined_with_a_reason_and_the_sen
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("ten_megabytes")  # minutes of storing: `make test-slow` gives it a worker of its own
 def test_ten_megabyte_files_are_detected_in_one_tick_and_stored_with_nothing_lost(settings: Settings, database: Database,
                                                                      drop_dir: Path) -> None:
     ten_mb = 10 * 1024 * 1024

@@ -1,4 +1,4 @@
--- BM25 from postings and statistics kept by triggers, so a query reads no exchange's row
+-- BM25 from postings kept by triggers, so a query opens no exchange's row
 -- (issue "Fast on the default path", part 2; store/recall.py).
 --
 -- BM25 needs, for each query word, every row holding it (its term frequency and the row's
@@ -8,17 +8,16 @@
 -- so the tsvectors go out of line): 45,000 buffers and 170-320 ms for one word over 10,000
 -- exchanges (bench/recall_latency.py --corpus realistic, docs/BENCHMARKS.md). Here each
 -- (user, word, row) is one posting with its term frequency and the row's length, read from the
--- primary key's index alone (an index-only scan), with the per-user corpus size and length and
--- each word's document frequency beside it. Statement-level triggers write them in the
--- writer's own transaction, so every write path (the pipeline, the API, imports, restores,
--- forgetting, review decisions, merges, re-embedding) keeps them exact; the result equals the
--- computation from the rows (tested; that computation stays as the reference).
+-- primary key's index alone (an index-only scan); a word's document frequency is the count of
+-- its postings, and the corpus size and mean length come from the index-only scan the rows'
+-- computation already used. Statement-level triggers write the postings in the writer's own
+-- transaction, so every write path (the pipeline, the API, imports, restores, forgetting,
+-- review decisions, merges, re-embedding) keeps them exact; the result equals the computation
+-- from the rows (tested; that computation stays as the reference).
 --
 -- Legs (the two of recall's default path; `as_of` and `exchange_context` off use the rows):
 --   'distillations': active, live distillations, per embedding model (scope), over content_tsv;
 --   'contexts':      live exchanges, over context_tsv (each exchange with its neighbours, sql/006).
--- A row counts in `sized` when its length is known (context_terms is NULL until a context is set),
--- which is what avg() over the column counts.
 
 -- For the searches that still read rows (`as_of`, `exchange_context` off, the evaluation's BM25
 -- baseline), a word's rows *of one user* are found inside the index: with user_id in the
@@ -39,16 +38,6 @@ BEGIN
 END
 $$;
 
-CREATE TABLE bm25_corpus (
-    leg         text   NOT NULL CHECK (leg IN ('distillations', 'contexts')),
-    user_id     text   NOT NULL,
-    scope       text   NOT NULL,
-    rows        bigint NOT NULL,
-    sized       bigint NOT NULL,
-    total_terms bigint NOT NULL,
-    PRIMARY KEY (leg, user_id, scope)
-);
-
 CREATE TABLE bm25_postings (
     leg     text    NOT NULL,
     user_id text    NOT NULL,
@@ -60,46 +49,17 @@ CREATE TABLE bm25_postings (
     PRIMARY KEY (leg, user_id, scope, lexeme, row_id) INCLUDE (tf, dl)
 );
 
-CREATE TABLE bm25_terms (
-    leg     text   NOT NULL,
-    user_id text   NOT NULL,
-    scope   text   NOT NULL,
-    lexeme  text   NOT NULL,
-    df      bigint NOT NULL,
-    PRIMARY KEY (leg, user_id, scope, lexeme)
-);
-
--- Adds (sign +1) or removes (-1) rows' contributions. Rows are grouped and written in key order,
--- and each user's writers take turns (an advisory lock held to commit, as the exchange context
--- does), so concurrent writers cannot deadlock on the same words.
+-- Adds (sign +1) or removes (-1) rows' postings. Nothing here updates a row in place: a
+-- counter (a word's document frequency, a corpus's size) updated by every write of a user would
+-- be one row rewritten tens of thousands of times by a long import in one transaction, each
+-- version chained to the last. Document frequencies and corpus sizes are counted when a query
+-- runs (store/recall.py), from these postings and from an index-only scan of the rows.
 CREATE FUNCTION yak_bm25_apply(p_leg text, p_ids uuid[], p_users text[], p_scopes text[], p_signs int[],
                                p_tsvs tsvector[], p_terms int[]) RETURNS void LANGUAGE plpgsql AS $$
-DECLARE
-    who text;
 BEGIN
     IF coalesce(cardinality(p_users), 0) = 0 THEN
         RETURN;
     END IF;
-    FOR who IN SELECT DISTINCT u FROM unnest(p_users) AS u ORDER BY u LOOP
-        PERFORM pg_advisory_xact_lock(hashtext('yak_bm25'), hashtext(who));
-    END LOOP;
-    INSERT INTO bm25_corpus AS c (leg, user_id, scope, rows, sized, total_terms)
-    SELECT p_leg, d.u, d.s, sum(d.sign), coalesce(sum(d.sign) FILTER (WHERE d.terms IS NOT NULL), 0),
-           coalesce(sum(d.sign * d.terms), 0)
-      FROM unnest(p_users, p_scopes, p_signs, p_terms) AS d(u, s, sign, terms)
-     GROUP BY d.u, d.s
-     ORDER BY d.u, d.s
-    ON CONFLICT (leg, user_id, scope) DO UPDATE
-       SET rows = c.rows + excluded.rows, sized = c.sized + excluded.sized,
-           total_terms = c.total_terms + excluded.total_terms;
-    INSERT INTO bm25_terms AS t (leg, user_id, scope, lexeme, df)
-    SELECT p_leg, d.u, d.s, w.lexeme, sum(d.sign)
-      FROM unnest(p_users, p_scopes, p_signs, p_tsvs) AS d(u, s, sign, tsv)
-     CROSS JOIN LATERAL unnest(tsvector_to_array(d.tsv)) AS w(lexeme)
-     GROUP BY d.u, d.s, w.lexeme
-    HAVING sum(d.sign) <> 0
-     ORDER BY d.u, d.s, w.lexeme
-    ON CONFLICT (leg, user_id, scope, lexeme) DO UPDATE SET df = t.df + excluded.df;
     -- Postings: a removed row's go, an added row's come (an update is both, in that order).
     DELETE FROM bm25_postings p
      USING unnest(p_ids, p_users, p_scopes, p_signs, p_tsvs) AS d(id, u, s, sign, tsv)
@@ -190,24 +150,7 @@ CREATE TRIGGER memories_bm25_delete AFTER DELETE ON memories
 -- Every statistic recomputed from the rows: the migration fills them with it, a TRUNCATE of
 -- either table resets them with it, and `yak db index` can repair with it.
 CREATE FUNCTION yak_bm25_rebuild() RETURNS void LANGUAGE sql AS $$
-    DELETE FROM bm25_corpus;
-    DELETE FROM bm25_terms;
     DELETE FROM bm25_postings;
-    INSERT INTO bm25_corpus (leg, user_id, scope, rows, sized, total_terms)
-    SELECT 'distillations', user_id, coalesce(embedding_model, ''), count(*), count(content_terms),
-           coalesce(sum(content_terms), 0)
-      FROM distillations WHERE status = 'active' AND deleted_at IS NULL GROUP BY 2, 3
-    UNION ALL
-    SELECT 'contexts', user_id, '', count(*), count(context_terms), coalesce(sum(context_terms), 0)
-      FROM memories WHERE deleted_at IS NULL GROUP BY 2;
-    INSERT INTO bm25_terms (leg, user_id, scope, lexeme, df)
-    SELECT 'distillations', d.user_id, coalesce(d.embedding_model, ''), w.lexeme, count(*)
-      FROM distillations d CROSS JOIN LATERAL unnest(tsvector_to_array(d.content_tsv)) AS w(lexeme)
-     WHERE d.status = 'active' AND d.deleted_at IS NULL GROUP BY 2, 3, 4
-    UNION ALL
-    SELECT 'contexts', m.user_id, '', w.lexeme, count(*)
-      FROM memories m CROSS JOIN LATERAL unnest(tsvector_to_array(m.context_tsv)) AS w(lexeme)
-     WHERE m.deleted_at IS NULL GROUP BY 2, 4;
     INSERT INTO bm25_postings (leg, user_id, scope, lexeme, row_id, tf, dl)
     SELECT 'distillations', d.user_id, coalesce(d.embedding_model, ''), w.lexeme, d.id,
            greatest(cardinality(w.positions), 1), d.content_terms

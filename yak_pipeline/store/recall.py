@@ -27,8 +27,8 @@ BM25 here is computed from the stored ``tsvector``s (term frequency from the pos
 document frequency and average length over the user's rows), with the query's terms OR-ed so a
 row need not contain every word of a question. Computed from the rows, that opens every row a
 common word matches (and its out-of-line tsvector), so recall's two default text legs read
-postings (user, word, row, term frequency, length) and statistics that triggers keep (sql/013),
-from index entries alone; the computation from the rows stays as ``exact=True``, the reference.
+postings (user, word, row, term frequency, length) that triggers keep (sql/013), from index
+entries alone; the computation from the rows stays as ``exact=True``, the reference.
 
 The vector legs scan a user's rows exactly when they have few (a few milliseconds, and exact);
 otherwise they ask the shared HNSW index with pgvector 0.8's iterative scan
@@ -161,7 +161,7 @@ def bm25_search(
     is searched together with its neighbours in the conversation (``context_tsv``, sql/006).
 
     Recall's two default legs (distillations, and exchanges in context, at the present moment)
-    read trigger-kept postings and statistics (sql/013) by index-only scans; ``exact``, and the
+    read trigger-kept postings (sql/013) by index-only scans; ``exact``, and the
     other legs, compute everything from the matching rows: the same top ``limit``, the reference
     the tests compare the postings with.
     """
@@ -174,42 +174,46 @@ def bm25_search(
     column = "context" if context else "content"
     if not exact and as_of is None and (table == "distillations" or context):
         leg, scope = ("distillations", embedding_model) if table == "distillations" else ("contexts", "")
-        return _bm25_from_postings(conn, leg=leg, user_id=user_id, scope=str(scope), query=query, limit=limit)
+        return _bm25_from_postings(conn, leg=leg, table=table, column=column, user_id=user_id, scope=str(scope),
+                                   query=query, limit=limit)
     statement = _BM25_SQL.format(table=table, where=_TABLES[table], tsv=f"{column}_tsv", terms=f"{column}_terms")
     rows = conn.execute(statement, {"text": query, "user": user_id, "model": embedding_model, "limit": limit,
                                     "k1": BM25_K1, "b": BM25_B, "as_of": as_of}).fetchall()
     return [LegHit(id=str(r[0]), score=float(r[1])) for r in rows]
 
 
-# BM25 of one leg of one user from its postings and statistics (sql/013): the same formula as
-# _BM25_SQL, with every number read from index entries instead of from the rows.
+# BM25 of one leg of one user from its postings (sql/013): the same formula as _BM25_SQL, the
+# corpus read the same way, each word's rows and document frequency from index entries instead
+# of from the rows.
 _BM25_POSTINGS_SQL: Final[str] = """
-WITH c AS MATERIALIZED (
-    SELECT rows::float8 AS n, CASE WHEN sized > 0 THEN total_terms::float8 / sized END AS avgdl
-    FROM bm25_corpus WHERE leg = %(leg)s AND user_id = %(user)s AND scope = %(scope)s
-), w AS MATERIALIZED (
-    SELECT t.lexeme, ln(1 + (c.n - t.df + 0.5) / (t.df + 0.5)) AS idf
-    FROM c, bm25_terms t
-    WHERE t.leg = %(leg)s AND t.user_id = %(user)s AND t.scope = %(scope)s AND t.df > 0
-      AND t.lexeme = ANY(array(SELECT DISTINCT lexeme FROM unnest(to_tsvector('english', %(text)s))))
+WITH corpus AS MATERIALIZED (
+    SELECT count(*)::float8 AS n, avg(t.{terms})::float8 AS avgdl
+    FROM {table} t WHERE {where}
+), hits AS MATERIALIZED (
+    SELECT p.row_id, p.lexeme, p.tf::float8 AS tf, p.dl::float8 AS dl
+    FROM bm25_postings p
+    WHERE p.leg = %(leg)s AND p.user_id = %(user)s AND p.scope = %(scope)s
+      AND p.lexeme = ANY(array(SELECT DISTINCT lexeme FROM unnest(to_tsvector('english', %(text)s))))
+), df AS (
+    SELECT lexeme, count(*)::float8 AS df FROM hits GROUP BY lexeme
 )
-SELECT p.row_id,
-       sum(w.idf * p.tf::float8 * (%(k1)s + 1)
-           / (p.tf::float8 + %(k1)s * (1 - %(b)s + %(b)s * p.dl::float8 / greatest(c.avgdl, 1)))) AS score
-FROM w JOIN bm25_postings p ON p.leg = %(leg)s AND p.user_id = %(user)s AND p.scope = %(scope)s
-                           AND p.lexeme = w.lexeme
-CROSS JOIN c
-GROUP BY p.row_id
-ORDER BY score DESC, p.row_id
+SELECT h.row_id,
+       sum(ln(1 + (c.n - f.df + 0.5) / (f.df + 0.5))
+           * h.tf * (%(k1)s + 1) / (h.tf + %(k1)s * (1 - %(b)s + %(b)s * h.dl / greatest(c.avgdl, 1)))) AS score
+FROM hits h JOIN df f USING (lexeme) CROSS JOIN corpus c
+GROUP BY h.row_id
+ORDER BY score DESC, h.row_id
 LIMIT %(limit)s
 """
 
 
-def _bm25_from_postings(conn: psycopg.Connection, *, leg: str, user_id: str, scope: str, query: str,
-                        limit: int) -> list[LegHit]:
-    """Top ``limit`` by BM25 from the postings: equal to the computation from the rows, no row read."""
-    rows = conn.execute(_BM25_POSTINGS_SQL, {"leg": leg, "user": user_id, "scope": scope, "text": query,
-                                            "limit": limit, "k1": BM25_K1, "b": BM25_B}).fetchall()
+def _bm25_from_postings(conn: psycopg.Connection, *, leg: str, table: str, column: str, user_id: str,
+                        scope: str, query: str, limit: int) -> list[LegHit]:
+    """Top ``limit`` by BM25 from the postings: equal to the computation from the rows, no row opened."""
+    statement = _BM25_POSTINGS_SQL.format(table=table, where=_TABLES[table], terms=f"{column}_terms")
+    rows = conn.execute(statement, {"leg": leg, "user": user_id, "scope": scope, "model": scope or None,
+                                    "as_of": None, "text": query, "limit": limit, "k1": BM25_K1,
+                                    "b": BM25_B}).fetchall()
     return [LegHit(id=str(r[0]), score=float(r[1])) for r in rows]
 
 
