@@ -84,6 +84,21 @@ _TABLES: Final[dict[str, str]] = {
                 "AND (%(as_of)s::timestamptz IS NULL OR t.occurred_at <= %(as_of)s)",
 }
 
+# Okapi BM25 over the query's `hits` (id, lexeme, tf, dl) in the user's `corpus` (n, avgdl): each
+# word's document frequency is the number of its hits. The tail of both BM25 queries below (it
+# closes their `hits` CTE).
+_BM25_SCORES_SQL: Final[str] = """), df AS (
+    SELECT lexeme, count(*)::float8 AS df FROM hits GROUP BY lexeme
+)
+SELECT h.id,
+       sum(ln(1 + (c.n - f.df + 0.5) / (f.df + 0.5))
+           * h.tf * (%(k1)s + 1) / (h.tf + %(k1)s * (1 - %(b)s + %(b)s * h.dl / greatest(c.avgdl, 1)))) AS score
+FROM hits h JOIN df f USING (lexeme) CROSS JOIN corpus c
+GROUP BY h.id
+ORDER BY score DESC, h.id
+LIMIT %(limit)s
+"""
+
 # Term frequencies come from the matched rows only, and from the query's lexemes only: setweight
 # marks the query's lexemes with weight A (to_tsvector gives every position the default D) and
 # ts_filter keeps just those, so a row unnests its few matching lexemes instead of all of them.
@@ -102,17 +117,7 @@ WITH q AS MATERIALIZED (
     FROM q, {table} t CROSS JOIN LATERAL unnest(ts_filter(setweight(t.{tsv}, 'A', q.lexemes), '{{a}}')) AS u
     WHERE {where}
       AND t.{tsv} @@ q.query
-), df AS (
-    SELECT lexeme, count(*)::float8 AS df FROM hits GROUP BY lexeme
-)
-SELECT h.id,
-       sum(ln(1 + (c.n - f.df + 0.5) / (f.df + 0.5))
-           * h.tf * (%(k1)s + 1) / (h.tf + %(k1)s * (1 - %(b)s + %(b)s * h.dl / greatest(c.avgdl, 1)))) AS score
-FROM hits h JOIN df f USING (lexeme) CROSS JOIN corpus c
-GROUP BY h.id
-ORDER BY score DESC, h.id
-LIMIT %(limit)s
-"""
+""" + _BM25_SCORES_SQL
 
 
 
@@ -190,21 +195,11 @@ WITH corpus AS MATERIALIZED (
     SELECT count(*)::float8 AS n, avg(t.{terms})::float8 AS avgdl
     FROM {table} t WHERE {where}
 ), hits AS MATERIALIZED (
-    SELECT p.row_id, p.lexeme, p.tf::float8 AS tf, p.dl::float8 AS dl
+    SELECT p.row_id AS id, p.lexeme, p.tf::float8 AS tf, p.dl::float8 AS dl
     FROM bm25_postings p
     WHERE p.leg = %(leg)s AND p.user_id = %(user)s AND p.scope = %(scope)s
       AND p.lexeme = ANY(array(SELECT DISTINCT lexeme FROM unnest(to_tsvector('english', %(text)s))))
-), df AS (
-    SELECT lexeme, count(*)::float8 AS df FROM hits GROUP BY lexeme
-)
-SELECT h.row_id,
-       sum(ln(1 + (c.n - f.df + 0.5) / (f.df + 0.5))
-           * h.tf * (%(k1)s + 1) / (h.tf + %(k1)s * (1 - %(b)s + %(b)s * h.dl / greatest(c.avgdl, 1)))) AS score
-FROM hits h JOIN df f USING (lexeme) CROSS JOIN corpus c
-GROUP BY h.row_id
-ORDER BY score DESC, h.row_id
-LIMIT %(limit)s
-"""
+""" + _BM25_SCORES_SQL
 
 
 def _bm25_from_postings(conn: psycopg.Connection, *, leg: str, table: str, column: str, user_id: str,
