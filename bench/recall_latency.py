@@ -182,7 +182,7 @@ def load(url: str, n: int, users: int, seed: int, corpus: RealisticCorpus | None
         # Exchange contexts (sql/006) are computed once after the load, not row by row by the
         # trigger: the same contexts (a test checks that the two agree), minutes sooner.
         conn.execute("ALTER TABLE memories DISABLE TRIGGER memories_context")
-        # Likewise BM25's statistics (sql/013): counted once after the load.
+        # Likewise BM25's postings (sql/013): written once after the load.
         for table, trigger in BM25_TRIGGERS:
             conn.execute(f"ALTER TABLE {table} DISABLE TRIGGER {trigger}")
         with conn.cursor() as cur:
@@ -348,8 +348,8 @@ def bench_legs(url: str, queries: list, params) -> dict:
                     if exact:
                         reference = (d_text, m_text)
                     else:
-                        pruned = (d_text, m_text)
-                same += all(_same_top(a, b) for a, b in zip(pruned, reference))
+                        postings = (d_text, m_text)
+                same += all(_same_top(a, b) for a, b in zip(postings, reference))
                 timed("cosine distillations", lambda: vector_search(
                     conn, table="distillations", user_id=user, query_embedding=vector, embedding_model=MODEL, limit=size))
                 m_vec = timed("cosine exchanges", lambda: vector_search(
