@@ -22,7 +22,7 @@ NOW = datetime(2026, 6, 1, tzinfo=timezone.utc)
 COMMON = ["like", "work", "today", "really", "home", "friend"]
 RARE = ["kayak", "sourdough", "violin", "lisbon", "peanut", "kitten", "marathon", "chess", "tomato", "tokyo",
         "bakery", "nurse", "guitar", "canal", "garden", "museum", "sister", "wedding", "vespa", "sari"]
-STATS = ("SELECT leg, user_id, scope, lexeme, row_id, tf, dl FROM bm25_postings ORDER BY 1, 2, 3, 4, 5",)
+POSTINGS = ("SELECT leg, user_id, scope, lexeme, row_id, tf, dl FROM bm25_postings ORDER BY 1, 2, 3, 4, 5",)
 
 
 def _sentence(rng: np.random.Generator) -> str:
@@ -44,15 +44,15 @@ def _seed(conn: psycopg.Connection, user_id: str, n: int, seed: int) -> list[tup
     return ids
 
 
-def _statistics(conn: psycopg.Connection) -> tuple[list]:
-    return tuple(conn.execute(sql).fetchall() for sql in STATS)  # type: ignore[return-value]
+def _postings(conn: psycopg.Connection) -> tuple[list]:
+    return tuple(conn.execute(sql).fetchall() for sql in POSTINGS)  # type: ignore[return-value]
 
 
-def _assert_statistics_equal_a_recount(conn: psycopg.Connection) -> None:
-    kept = _statistics(conn)
+def _assert_postings_equal_a_recount(conn: psycopg.Connection) -> None:
+    kept = _postings(conn)
     conn.execute("SAVEPOINT recount")
     conn.execute("SELECT yak_bm25_rebuild()")
-    recounted = _statistics(conn)
+    recounted = _postings(conn)
     conn.execute("ROLLBACK TO SAVEPOINT recount")
     assert kept == recounted
     assert all(kept)
@@ -107,10 +107,10 @@ def test_the_default_legs_read_index_entries_only(conn: psycopg.Connection) -> N
     assert all(scan.startswith("Index Only Scan") for scan in scans), plan
 
 
-def test_statistics_follow_every_kind_of_write(conn: psycopg.Connection) -> None:
+def test_postings_follow_every_kind_of_write(conn: psycopg.Connection) -> None:
     alice = _seed(conn, "alice", 30, seed=5)
     _seed(conn, "bob", 10, seed=6)
-    _assert_statistics_equal_a_recount(conn)
+    _assert_postings_equal_a_recount(conn)
     queries = ["kayak at work", "sourdough and violin", "friend home today"]
     memory, distillation = alice[0]
     for change in (
@@ -125,9 +125,9 @@ def test_statistics_follow_every_kind_of_write(conn: psycopg.Connection) -> None
         "UPDATE distillations SET status = 'merged' WHERE id = %(d3)s",
     ):
         conn.execute(change, {"d": distillation, "m": memory, "m2": alice[1][0], "d3": alice[2][1]})
-        _assert_statistics_equal_a_recount(conn)
+        _assert_postings_equal_a_recount(conn)
         _assert_postings_equal_rows(conn, "alice", queries, 10)
     conn.execute("TRUNCATE memories CASCADE")
-    assert _statistics(conn) == ([],)
+    assert _postings(conn) == ([],)
     _seed(conn, "alice", 5, seed=7)
-    _assert_statistics_equal_a_recount(conn)
+    _assert_postings_equal_a_recount(conn)
