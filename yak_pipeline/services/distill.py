@@ -27,7 +27,6 @@ from yak_pipeline.services.reports import StageReport
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.distillations import NewDistillation, insert_distillation, live_distillation_of, redistill
 from yak_pipeline.store.locking import lock_live_row
-from yak_pipeline.store.recall import set_exchange_embeddings
 from yak_pipeline.store.memories import (
     DISTIL_COLUMNS,
     mark_memory_distilled,
@@ -116,10 +115,8 @@ def _distill_one(job: DistillJob, memory_id: str) -> StageReport:
                       embedding_model=job.embedder.model_name, confidence=result.confidence, tier=result.tier,
                       prompt_version=job.prompt_version, schema_version=OUTPUT_SCHEMA_VERSION,
                       refreshed_at=occurred_at)
-        set_exchange_embeddings(conn, embedding_model=job.embedder.model_name,
-                                vectors={memory_id: exchange_embedding})
         record_distillation_latency(conn, (time.monotonic() - started) * 1000)
-        mark_memory_distilled(conn, memory_id)
+        mark_memory_distilled(conn, memory_id, embedding=exchange_embedding, embedding_model=job.embedder.model_name)
     report.rows_out += 1
     report.flagged += int(decision.needs_review)
     report.ids.append(str(distillation_id))
