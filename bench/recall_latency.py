@@ -333,7 +333,8 @@ def bench_legs(url: str, queries: list, params) -> dict:
         legs[name].append((time.perf_counter() - began) * 1000)
         return out
 
-    with Database(url, max_size=2) as db:
+    # Room for the spare connections recall's legs run on side by side (services.recall), as a server has.
+    with Database(url, max_size=2 + SPARE_LEG_CONNECTIONS) as db:
         for user, text, vector in queries:
             with db.connection() as conn:
                 # The legs from the postings and from the rows (the reference), alternating which goes first.
@@ -373,35 +374,41 @@ def bench_store(url: str, queries: list, limit: int, warmup: list) -> dict:
     from yak_pipeline.core.query_intent import asks_about_present
     from yak_pipeline.core.recall import rank_memories
     from yak_pipeline.recall_models import load_relevance_model
-    from yak_pipeline.services.recall import recall_params
+    from yak_pipeline.services.recall import SPARE_LEG_CONNECTIONS, recall_params
     from yak_pipeline.store.database import Database
     from yak_pipeline.store.recall import recall, recall_candidates
 
     params = recall_params(get_settings(), threshold=0.7, limit=limit)
     model = load_relevance_model(MODEL)
     progress(f"  relevance model {model.version}; leg size {params.leg_size}, limit {params.limit}")
-    with Database(url, max_size=2) as db:
+    # Room for the spare connections recall's legs run on side by side (services.recall), as a server has.
+    with Database(url, max_size=2 + SPARE_LEG_CONNECTIONS) as db:
         first = []
         for user, text, vector in warmup:
-            with db.connection() as conn:
+            with db.connection() as conn, db.idle_connections(SPARE_LEG_CONNECTIONS) as spare:
                 began = time.perf_counter()
                 recall(conn, user_id=user, query=text, query_embedding=vector, embedding_model=MODEL,
-                       params=params, model=model)
+                       params=params, model=model, spare=spare)
                 first.append((time.perf_counter() - began) * 1000)
         progress(f"  store: {len(warmup)} warm-up queries, p95 {latency_summary(first)['p95']} ms")
 
-        legs_ms, in_situ_ms, old_ms, new_ms = [], [], [], []
+        legs_ms, one_by_one_ms, in_situ_ms, old_ms, new_ms = [], [], [], [], []
         sql_old_ms, sql_new_ms, counts = [], [], []
         same_new = same_old = same_recall = 0
         for i, (user, text, vector) in enumerate(queries):
             now = datetime.now(timezone.utc)
-            with db.connection() as raw:
-                conn = _TimedConnection(raw)
-                began = time.perf_counter()
-                candidates = recall_candidates(conn, user_id=user, query=text, query_embedding=vector,  # type: ignore[arg-type]
-                                               embedding_model=MODEL, params=params)
-                legs_ms.append((time.perf_counter() - began) * 1000)
-                in_situ_ms.append(conn.candidate_ms)
+            # The legs as recall runs them (side by side on spare connections), and one after
+            # another on one connection; in alternating order, so that neither always finds the
+            # other's pages in the buffers.
+            for side_by_side in ((True, False) if i % 2 else (False, True)):
+                with db.connection() as raw, db.idle_connections(SPARE_LEG_CONNECTIONS if side_by_side else 0) as spare:
+                    conn = _TimedConnection(raw)
+                    began = time.perf_counter()
+                    candidates = recall_candidates(conn, user_id=user, query=text, query_embedding=vector,  # type: ignore[arg-type]
+                                                   embedding_model=MODEL, params=params, spare=spare)
+                    (legs_ms if side_by_side else one_by_one_ms).append((time.perf_counter() - began) * 1000)
+                    if side_by_side:
+                        in_situ_ms.append(conn.candidate_ms)
             counts.append(len(candidates))
             began = time.perf_counter()
             old = old_fuse(candidates, params, now)
@@ -440,6 +447,7 @@ def bench_store(url: str, queries: list, limit: int, warmup: list) -> dict:
     own_query = ([a - d + b for a, d, b in zip(legs_ms, sql_delta, old_ms)] if len(sql_delta) == n else [])
     return {
         "legs_and_candidates_ms": latency_summary(legs_ms),
+        "legs_one_after_another_ms": latency_summary(one_by_one_ms),
         "candidate_row_query_in_situ_ms": latency_summary(in_situ_ms),
         "old_fusion_ms": latency_summary(old_ms),
         "new_ranking_ms": latency_summary(new_ms),
@@ -553,6 +561,7 @@ def main(argv: list[str] | None = None) -> int:
     cands = store["candidates_per_query"]
     ab = [
         ("(a) legs + candidates: recall_candidates", _pcts(store["legs_and_candidates_ms"]), "", ""),
+        ("    the same, legs one after another (no spare connection)", _pcts(store["legs_one_after_another_ms"]), "", ""),
         ("    of which the candidate-row query (in situ)", _pcts(store["candidate_row_query_in_situ_ms"]), "", ""),
         *((f"    leg alone: {leg}", _pcts(lat) if isinstance(lat, dict) else str(lat), "", "")
           for leg, lat in store["legs_ms"].items()),

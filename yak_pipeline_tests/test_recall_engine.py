@@ -22,6 +22,7 @@ from yak_pipeline.store.distillations import add_version, mark_superseded_by_new
 from yak_pipeline.store.recall import (
     BM25_B,
     BM25_K1,
+    _run_legs,
     bm25_search,
     recall,
     recall_candidates,
@@ -371,3 +372,47 @@ def test_an_embedder_without_a_fitted_relevance_model_is_a_one_line_error(tmp_pa
     (user_models_dir(tmp_path) / model_file_name("nomic-embed-text")).write_text("{not json")
     with pytest.raises(ValueError, match="not a relevance model"):
         load_relevance_model("nomic-embed-text", home=tmp_path)
+
+
+# --- the legs side by side --------------------------------------------------------------------------
+
+
+def test_legs_side_by_side_give_what_one_after_another_gives(db_url: str) -> None:
+    with Database(db_url, min_size=5, max_size=5) as db:  # five open connections: four can be spare
+        with db.connection() as conn:
+            _seed(conn, "alice")
+            _seed(conn, "mallory", [("I adopted a kitten called Miso too.", "User adopted a kitten called Miso.")])
+        embed_pending_exchanges(db, EMBEDDER)
+        query = "Which pet did I adopt, and what is my sister's job?"
+        vector = EMBEDDER.embed_query(query)
+        params = RecallParams(threshold=0.5, limit=4)
+        with db.connection() as conn, db.idle_connections(4) as spare:
+            assert len(spare) == 4 and all(c is not conn for c in spare)
+            side_by_side = recall_candidates(conn, user_id="alice", query=query, query_embedding=vector,
+                                             embedding_model=MODEL, params=params, spare=spare)
+            one_by_one = recall_candidates(conn, user_id="alice", query=query, query_embedding=vector,
+                                           embedding_model=MODEL, params=params)
+            assert side_by_side and side_by_side == one_by_one
+            assert {c.id for c in side_by_side} <= {
+                str(r[0]) for r in conn.execute("SELECT id FROM distillations WHERE user_id = 'alice'")}
+            assert recall(conn, user_id="alice", query=query, query_embedding=vector, embedding_model=MODEL,
+                          params=params, model=FITTED, now=NOW, spare=spare[:1]) == recall(
+                conn, user_id="alice", query=query, query_embedding=vector, embedding_model=MODEL, params=params,
+                model=FITTED, now=NOW)
+
+
+def test_idle_connections_lends_only_what_is_free_and_a_failing_leg_fails_the_recall(db_url: str) -> None:
+    with Database(db_url, min_size=2, max_size=2) as db:
+        with db.connection() as conn:
+            with db.idle_connections(3) as spare:
+                assert len(spare) == 1  # the pool holds two; the caller has one
+                with db.idle_connections(2) as none_left:
+                    assert none_left == []  # never waits for a connection in use
+                results = _run_legs([conn, *spare], [lambda c: c.execute("SELECT 1").fetchone()[0],
+                                                      lambda c: c.execute("SELECT 2").fetchone()[0],
+                                                      lambda c: c.execute("SELECT 3").fetchone()[0]])
+                assert results == [1, 2, 3]  # in the legs' order, whichever connection ran each
+        with db.connection() as conn, db.idle_connections(1) as spare:
+            with pytest.raises(psycopg.errors.UndefinedColumn):
+                _run_legs([conn, *spare], [lambda c: c.execute("SELECT pg_sleep(0.05)"),
+                                           lambda c: c.execute("SELECT no_such_column")])

@@ -65,6 +65,11 @@ class RecallHit:
         return self.ranked.explain()
 
 
+# Recall's five legs run side by side on the request's connection and up to this many more that
+# the pool has free at that moment (none when it is busy: then one after another, as before).
+SPARE_LEG_CONNECTIONS = 4
+
+
 def recall_params(settings: Settings, *, threshold: float = 0.7, limit: int = 5) -> RecallParams:
     """Recall parameters: the request's threshold and limit, the configured scoring and search."""
     return RecallParams(threshold=threshold, limit=limit, half_life_days=settings.half_life_days,
@@ -99,8 +104,10 @@ def search_memories(
     """The user's best distillations for ``query``, best first; empty when nothing is relevant."""
     vector = embedder.embed_query(query)
     with db.connection() as conn:
-        ranked = recall(conn, user_id=user_id, query=query, query_embedding=vector,
-                        embedding_model=embedder.model_name, params=params, model=model, now=now, as_of=as_of)
+        with db.idle_connections(SPARE_LEG_CONNECTIONS) as spare:
+            ranked = recall(conn, user_id=user_id, query=query, query_embedding=vector,
+                            embedding_model=embedder.model_name, params=params, model=model, now=now, as_of=as_of,
+                            spare=spare)
         if not ranked:
             return []
         by_id = recall_hit_rows(conn, [r.id for r in ranked])

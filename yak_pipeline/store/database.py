@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from urllib.parse import urlsplit, urlunsplit
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import psycopg
 from psycopg import sql
@@ -17,6 +17,8 @@ from yak_pipeline.store.errors import DatabaseUnavailable, PgvectorMissing
 
 CONNECT_TIMEOUT_SECONDS = 5
 POOL_WAIT_SECONDS = 10
+# How long idle_connections waits for each connection: long enough for a free one, not for one in use.
+_IDLE_WAIT_SECONDS = 0.002
 
 
 def redact_url(url: str) -> str:
@@ -164,3 +166,21 @@ class Database:
                 yield conn
         except (psycopg.OperationalError, PoolTimeout) as exc:
             raise DatabaseUnavailable(f"database connection lost: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from exc
+
+    @contextmanager
+    def idle_connections(self, wanted: int) -> Iterator[list[psycopg.Connection]]:
+        """Up to ``wanted`` more pooled connections that are free now: fewer, or none, when the pool is busy.
+
+        For work that can use more connections but needs none (recall's legs side by side): it
+        never waits for a connection another caller will give back, so a busy pool only makes it
+        run on the one it has. Each asks the pool with a very short timeout, which also lets a
+        pool below its maximum open another connection for the next caller.
+        """
+        with ExitStack() as stack:
+            spare: list[psycopg.Connection] = []
+            for _ in range(max(wanted, 0)):
+                try:
+                    spare.append(stack.enter_context(self._pool.connection(timeout=_IDLE_WAIT_SECONDS)))
+                except PoolTimeout:
+                    break
+            yield spare
