@@ -134,6 +134,11 @@ class Settings(BaseSettings):
     proxy_recall_limit: int = Field(
         default=5, ge=0, le=50, description="Most memories the memory proxy puts in a prompt's block (0: recall nothing, still store turns)."
     )
+    proxy_follow_up_words: int = Field(
+        default=8, ge=0, le=200,
+        description="A last user message of at most this many words (a follow-up such as 'and her birthday?') is also "
+                    "recalled for read after the user's previous message; 0: only the last message.",
+    )
     dagster_ui_url: str = Field(
         default="http://127.0.0.1:3000",
         description="The Dagster UI the web page (/ui) links to for runs and lineage; `yak up` sets it to the one it starts.",

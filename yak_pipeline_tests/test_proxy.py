@@ -129,6 +129,26 @@ def test_block_sits_before_the_last_user_message_and_the_turn_is_stored(
     assert sample(metrics, "yak_proxy_memories_injected_total") == len(recalled)
 
 
+def test_a_short_follow_up_is_recalled_for_with_the_message_before_it(
+        upstream: FakeOpenAIServer, seeded: Seeded, proxy_settings: Settings, database: Database) -> None:  # noqa: F811
+    # "Remind me?" names nothing a memory holds (relevance 0.46 with the hashing embedder, under
+    # the gate at t = 0.6); read after the message before it, which names the locker, 0.67.
+    follow_up = [{"role": "user", "content": "I'm at the gym locker again."},
+                 {"role": "assistant", "content": "Good luck with the workout."},
+                 {"role": "user", "content": "Remind me?"}]
+    for words, recalled in ((8, True), (0, False)):
+        configured = proxy_settings.model_copy(update={"proxy_recall_threshold": 0.6, "proxy_follow_up_words": words})
+        with serve_in_thread(create_app(configured, database=database)) as url:
+            client(url, seeded.alice_key).chat.completions.create(model="fake-model", messages=follow_up)
+        sent = upstream.chat_requests[-1].body["messages"]
+        if recalled:
+            assert sent[:2] == follow_up[:2] and sent[3] == follow_up[2] and sent[2]["content"].startswith(BLOCK_OPEN)
+            assert f"The user's locker code is {seeded.alice.secret}." in sent[2]["content"]
+            assert seeded.bob.secret not in sent[2]["content"]
+        else:
+            assert sent == follow_up  # "Remind me?" alone: nothing relevant, no block
+
+
 def test_a_stream_is_relayed_byte_for_byte_and_its_full_answer_stored(
         yak_url: str, upstream: FakeOpenAIServer, seeded: Seeded, database: Database) -> None:  # noqa: F811
     raw = httpx.post(f"{yak_url}/v1/chat/completions", headers={"Authorization": f"Bearer {seeded.alice_key}"},

@@ -36,14 +36,15 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
 import anyio.to_thread
 import httpx
 
-from yak_pipeline.core.exchanges import MAX_RECALL_QUERY_CHARS, turn_refusal
+from yak_pipeline.core.conversation_query import recall_queries
+from yak_pipeline.core.exchanges import turn_refusal
 from yak_pipeline.core.forget import ForgetCommandError, parse_forget_command, parse_forget_confirmation
 from yak_pipeline.core.memory_block import insert_memory_block
 from yak_pipeline.core.types import InvalidUserId, validate_user_id
@@ -121,6 +122,8 @@ class ChatRequest:
     stream: bool
     # The last message's text when the chat ends with a user message, else None (nothing to recall for).
     user_text: str | None
+    # The texts recall looks for when the chat ends with a user message (core.conversation_query).
+    recall_texts: tuple[str, ...]
     # Whether a turn can be stored at full fidelity: text-only last user message, one choice.
     storable: bool
 
@@ -145,7 +148,7 @@ def _refuse_constant(name: str) -> float:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def parse_chat_request(raw: bytes) -> ChatRequest:
+def parse_chat_request(raw: bytes, *, follow_up_words: int = 0) -> ChatRequest:
     """Check a chat-completions body as far as Yak reads it; raises :class:`ProxyError` (400) saying what is wrong."""
     try:
         body = json.loads(raw, parse_constant=_refuse_constant)
@@ -171,7 +174,11 @@ def parse_chat_request(raw: bytes) -> ChatRequest:
     text, text_only = _text_of(last.get("content")) if last["role"] == "user" else (None, False)
     choices = body.get("n")
     storable = text is not None and text_only and choices in (None, 1)
-    return ChatRequest(body=body, stream=stream, user_text=text, storable=storable)
+    recall_texts: list[str] = []
+    if text is not None:
+        earlier = [_text_of(m.get("content"))[0] for m in messages[:-1] if m["role"] == "user"]
+        recall_texts = recall_queries([t for t in earlier if t is not None] + [text], follow_up_words=follow_up_words)
+    return ChatRequest(body=body, stream=stream, user_text=text, recall_texts=tuple(recall_texts), storable=storable)
 
 
 def resolve_user(key_user: str | None, body: Mapping[str, Any]) -> str:
@@ -409,17 +416,16 @@ class MemoryProxy:
 
     # -- memory
 
-    def _recall(self, user_id: str, query: str) -> tuple[str, list[str]]:
-        """The block and recalled ids for ``query``; ``("", [])`` and a counted degradation when recall fails."""
+    def _recall(self, user_id: str, queries: Sequence[str]) -> tuple[str, list[str]]:
+        """The block and recalled ids for ``queries`` (``recall_queries``: the last message first);
+        ``("", [])`` and a counted degradation when recall fails."""
         started = time.perf_counter()
         try:
             database, embedder = self._database(), self._embedder()
             params = recall_params(self.settings, threshold=self.settings.proxy_recall_threshold,
                                    limit=self.settings.proxy_recall_limit)
-            # A pasted document's question is usually at its end; /api/context takes as much.
-            query = query[-MAX_RECALL_QUERY_CHARS:]
-            block, built = build_context(database, embedder, user_id=user_id, query=query, params=params,
-                                         model=relevance_model(self.settings, embedder))
+            block, built = build_context(database, embedder, user_id=user_id, query=queries[0], also=queries[1:],
+                                         params=params, model=relevance_model(self.settings, embedder))
             error = built.recall_error
         except Exception as exc:  # noqa: BLE001 - no memories is better than no answer
             block, built, error = "", None, f"{type(exc).__name__}: {one_line(exc, _MAX_MESSAGE_CHARS)}"
@@ -477,7 +483,7 @@ class MemoryProxy:
 
     async def chat_completions(self, raw: bytes, *, key_user: str | None, actor: str) -> ProxyAnswer | ProxyStream:
         """One chat completion through the proxy (module docstring); raises :class:`ProxyError` for the client."""
-        chat = parse_chat_request(raw)
+        chat = parse_chat_request(raw, follow_up_words=self.settings.proxy_follow_up_words)
         user_id = resolve_user(key_user, chat.body)
         if chat.user_text is not None and self._looks_like_forget(chat.user_text):
             text = await anyio.to_thread.run_sync(lambda: self._forget(user_id=user_id, text=chat.user_text,
@@ -486,8 +492,8 @@ class MemoryProxy:
             return yak_answer(text or "", body=chat.body, stream=chat.stream)
         base_url, headers = self._upstream()
         block, recalled_ids = "", []
-        if chat.user_text is not None and self.settings.proxy_recall_limit > 0:
-            block, recalled_ids = await anyio.to_thread.run_sync(self._recall, user_id, chat.user_text)
+        if chat.recall_texts and self.settings.proxy_recall_limit > 0:
+            block, recalled_ids = await anyio.to_thread.run_sync(self._recall, user_id, chat.recall_texts)
         # Only the messages change; every other field goes upstream as the client sent it.
         forwarded = {**chat.body, "messages": insert_memory_block(chat.body["messages"], block)}
         request = self._http().build_request("POST", f"{base_url}/chat/completions", headers=headers,

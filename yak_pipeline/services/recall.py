@@ -11,7 +11,7 @@ distillation's vector only.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
@@ -147,15 +147,27 @@ def build_context(
     system_prompt: str = "",
     now: datetime | None = None,
     as_of: datetime | None = None,
+    also: Sequence[str] = (),
 ) -> tuple[str, PromptBuild]:
     """The memory block for ``query`` and the prompt messages around it; recall failures degrade.
 
-    If recall fails (database down, embedder broken) the prompt is still built, without memories,
-    and ``PromptBuild.recall_error`` says why.
+    ``also``: more texts recalled for besides ``query`` (the proxy's follow-up read with the
+    message before it, ``core.conversation_query``). They only add: ``query``'s memories keep
+    their places, then come those only the others found, best score first, up to
+    ``params.limit``. If recall fails (database down, embedder broken) the prompt is still built,
+    without memories, and ``PromptBuild.recall_error`` says why.
     """
     def _recall() -> list[BlockMemory]:
         hits = search_memories(db, embedder, user_id=user_id, query=query, params=params, model=model, now=now,
                                as_of=as_of)
+        found = {h.id for h in hits}
+        added: dict[str, RecallHit] = {}
+        for text in also if len(hits) < params.limit else ():  # a full block has no room for more
+            for hit in search_memories(db, embedder, user_id=user_id, query=text, params=params, model=model,
+                                       now=now, as_of=as_of):
+                if hit.id not in found and (hit.id not in added or hit.score > added[hit.id].score):
+                    added[hit.id] = hit
+        hits += sorted(added.values(), key=lambda h: h.score, reverse=True)[:max(params.limit - len(hits), 0)]
         return [BlockMemory(id=h.id, content=h.content, tier=h.tier, occurred_at=h.occurred_at,
                             superseded=h.superseded_by is not None, in_conflict=h.in_conflict) for h in hits]
 
