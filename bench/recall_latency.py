@@ -333,8 +333,7 @@ def bench_legs(url: str, queries: list, params) -> dict:
         legs[name].append((time.perf_counter() - began) * 1000)
         return out
 
-    # Room for the spare connections recall's legs run on side by side (services.recall), as a server has.
-    with Database(url, max_size=2 + SPARE_LEG_CONNECTIONS) as db:
+    with Database(url, max_size=2) as db:
         for user, text, vector in queries:
             with db.connection() as conn:
                 # The legs from the postings and from the rows (the reference), alternating which goes first.
