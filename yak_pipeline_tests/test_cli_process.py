@@ -6,11 +6,13 @@ import json
 import os
 import subprocess
 import sys
+from datetime import datetime, timezone
 from pathlib import Path
 
 import psycopg
 
 from yak_pipeline.store.database import connect
+from yak_pipeline_tests.store_helpers import seed_memory_with_distillation
 
 USERS = {"alice": ["I live in Lisbon with my husband Marco.", "I work as a nurse at the Santa Maria hospital.",
                    "I love hiking in Sintra on weekends.", "My sister Ana is visiting next week.",
@@ -49,7 +51,10 @@ def test_process_distils_two_users_and_quarantines_a_malformed_file(db_url: str,
     report = json.loads(result.stdout)
     assert report["assets"]["distillations"]["rows_out"] == 20
     assert report["assets"]["raw_exchanges"]["rows_in"] == 20
-    assert {(p["user"], p["success"]) for p in report["partitions"]} == {("alice", True), ("bob", True)}
+    # One run per user over both of their days, not one per day.
+    assert sorted((p["user"], p["success"], p["date"], p["last_date"], p["days_with_work"])
+                  for p in report["partitions"]) == [("alice", True, "2026-11-18", "2026-11-19", 2),
+                                                     ("bob", True, "2026-11-18", "2026-11-19", 2)]
 
     with connect(db_url) as conn:
         per_user = dict(conn.execute("SELECT user_id, count(*) FROM distillations GROUP BY 1").fetchall())
@@ -109,3 +114,31 @@ def test_db_migrate_twice_and_status_lists_every_table(pg_server_url: str, tmp_p
             assert conn.execute("SELECT value FROM yak_meta WHERE key = 'embedding_dim'").fetchone()[0] == "384"
     finally:
         drop_database(pg_server_url, name)
+
+
+def test_a_range_whose_quality_check_fails_runs_again_day_by_day(db_url: str, tmp_path: Path) -> None:
+    drop = tmp_path / "drop"
+    drop.mkdir()
+    lines = [json.dumps({"user_id": "alice", "user": text, "assistant": "Noted.",
+                         "occurred_at": f"2026-11-{18 + i % 2}T10:{i:02d}:00Z"})
+             for i, text in enumerate(USERS["alice"][:4])]
+    (drop / "history.jsonl").write_text("\n".join(lines) + "\n")
+    with connect(db_url) as conn:  # a row only the quality gate catches, on the 18th
+        _, bad = seed_memory_with_distillation(conn, user_id="alice", exchange="User: hi\nAssistant: hello",
+                                               distillation="User said hi.",
+                                               occurred_at=datetime(2026, 11, 18, 9, tzinfo=timezone.utc))
+        conn.execute("UPDATE distillations SET content = 'One. Two. Three. Four. Five. Six.', prompt_version = 'v1' "
+                     "WHERE id = %s", (bad,))
+
+    result = _yak(["process", "--json"], _env(db_url, tmp_path))
+    report = json.loads(result.stdout)
+    assert result.returncode == 1  # a failed day fails the command
+    assert sorted((p["date"], p["last_date"], p["success"], p["failed_checks"]) for p in report["partitions"]) == [
+        ("2026-11-18", "2026-11-18", False, ["distillation_quality"]), ("2026-11-19", "2026-11-19", True, [])]
+    # Counted once: the range's own figures, then the downstream steps of the day that passed.
+    assert report["assets"]["raw_exchanges"]["rows_in"] == 5 and report["assets"]["distillations"]["rows_out"] == 4
+    with connect(db_url) as conn:
+        checked = dict(conn.execute(
+            """SELECT (m.occurred_at AT TIME ZONE 'UTC')::date::text, bool_and(d.conflict_checked_at IS NOT NULL)
+               FROM distillations d JOIN memories m ON m.id = d.memory_id GROUP BY 1""").fetchall())
+    assert checked == {"2026-11-18": False, "2026-11-19": True}  # the failing day is held back

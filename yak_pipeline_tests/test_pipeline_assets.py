@@ -12,12 +12,21 @@ import time
 from datetime import date, datetime, timezone
 from typing import Any
 
+import dagster as dg
 import pytest
 
 from yak_pipeline.defs.distillations.assets import distillations
+from yak_pipeline.defs.partitions import (
+    RANGE_END_TAG,
+    RANGE_START_TAG,
+    add_missing_partitions,
+    partition_key,
+    user_day_ranges,
+)
 from yak_pipeline.defs.scores.assets import conflict_scores, distillation_versions, warmth
 from yak_pipeline.settings import Settings, get_settings
 from yak_pipeline.store.database import Database
+from yak_pipeline.store.distillations import partition_gate_passed
 from yak_pipeline.store.turns import insert_turn
 from yak_pipeline_tests.fake_openai import FakeOpenAIServer, Reply, rules_replier
 from yak_pipeline_tests.pipeline_helpers import (
@@ -25,6 +34,7 @@ from yak_pipeline_tests.pipeline_helpers import (
     MEMORY_ASSETS,
     NEXT_DAY,
     add_exchange,
+    at,
     fetch_all,
     fetch_one,
     materialization_metadata,
@@ -319,6 +329,43 @@ def test_failing_quality_gate_skips_downstream_and_holds_later_runs_back(
     assert "held_back_by_quality_gate" not in conflicts and conflicts["rows_in"] == 1
     assert fetch_one(database, "SELECT conflict_checked_at IS NOT NULL AND dedup_checked_at IS NOT NULL "
                                "FROM distillations WHERE id = %s", (new_id,))[0]
+
+
+def test_a_range_run_works_each_day_keeps_each_days_verdict_and_holds_back_only_the_failing_day(
+        settings: Settings, database: Database) -> None:
+    days = [date(2026, 3, 16), date(2026, 3, 14), date(2026, 3, 15)]  # the order they reach the instance
+    for when in days:
+        add_exchange(database, "alice", f"I visited a new museum on {when:%B %d}.", when)
+    add_exchange(database, "bob", "I visited a museum too.", date(2026, 3, 15))
+    with database.connection() as conn:  # a row only the gate catches, on the 14th
+        _, bad = seed_memory_with_distillation(conn, user_id="alice", exchange="User: hi\nAssistant: hello",
+                                               distillation="User said hi.", occurred_at=at(date(2026, 3, 14), 9))
+        conn.execute("UPDATE distillations SET content = 'One. Two. Three. Four. Five. Six.', prompt_version = 'v1' "
+                     "WHERE id = %s", (bad,))
+    instance = new_instance("alice", "bob")
+    for when in days:  # one at a time, as days reach a running instance (imported history after recent days)
+        add_missing_partitions(instance, [("alice", when)])
+    assert user_day_ranges([("alice", when) for when in days], instance.get_dynamic_partitions("days")) == [
+        ("alice", days)]  # ends: the first and last day added, not the calendar's
+    resources = pipeline_resources(settings)
+    tags = {RANGE_START_TAG: str(partition_key("alice", days[0])), RANGE_END_TAG: str(partition_key("alice", days[-1]))}
+
+    ranged = dg.materialize(MEMORY_ASSETS, resources=resources, instance=instance, raise_on_error=False, tags=tags)
+
+    # Alice's three days and nobody else's: bob's exchange on the 15th is still pending.
+    assert {str(e.event_specific_data.materialization.partition) for e in ranged.get_asset_materialization_events()} \
+        == {f"{when}|alice" for when in days}
+    assert fetch_one(database, "SELECT count(*) FROM memories WHERE user_id = 'alice' AND status = 'distilled'")[0] == 4
+    assert fetch_one(database, "SELECT status FROM memories WHERE user_id = 'bob'")[0] == "pending"
+    [evaluation] = ranged.get_asset_check_evaluations()
+    assert not evaluation.passed and evaluation.metadata["failing_partitions"].value == "2026-03-14|alice"
+    with database.connection() as conn:
+        assert [partition_gate_passed(conn, user_id="alice", day=when) for when in days] == [True, False, True]
+    # The downstream steps over the same range: the failing day is held back, the others go on.
+    later = dg.materialize([conflict_scores, distillation_versions], resources=resources, instance=instance,
+                           raise_on_error=False, tags=tags)
+    conflicts = materialization_metadata(later, "conflict_scores")
+    assert later.success and conflicts["partitions_held_back_by_quality_gate"] == 1 and conflicts["rows_in"] == 2
 
 
 # --- conflicts and near-duplicates ---------------------------------------------------------------

@@ -66,15 +66,25 @@ def run_pending_work(settings: Settings, *, user_id: str | None, day: date | Non
                      progress: bool = True) -> dict:
     """Materialize every partition with ready drop files, pending memories or turns, in-process.
 
-    As the daemon's runs do, each partition's ``raw_exchanges`` stores the drop files holding its
-    exchanges (named in the run's ``yak/drop_files`` tag); files holding nothing to store are
-    finished by the discovery.
+    Each user's pending days run as one range per ``defs.partitions.user_day_ranges`` (one run, not one per
+    day: the run's start-up, its embedding batches and its quality check are shared). A range
+    whose quality check fails runs again day by day, so that the days that pass go on to
+    conflict scoring and merging and the failing ones are named. As the daemon's runs do, the
+    ``raw_exchanges`` of a run stores the drop files holding its exchanges (named in the run's
+    ``yak/drop_files`` tag); files holding nothing to store are finished by the discovery.
     """
     import dagster as dg
 
     from yak_pipeline.definitions import ASSETS, CHECKS, defs
     from yak_pipeline.defs.exchanges.assets import DROP_FILES_TAG
-    from yak_pipeline.defs.partitions import add_missing_partitions, partition_key
+    from yak_pipeline.defs.partitions import (
+        RANGE_END_TAG,
+        RANGE_START_TAG,
+        add_missing_partitions,
+        days_partitions,
+        partition_key,
+        user_day_ranges,
+    )
     from yak_pipeline.services.discovery import discover_work
     from yak_pipeline.wiring import shared_database
 
@@ -83,6 +93,7 @@ def run_pending_work(settings: Settings, *, user_id: str | None, day: date | Non
     instance = dagster_instance(settings)
     add_partitions_with_data(instance, db)
     add_missing_partitions(instance, found.drop_files)  # days whose exchanges are still in drop files
+    days = instance.get_dynamic_partitions(days_partitions.name)
     resources = defs.resources
     memory_assets = [a for a in ASSETS if a.key.to_user_string() != "warmth"]
     warmth_assets = [a for a in ASSETS if a.key.to_user_string() == "warmth"]
@@ -90,28 +101,51 @@ def run_pending_work(settings: Settings, *, user_id: str | None, day: date | Non
     partitions_done: list[dict] = []
     failed_runs = 0
     files = [vars(f) for f in found.claimed.files]
-    work = [("memories", key, memory_assets + CHECKS) for key in sorted(found.memory_partitions, key=lambda k: (k[1], k[0]))]
-    work += [("turns", key, warmth_assets) for key in sorted(found.turn_partitions, key=lambda k: (k[1], k[0]))]
-    for index, (kind, (user, when), assets) in enumerate(work, start=1):
+    # (kind, user, days, assets, assets whose figures a range already counted)
+    work = [("memories", user, run_days, memory_assets + CHECKS, frozenset())
+            for user, run_days in user_day_ranges(found.memory_partitions, days)]
+    work += [("turns", user, run_days, warmth_assets, frozenset())
+             for user, run_days in user_day_ranges(found.turn_partitions, days)]
+    index = 0
+    while index < len(work):
+        kind, user, run_days, assets, counted = work[index]
+        index += 1
         started = time.monotonic()
-        tags = {"yak/trigger": "yak-process"}
-        if kind == "memories" and (user, when) in found.drop_files:
-            tags[DROP_FILES_TAG] = json.dumps(found.drop_files[(user, when)])
-        result = dg.materialize(assets, resources=resources, partition_key=partition_key(user, when),
-                                instance=instance, raise_on_error=False, tags=tags)
+        first, last = partition_key(user, run_days[0]), partition_key(user, run_days[-1])
+        tags = {"yak/trigger": "yak-process", RANGE_START_TAG: str(first), RANGE_END_TAG: str(last)}
+        named = sorted({name for when in run_days for name in found.drop_files.get((user, when), [])})
+        if kind == "memories" and named:
+            tags[DROP_FILES_TAG] = json.dumps(named)
+        result = dg.materialize(assets, resources=resources, instance=instance, raise_on_error=False, tags=tags)
+        check_failed = [e.check_name for e in result.get_asset_check_evaluations() if not e.passed]
+        materialized: set[str] = set()
         for event in result.get_asset_materialization_events():
             materialization = event.event_specific_data.materialization
-            _sum_metadata(totals, materialization.asset_key.to_user_string(), materialization.metadata)
+            asset = materialization.asset_key.to_user_string()
+            if materialization.partition not in (None, str(first)) or asset in counted:
+                continue  # a range records one materialization per day, each with the range's figures
+            materialized.add(asset)
+            _sum_metadata(totals, asset, materialization.metadata)
             claimed = materialization.metadata.get("drop_files")
             files += getattr(claimed, "value", None) or []
-        check_failed = [e.check_name for e in result.get_asset_check_evaluations() if not e.passed]
+        if check_failed and len(run_days) > 1:
+            # Its days' distillations are stored; day by day, the ones that pass go on.
+            work[index:index] = [(kind, user, [when], assets, frozenset(materialized)) for when in run_days]
+            if progress:
+                console.print(f"{kind} {user} {run_days[0]} … {run_days[-1]}: quality check failed, "
+                              "running its days one by one")
+            continue
         if not result.success:
             failed_runs += 1
-        partitions_done.append({"kind": kind, "user": user, "date": when.isoformat(), "success": result.success,
-                                "failed_checks": check_failed, "seconds": round(time.monotonic() - started, 2)})
+        partitions_done.append({"kind": kind, "user": user, "date": run_days[0].isoformat(),
+                                "last_date": run_days[-1].isoformat(), "days_with_work": len(run_days),
+                                "success": result.success, "failed_checks": check_failed,
+                                "seconds": round(time.monotonic() - started, 2)})
         if progress:
             state = "ok" if result.success and not check_failed else f"FAILED {' '.join(check_failed)}".strip()
-            console.print(f"[{index}/{len(work)}] {kind} {user} {when}: {state} ({time.monotonic() - started:.1f}s)")
+            span = str(run_days[0]) if len(run_days) == 1 else f"{run_days[0]} … {run_days[-1]} ({len(run_days)} days)"
+            console.print(f"[{len(partitions_done)}/{len(partitions_done) + len(work) - index}] {kind} {user} {span}: "
+                          f"{state} ({time.monotonic() - started:.1f}s)")
     return {
         "files": files,
         "partitions": partitions_done,

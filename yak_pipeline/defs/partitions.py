@@ -10,7 +10,7 @@ backfill can pick any of them. Keys are unchanged (``2026-01-02|alice``).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import date
 
 import dagster as dg
@@ -59,3 +59,52 @@ def partition_parts(key: str | dg.MultiPartitionKey) -> tuple[str, date]:
         return user_id, date.fromisoformat(day_text)
     dims = key.keys_by_dimension
     return dims[USER_DIMENSION], date.fromisoformat(dims[DATE_DIMENSION])
+
+
+def run_partitions(context: dg.AssetExecutionContext | dg.AssetCheckExecutionContext) -> list[tuple[str, date]]:
+    """``(user_id, day)`` of every partition the run covers: one, or a range's (``yak process`` runs
+    each user's pending days as one range, e.g. ``2026-01-02|alice`` … ``2026-03-01|alice``: a
+    range of a two-dimensional key holds just those users and days)."""
+    return [partition_parts(key) for key in context.partition_keys]
+
+
+def partitions_label(context: dg.AssetExecutionContext | dg.AssetCheckExecutionContext) -> str:
+    """The run's partition key, or its range's first and last keys, for messages and alerts."""
+    if context.has_partition_key_range:
+        keys = context.partition_key_range
+        if keys.start != keys.end:
+            return f"{keys.start} … {keys.end}"
+    return str(context.partition_key)
+
+
+# The tags Dagster gives a run over a range of partitions (a single-run backfill's).
+RANGE_START_TAG = "dagster/asset_partition_range_start"
+RANGE_END_TAG = "dagster/asset_partition_range_end"
+# A user's pending days share a run unless two of them lie more than this many days apart in the
+# day dimension: every day of a range is materialized (those without work cheaply), and a run
+# costs about a second of start-up.
+MAX_IDLE_DAYS_IN_A_RUN = 7
+
+
+def user_day_ranges(keys: Iterable[tuple[str, date]], days: Sequence[str]) -> list[tuple[str, list[date]]]:
+    """Each user's pending days as runs: ``(user, days)``, the first and last day of a run its range's ends.
+
+    ``days`` is the instance's day dimension in its own order — the order days were added, not
+    the calendar's (imported history arrives after recent days) — and a range covers every day
+    between its ends in that order. A new run starts where more than
+    :data:`MAX_IDLE_DAYS_IN_A_RUN` days lie between two pending ones.
+    """
+    position = {day: index for index, day in enumerate(days)}
+    by_user: dict[str, list[date]] = {}
+    for user, when in keys:
+        by_user.setdefault(user, []).append(when)
+    ranges: list[tuple[str, list[date]]] = []
+    for user in sorted(by_user):
+        current: list[date] = []
+        for when in sorted(set(by_user[user]), key=lambda d: position[d.isoformat()]):
+            if current and position[when.isoformat()] - position[current[-1].isoformat()] > MAX_IDLE_DAYS_IN_A_RUN:
+                ranges.append((user, current))
+                current = []
+            current.append(when)
+        ranges.append((user, current))
+    return ranges

@@ -4,7 +4,7 @@ import dagster as dg
 from pydantic import Field
 
 from yak_pipeline.defs.exchanges.assets import raw_exchanges
-from yak_pipeline.defs.partitions import exchange_partitions, partition_parts
+from yak_pipeline.defs.partitions import exchange_partitions, partitions_label, run_partitions
 from yak_pipeline.defs.resources import AlertsResource, EmbedderResource, LLMResource, PostgresResource
 from yak_pipeline.services.distill import DistillJob, distill_memories, partition_memory_ids
 
@@ -33,14 +33,16 @@ def distillations(
     review; < 0.6 → review only, never recalled. A memory whose distillation fails stays
     ``pending`` with its error recorded and an alert, and the next run retries it.
     """
-    user_id, day = partition_parts(context.partition_key)
     settings = llm.settings()
-    with alerts.database_guard(f"distilling {context.partition_key}"):
+    with alerts.database_guard(f"distilling {partitions_label(context)}"):
         job = DistillJob(db=postgres.database(), llm=llm.provider(), embedder=embedder.embedder(),
                          prompt_version=settings.prompt_version, alerter=alerts.alerter())
-        memory_ids = partition_memory_ids(job.db, user_id=user_id, day=day,
-                                          include_outdated=config.redistill_outdated,
-                                          prompt_version=settings.prompt_version)
+        # A range's memories go through one call: its workers, embedding batches and context
+        # vectors are shared by all its days.
+        memory_ids = [memory_id for user_id, day in run_partitions(context)
+                      for memory_id in partition_memory_ids(job.db, user_id=user_id, day=day,
+                                                            include_outdated=config.redistill_outdated,
+                                                            prompt_version=settings.prompt_version)]
         report = distill_memories(job, memory_ids, concurrency=llm.max_concurrency())
     if report.failed:
         context.log.warning("%d of %d memories failed to distil and stay pending: %s", report.failed,

@@ -3,7 +3,7 @@
 import dagster as dg
 
 from yak_pipeline.defs.distillations.assets import distillations
-from yak_pipeline.defs.partitions import exchange_partitions, partition_parts
+from yak_pipeline.defs.partitions import exchange_partitions, run_partitions
 from yak_pipeline.defs.resources import EmbedderResource, PostgresResource
 from yak_pipeline.services.quality import validate_distillations
 from yak_pipeline.store.distillations import partition_distillations, record_partition_gate
@@ -18,15 +18,25 @@ def distillation_quality(
     """Confidence in [0, 1]; tier in core/medium/low; 1–4 sentences; an embedding of the right
     size; no active row under the 0.6 gate. A failure stops this run's downstream steps, and the
     verdict is stored so later runs hold back conflict scoring and merges for the partition too.
+
+    A run over a range of days stores each day's verdict and passes when every day passes. Every
+    expectation is about single rows, so the range's rows are validated together first (one
+    validation, not one per day) and day by day only when that finds a failure.
     """
-    user_id, day = partition_parts(context.partition_key)
     dimensions = embedder.embedder().dimensions
     with postgres.database().connection() as conn:
-        rows = partition_distillations(conn, user_id=user_id, day=day)
-        outcome = validate_distillations(rows, dimensions=dimensions)
-        record_partition_gate(conn, user_id=user_id, day=day, passed=outcome.passed, failures=outcome.failures)
-    return dg.AssetCheckResult(
-        passed=outcome.passed,
-        severity=dg.AssetCheckSeverity.ERROR,
-        metadata={"rows": outcome.rows, "failures": "; ".join(outcome.failures) or "none"},
-    )
+        rows_by_day = {key: partition_distillations(conn, user_id=key[0], day=key[1])
+                       for key in run_partitions(context)}
+        outcome = validate_distillations([row for rows in rows_by_day.values() for row in rows], dimensions=dimensions)
+        failing: list[str] = []
+        for (user_id, day), rows in rows_by_day.items():
+            day_outcome = outcome if outcome.passed or len(rows_by_day) == 1 else validate_distillations(
+                rows, dimensions=dimensions)
+            record_partition_gate(conn, user_id=user_id, day=day, passed=day_outcome.passed,
+                                  failures=day_outcome.failures)
+            if not day_outcome.passed:
+                failing.append(f"{day}|{user_id}")
+    metadata: dict[str, object] = {"rows": outcome.rows, "failures": "; ".join(outcome.failures) or "none"}
+    if len(rows_by_day) > 1:
+        metadata["failing_partitions"] = ", ".join(failing) or "none"
+    return dg.AssetCheckResult(passed=outcome.passed, severity=dg.AssetCheckSeverity.ERROR, metadata=metadata)

@@ -4,7 +4,7 @@ import json
 
 import dagster as dg
 
-from yak_pipeline.defs.partitions import exchange_partitions, partition_parts
+from yak_pipeline.defs.partitions import exchange_partitions, run_partitions
 from yak_pipeline.defs.resources import PostgresResource
 from yak_pipeline.ingestion.claim import ClaimReport, claim_drop_files
 from yak_pipeline.store.memories import partition_memory_stats
@@ -29,7 +29,7 @@ def _drop_files(context: dg.AssetExecutionContext) -> list[str]:
 
 @dg.asset(partitions_def=exchange_partitions, group_name="memory", kinds={"postgres"})
 def raw_exchanges(context: dg.AssetExecutionContext, postgres: PostgresResource) -> dg.MaterializeResult:
-    """Every exchange of one user's day, at full fidelity ("User: …\\nAssistant: …").
+    """Every exchange of one user's day (or of each day of a range), at full fidelity ("User: …\\nAssistant: …").
 
     Stores the drop-folder files the run was requested for (the ``yak/drop_files`` tag, set by
     the drop-folder sensor and ``yak process``): each file whole, idempotent on the content hash,
@@ -39,15 +39,19 @@ def raw_exchanges(context: dg.AssetExecutionContext, postgres: PostgresResource)
     validates the partition's raw layer: rows by status and source, and any row whose stored hash
     no longer matches its text.
     """
-    user_id, day = partition_parts(context.partition_key)
     db = postgres.database()
     names = _drop_files(context)
     claimed = claim_drop_files(db, postgres.settings().resolved_drop_dir, names=names) if names else ClaimReport()
     claimed.log_to(context.log)
+    stats: dict[str, int] = {}
     with db.connection() as conn:
-        stats = partition_memory_stats(conn, user_id=user_id, day=day)
-    if stats["hash_mismatches"]:
-        context.log.error("%s exchanges of %s on %s fail their hash check", stats["hash_mismatches"], user_id, day)
+        for user_id, day in run_partitions(context):
+            day_stats = partition_memory_stats(conn, user_id=user_id, day=day)
+            if day_stats["hash_mismatches"]:
+                context.log.error("%s exchanges of %s on %s fail their hash check", day_stats["hash_mismatches"],
+                                  user_id, day)
+            for name, count in day_stats.items():
+                stats[name] = stats.get(name, 0) + count
     return dg.MaterializeResult(metadata={
         "rows_in": stats["rows"], "rows_out": stats["rows"], "flagged": stats["hash_mismatches"], **stats,
         "drop_files_claimed": len(claimed.files),

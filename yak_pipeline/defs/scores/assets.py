@@ -1,12 +1,13 @@
 """Conflict scores, near-duplicate versions and warmth as Dagster assets."""
 
 from collections.abc import Callable
+from datetime import date
 
 import dagster as dg
 from pydantic import Field
 
 from yak_pipeline.defs.distillations.assets import distillations
-from yak_pipeline.defs.partitions import exchange_partitions, partition_parts
+from yak_pipeline.defs.partitions import exchange_partitions, partitions_label, run_partitions
 from yak_pipeline.defs.resources import AlertsResource, EmbedderResource, LLMResource, PostgresResource
 from yak_pipeline.services.consolidate import ConsolidateJob, merge_near_duplicates, score_conflicts
 from yak_pipeline.services.reports import StageReport
@@ -14,15 +15,14 @@ from yak_pipeline.services.warmth import WarmthJob, evaluate_pending_turns, offl
 from yak_pipeline.store.distillations import partition_gate_passed
 
 
-def _held_back(context: dg.AssetExecutionContext, postgres: PostgresResource) -> dg.MaterializeResult | None:
-    """A result that skips the work when the partition's quality gate last failed."""
-    user_id, day = partition_parts(context.partition_key)
+def _held_back(context: dg.AssetExecutionContext, postgres: PostgresResource, user_id: str, day: date) -> bool:
+    """Whether the partition's quality gate last failed: its work waits until the gate passes."""
     with postgres.database().connection() as conn:
         passed = partition_gate_passed(conn, user_id=user_id, day=day)
     if passed is False:
         context.log.warning("quality gate failed for %s on %s: holding back until it passes", user_id, day)
-        return dg.MaterializeResult(metadata={"held_back_by_quality_gate": True, "rows_in": 0, "rows_out": 0})
-    return None
+        return True
+    return False
 
 
 def _job(postgres: PostgresResource, llm: LLMResource, embedder: EmbedderResource, alerts: AlertsResource) -> ConsolidateJob:
@@ -34,14 +34,23 @@ def _job(postgres: PostgresResource, llm: LLMResource, embedder: EmbedderResourc
 def _consolidation_step(context: dg.AssetExecutionContext, what: str, step: Callable[..., StageReport],
                         postgres: PostgresResource, llm: LLMResource, embedder: EmbedderResource,
                         alerts: AlertsResource) -> dg.MaterializeResult:
-    """Run ``step`` (conflict scoring or merging) on the partition unless its quality gate holds it back."""
-    with alerts.database_guard(f"{what} of {context.partition_key}"):
-        held = _held_back(context, postgres)
-        if held is not None:
-            return held
-        user_id, day = partition_parts(context.partition_key)
-        report = step(_job(postgres, llm, embedder, alerts), user_id=user_id, day=day)
-    return dg.MaterializeResult(metadata=report.metadata())
+    """Run ``step`` (conflict scoring or merging) on each of the run's partitions whose quality gate
+    does not hold it back."""
+    total, held = StageReport(), 0
+    with alerts.database_guard(f"{what} of {partitions_label(context)}"):
+        job: ConsolidateJob | None = None  # made for the first partition with work to do
+        for user_id, day in run_partitions(context):
+            if _held_back(context, postgres, user_id, day):
+                held += 1
+                continue
+            job = job or _job(postgres, llm, embedder, alerts)
+            total.merge(step(job, user_id=user_id, day=day))
+    if held and held == len(context.partition_keys):
+        return dg.MaterializeResult(metadata={"held_back_by_quality_gate": True, "rows_in": 0, "rows_out": 0})
+    metadata: dict[str, object] = dict(total.metadata())
+    if held:
+        metadata["partitions_held_back_by_quality_gate"] = held
+    return dg.MaterializeResult(metadata=metadata)
 
 
 @dg.asset(partitions_def=exchange_partitions, deps=[distillations], group_name="memory", kinds={"postgres"})
@@ -110,13 +119,14 @@ def warmth(
     day's ``distillations`` partition, not this one's. An edge from ``distillations`` would claim
     a same-day dependency that does not exist.
     """
-    user_id, day = partition_parts(context.partition_key)
-    with alerts.database_guard(f"evaluating warmth of {context.partition_key}"):
+    report = StageReport()
+    with alerts.database_guard(f"evaluating warmth of {partitions_label(context)}"):
         provider = llm.provider()
         job = WarmthJob(db=postgres.database(), llm=provider, alerter=alerts.alerter(),
                         judge=offline_judge(llm.settings(), provider, embedder.embedder()))
-        if config.nightly:
-            report = reevaluate_recent(job, user_id=user_id, day=day, days=config.days)
-        else:
-            report = evaluate_pending_turns(job, user_id=user_id, day=day)
+        for user_id, day in run_partitions(context):
+            if config.nightly:
+                report.merge(reevaluate_recent(job, user_id=user_id, day=day, days=config.days))
+            else:
+                report.merge(evaluate_pending_turns(job, user_id=user_id, day=day))
     return dg.MaterializeResult(metadata=report.metadata())
