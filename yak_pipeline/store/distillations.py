@@ -18,6 +18,7 @@ from yak_pipeline.core.gates import confidence_gate
 from yak_pipeline.core.types import TIERS
 from yak_pipeline.store.audit import write_audit
 from yak_pipeline.store.locking import lock_live_row
+from yak_pipeline.store.rows import live_row
 
 # The schema's CHECK on user_weight: (0, 10]. 1 is neutral; a pinned memory weighs more.
 MAX_USER_WEIGHT = 10.0
@@ -242,12 +243,7 @@ def get_distillation(
     conn: psycopg.Connection, distillation_id: UUID | str, *, user_id: str | None = None
 ) -> dict[str, Any] | None:
     """One live distillation; with ``user_id``, only if it is that user's."""
-    with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(
-            f"""SELECT {_COLUMNS} FROM distillations
-                WHERE id = %(id)s AND deleted_at IS NULL AND (%(user)s::text IS NULL OR user_id = %(user)s)""",
-            {"id": str(distillation_id), "user": user_id},
-        ).fetchone()
+    return live_row(conn, "distillations", _COLUMNS, distillation_id, user_id=user_id)
 
 
 def list_distillations(

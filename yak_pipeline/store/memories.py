@@ -15,6 +15,7 @@ from psycopg.rows import dict_row
 from yak_pipeline.core.exchanges import content_sha256, normalise_exchange_text
 from yak_pipeline.core.types import MEMORY_SOURCES, validate_user_id
 from yak_pipeline.store.audit import write_audit
+from yak_pipeline.store.rows import claim_pending_rows, live_row
 
 # What distilling a memory reads of it, under its lock (``store.locking.lock_live_row``).
 DISTIL_COLUMNS = ("id", "user_id", "content", "occurred_at", "attempts", "status")
@@ -78,12 +79,7 @@ def insert_memory(
 
 def get_memory(conn: psycopg.Connection, memory_id: UUID | str, *, user_id: str | None = None) -> dict[str, Any] | None:
     """One live memory by id; with ``user_id``, only if it belongs to that user."""
-    with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(
-            f"""SELECT {_MEMORY_COLUMNS} FROM memories
-                WHERE id = %(id)s AND deleted_at IS NULL AND (%(user)s::text IS NULL OR user_id = %(user)s)""",
-            {"id": str(memory_id), "user": user_id},
-        ).fetchone()
+    return live_row(conn, "memories", _MEMORY_COLUMNS, memory_id, user_id=user_id)
 
 
 def list_memories(
@@ -135,17 +131,7 @@ def claim_pending_memories(
     ``FOR UPDATE SKIP LOCKED``: concurrent workers never claim the same memory, so no memory
     is distilled twice. The locks hold until the caller's transaction ends.
     """
-    with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(
-            f"""SELECT {_MEMORY_COLUMNS} FROM memories
-                WHERE status = 'pending' AND deleted_at IS NULL
-                  AND (%(user)s::text IS NULL OR user_id = %(user)s)
-                  AND (%(day)s::date IS NULL OR (occurred_at AT TIME ZONE 'UTC')::date = %(day)s)
-                ORDER BY occurred_at, id
-                LIMIT %(limit)s
-                FOR UPDATE SKIP LOCKED""",
-            {"user": user_id, "day": day, "limit": limit},
-        ).fetchall()
+    return claim_pending_rows(conn, "memories", _MEMORY_COLUMNS, user_id=user_id, day=day, limit=limit)
 
 
 def pending_memory_partitions(conn: psycopg.Connection, *, drop_folder: bool | None = None) -> list[tuple[str, date, int, str]]:

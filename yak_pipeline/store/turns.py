@@ -8,9 +8,9 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
-from psycopg.rows import dict_row
 
 from yak_pipeline.core.types import validate_user_id
+from yak_pipeline.store.rows import claim_pending_rows, live_row
 
 # What evaluating a turn reads of it, under its lock (``store.locking.lock_live_row``).
 EVALUATE_COLUMNS = ("id", "user_id", "user_message", "assistant_message", "recalled_ids", "attempts")
@@ -48,27 +48,15 @@ def insert_turn(
 
 
 def get_turn(conn: psycopg.Connection, turn_id: UUID | str, *, user_id: str | None = None) -> dict[str, Any] | None:
-    """One turn by id, optionally scoped to a user."""
-    with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(
-            f"SELECT {_COLUMNS} FROM turns WHERE id = %(id)s AND deleted_at IS NULL AND (%(user)s::text IS NULL OR user_id = %(user)s)",
-            {"id": str(turn_id), "user": user_id},
-        ).fetchone()
+    """One live turn by id; with ``user_id``, only if it is that user's."""
+    return live_row(conn, "turns", _COLUMNS, turn_id, user_id=user_id)
 
 
 def claim_pending_turns(
     conn: psycopg.Connection, *, user_id: str | None = None, day: date | None = None, limit: int = 500
 ) -> list[dict[str, Any]]:
     """Lock and return pending turns (``SKIP LOCKED``: concurrent workers never share one)."""
-    with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(
-            f"""SELECT {_COLUMNS} FROM turns
-                WHERE status = 'pending' AND deleted_at IS NULL
-                  AND (%(user)s::text IS NULL OR user_id = %(user)s)
-                  AND (%(day)s::date IS NULL OR (occurred_at AT TIME ZONE 'UTC')::date = %(day)s)
-                ORDER BY occurred_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED""",
-            {"user": user_id, "day": day, "limit": limit},
-        ).fetchall()
+    return claim_pending_rows(conn, "turns", _COLUMNS, user_id=user_id, day=day, limit=limit)
 
 
 def pending_turn_partitions(conn: psycopg.Connection) -> list[tuple[str, date, int, str]]:

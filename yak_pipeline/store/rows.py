@@ -1,0 +1,45 @@
+"""Reads that memories, distillations and turns share the shape of: one live row by id, and the
+pending rows of a user's day claimed for a worker.
+
+Each store module owns its table and its column list; these only spell the statement once.
+``table`` and ``columns`` are the caller's constants (identifiers and a column list), never input.
+"""
+
+from __future__ import annotations
+
+from datetime import date
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+
+
+def live_row(conn: psycopg.Connection, table: str, columns: str, row_id: UUID | str, *,
+             user_id: str | None = None) -> dict[str, Any] | None:
+    """One live (not forgotten) row of ``table`` by id as a dict; with ``user_id``, only if it is theirs."""
+    query = sql.SQL("SELECT {columns} FROM {table} WHERE id = %(id)s AND deleted_at IS NULL "
+                    "AND (%(user)s::text IS NULL OR user_id = %(user)s)").format(
+        columns=sql.SQL(columns), table=sql.Identifier(table))
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(query, {"id": str(row_id), "user": user_id}).fetchone()
+
+
+def claim_pending_rows(conn: psycopg.Connection, table: str, columns: str, *, user_id: str | None,
+                       day: date | None, limit: int) -> list[dict[str, Any]]:
+    """Lock and return up to ``limit`` pending live rows of ``table`` (of one user and UTC day when
+    given), oldest first.
+
+    ``FOR UPDATE SKIP LOCKED``: concurrent workers never claim the same row, so none is worked
+    twice. The locks hold until the caller's transaction ends.
+    """
+    query = sql.SQL("""SELECT {columns} FROM {table}
+        WHERE status = 'pending' AND deleted_at IS NULL
+          AND (%(user)s::text IS NULL OR user_id = %(user)s)
+          AND (%(day)s::date IS NULL OR (occurred_at AT TIME ZONE 'UTC')::date = %(day)s)
+        ORDER BY occurred_at, id
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED""").format(columns=sql.SQL(columns), table=sql.Identifier(table))
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(query, {"user": user_id, "day": day, "limit": limit}).fetchall()
