@@ -26,7 +26,7 @@ import re
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError, WithJsonSchema, field_validator
+from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError, ValidationInfo, WithJsonSchema
 
 from yak_pipeline.core.sentences import count_sentences
 from yak_pipeline.core.types import TIERS, Tier
@@ -109,13 +109,18 @@ class _StrictOutput(BaseModel):
     model_config = ConfigDict(strict=True, frozen=True, extra="ignore")
 
 
-# What each field looks like in the response schema. The "plain" validators below replace
-# pydantic's own checks, so pydantic cannot derive these itself (it would say "any value").
+def _unit_interval(value: object, info: ValidationInfo) -> float:
+    return check_unit_interval(value, info.field_name or "value")
+
+
+# Each field type carries its own check and what it looks like in the response schema. The
+# "plain" validators replace pydantic's own checks, so the reason is ours and nothing is coerced;
+# pydantic cannot derive the schema from them (it would say "any value"), hence WithJsonSchema.
 _MEMORY_TEXT_SCHEMA = {"type": "string", "description": f"{MIN_SENTENCES} to {MAX_SENTENCES} short factual sentences"}
 _UNIT_INTERVAL_SCHEMA = {"type": "number", "minimum": 0, "maximum": 1}
-MemoryText = Annotated[str, WithJsonSchema(_MEMORY_TEXT_SCHEMA)]
-UnitInterval = Annotated[float, WithJsonSchema(_UNIT_INTERVAL_SCHEMA)]
-TierName = Annotated[Tier, WithJsonSchema({"type": "string", "enum": list(TIERS)})]
+MemoryText = Annotated[str, PlainValidator(check_content), WithJsonSchema(_MEMORY_TEXT_SCHEMA)]
+UnitInterval = Annotated[float, PlainValidator(_unit_interval), WithJsonSchema(_UNIT_INTERVAL_SCHEMA)]
+TierName = Annotated[Tier, PlainValidator(check_tier), WithJsonSchema({"type": "string", "enum": list(TIERS)})]
 
 
 class DistillationOutput(_StrictOutput):
@@ -125,43 +130,17 @@ class DistillationOutput(_StrictOutput):
     confidence: UnitInterval
     tier: TierName
 
-    # "plain" validators replace pydantic's own checks, so the reason is ours and nothing is coerced.
-    @field_validator("content", mode="plain")
-    @classmethod
-    def _content(cls, value: object) -> str:
-        return check_content(value)
-
-    @field_validator("confidence", mode="plain")
-    @classmethod
-    def _confidence(cls, value: object) -> float:
-        return check_unit_interval(value, "confidence")
-
-    @field_validator("tier", mode="plain")
-    @classmethod
-    def _tier(cls, value: object) -> Tier:
-        return check_tier(value)
-
 
 class ConsolidationOutput(_StrictOutput):
     """The consolidator's answer: ``{"content": …}``, one merged text of 1–4 sentences."""
 
     content: MemoryText
 
-    @field_validator("content", mode="plain")
-    @classmethod
-    def _content(cls, value: object) -> str:
-        return check_content(value)
-
 
 class ScoreOutput(_StrictOutput):
     """A judge's answer (conflict or relevance): ``{"score": …}`` with the score in [0, 1]."""
 
     score: UnitInterval
-
-    @field_validator("score", mode="plain")
-    @classmethod
-    def _score(cls, value: object) -> float:
-        return check_unit_interval(value, "score")
 
 
 def response_schema(model: type[BaseModel]) -> dict[str, Any]:
