@@ -24,6 +24,7 @@ from yak_pipeline.core.exchange_files import (
     ExchangeRecord,
     RecordError,
     build_exchange_record,
+    conversation_part,
     json_kind,
 )
 
@@ -50,11 +51,7 @@ def chatgpt_exchanges(conversation: object, *, user_id: str, item: int,
 
     ``item`` is the conversation's position in the export (1-based), the ``line`` of its records.
     """
-    if not isinstance(conversation, dict):
-        raise RecordError(f"expected a conversation object, got {json_kind(conversation)}")
-    mapping = conversation.get("mapping")
-    if not isinstance(mapping, dict):
-        raise RecordError("conversation has no mapping of messages")
+    conversation, mapping = conversation_part(conversation, "mapping", dict, "mapping of messages")
     conversation_id = _text_field(conversation, "conversation_id") or _text_field(conversation, "id") or f"item{item}"
     fallback_time = _epoch(conversation.get("create_time"), "create_time")
     turns: list[_Turn] = []

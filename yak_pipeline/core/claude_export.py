@@ -19,7 +19,7 @@ from yak_pipeline.core.exchange_files import (
     ExchangeRecord,
     RecordError,
     build_exchange_record,
-    json_kind,
+    conversation_part,
     parse_timestamp,
 )
 
@@ -34,11 +34,7 @@ def claude_exchanges(conversation: object, *, user_id: str, item: int, max_recor
 
     ``item`` is the conversation's position in the export (1-based), the ``line`` of its records.
     """
-    if not isinstance(conversation, dict):
-        raise RecordError(f"expected a conversation object, got {json_kind(conversation)}")
-    messages = conversation.get("chat_messages")
-    if not isinstance(messages, list):
-        raise RecordError("conversation has no chat_messages list")
+    conversation, messages = conversation_part(conversation, "chat_messages", list, "chat_messages list")
     conversation_id = conversation.get("uuid") if isinstance(conversation.get("uuid"), str) else f"item{item}"
     result = ConversationExchanges([], [], 0)
     prompt: tuple[dict, str] | None = None  # the open prompt: its message and text

@@ -32,10 +32,12 @@ import json
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Final
+from typing import Any, Final, TypeVar
 
 from yak_pipeline.core.exchanges import format_exchange, parse_exchange
 from yak_pipeline.core.types import InvalidUserId, validate_user_id
+
+T = TypeVar("T")
 
 SUPPORTED_SUFFIXES: Final[tuple[str, ...]] = (".jsonl", ".json", ".md")
 DEFAULT_MAX_RECORD_CHARS: Final[int] = 200_000
@@ -400,6 +402,17 @@ def json_kind(value: object) -> str:
     if isinstance(value, dict):
         return "an object"
     return type(value).__name__
+
+
+def conversation_part(conversation: object, key: str, kind: type[T], what: str) -> tuple[dict[str, Any], T]:
+    """An exported conversation and its messages under ``key`` (a ``kind``), checked as the chat
+    exports' readers need them; :class:`RecordError` naming ``what`` is missing otherwise."""
+    if not isinstance(conversation, dict):
+        raise RecordError(f"expected a conversation object, got {json_kind(conversation)}")
+    part = conversation.get(key)
+    if not isinstance(part, kind):
+        raise RecordError(f"conversation has no {what}")
+    return conversation, part
 
 
 # --- .md ------------------------------------------------------------------------------------------
