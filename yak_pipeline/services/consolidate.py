@@ -9,9 +9,13 @@ neither repeat nor double a merge.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import date
+
+import psycopg
 
 from yak_pipeline.alerts import NULL_ALERTER, Alerter
 from yak_pipeline.core.dedup import (
@@ -68,17 +72,40 @@ def _unchecked(db: Database, *, user_id: str, day: date | None, column: str, req
         return unchecked_distillations(conn, user_id=user_id, day=day, column=column, require=require)
 
 
+@contextmanager
+def _claim(job: ConsolidateJob, distillation_id: str, column: str,
+           report: StageReport) -> Iterator[tuple[psycopg.Connection, tuple] | None]:
+    """A transaction holding the distillation's lock and its row, or None (counted as skipped) when
+    it is gone, held by another worker or already checked by ``column``."""
+    report.rows_in += 1
+    with job.db.connection() as conn:
+        row = lock_unchecked(conn, distillation_id, column)
+        if row is None:
+            report.skipped += 1
+            yield None
+        else:
+            yield conn, row
+
+
+def _count_failure(conn: psycopg.Connection, report: StageReport, distillation_id: str, exc: Exception,
+                   error_type: str) -> None:
+    """Undo the distillation's work and count why: it stays unchecked, and the next run tries again."""
+    if isinstance(exc, LLMError):
+        report.record_failed_call(exc)
+    conn.rollback()
+    record_error(conn, error_type)
+    report.failed += 1
+    report.errors.append(f"{distillation_id}: {getattr(exc, 'reason', exc)}")
+
+
 def score_conflicts(job: ConsolidateJob, *, user_id: str, day: date | None) -> StageReport:
     """Score each new distillation against its similar active ones; > 0.7 records a conflict."""
     report = StageReport()
     for distillation_id in _unchecked(job.db, user_id=user_id, day=day, column="conflict_checked_at"):
-        report.rows_in += 1
-        with job.db.connection() as conn:
-            row = lock_unchecked(conn, distillation_id, "conflict_checked_at")
-            if row is None:
-                report.skipped += 1
+        with _claim(job, distillation_id, "conflict_checked_at", report) as claimed:
+            if claimed is None:
                 continue
-            _, owner, content, embedding, model, _, _ = row
+            conn, (_, owner, content, embedding, model, _, _) = claimed
             neighbours = nearest_active(conn, user_id=owner, embedding=embedding, embedding_model=model,
                                         limit=CONFLICT_CHECK_TOP_K, exclude_id=distillation_id)
             candidates = conflict_candidates(distillation_id, owner, neighbours)
@@ -98,12 +125,7 @@ def score_conflicts(job: ConsolidateJob, *, user_id: str, day: date | None) -> S
                                               level="warn", ids=(distillation_id, neighbour.id),
                                               error=f"score {result.score:.2f}")
             except LLMError as exc:
-                # Leave it unchecked: the next run scores it again once the LLM answers.
-                report.record_failed_call(exc)
-                conn.rollback()
-                record_error(conn, "conflict_score_failed")
-                report.failed += 1
-                report.errors.append(f"{distillation_id}: {exc.reason}")
+                _count_failure(conn, report, distillation_id, exc, "conflict_score_failed")
                 continue
             mark_checked(conn, [distillation_id], "conflict_checked_at")
             report.rows_out += 1
@@ -235,12 +257,10 @@ def merge_near_duplicates(job: ConsolidateJob, *, user_id: str, day: date | None
 
 def _merge_one(job: ConsolidateJob, distillation_id: str, foresight: _Foresight | None, report: StageReport) -> None:
     """Check one distillation for a near-duplicate and merge them, in one transaction."""
-    report.rows_in += 1
-    with job.db.connection() as conn:
-        row = lock_unchecked(conn, distillation_id, "dedup_checked_at")
-        if row is None:
-            report.skipped += 1
+    with _claim(job, distillation_id, "dedup_checked_at", report) as claimed:
+        if claimed is None:
             return
+        conn, row = claimed
         found, pair = _merge_pair(conn, distillation_id, row, lock=True)
         if found and pair is None:
             report.skipped += 1  # being merged elsewhere right now; the next run retries
@@ -260,12 +280,7 @@ def _merge_one(job: ConsolidateJob, distillation_id: str, foresight: _Foresight 
                 if vector is None:
                     vector = job.embedder.embed_documents([merged.content])[0]
             except (LLMError, EmbeddingError) as exc:
-                if isinstance(exc, LLMError):
-                    report.record_failed_call(exc)
-                conn.rollback()
-                record_error(conn, "consolidation_failed")
-                report.failed += 1
-                report.errors.append(f"{distillation_id}: {getattr(exc, 'reason', exc)}")
+                _count_failure(conn, report, distillation_id, exc, "consolidation_failed")
                 return
             add_version(conn, older[0], content=merged.content, embedding=vector,
                         embedding_model=job.embedder.model_name, reason="merged", merged_from=[newer[0]],
