@@ -2,7 +2,8 @@
 
 :func:`get_llm_provider` picks the provider from settings: the OpenAI-compatible one when
 ``YAK_LLM_BASE_URL`` is set, else the deterministic :class:`RulesProvider`, which says so in the log.
-This layer only produces validated output; gating by confidence happens in ``core``.
+This layer only produces validated output; gating by confidence happens in ``core``. The output
+models and what providers hand back live in :mod:`yak_pipeline.llm.models`.
 """
 
 from __future__ import annotations
@@ -11,16 +12,6 @@ import logging
 import threading
 
 from yak_pipeline.llm.errors import LLMError, LLMOutputError, LLMRequestRejected, LLMUnavailable
-from yak_pipeline.llm.models import (
-    ConsolidationOutput,
-    ConsolidationResult,
-    DistillationOutput,
-    DistillationResult,
-    LLMCallStats,
-    ScoreOutput,
-    ScoreResult,
-    parse_reply,
-)
 from yak_pipeline.llm.openai_client import OpenAIChatProvider
 from yak_pipeline.llm.prompts import OUTPUT_SCHEMA_VERSION, current_prompt_version
 from yak_pipeline.llm.provider import LLMProvider
@@ -29,11 +20,6 @@ from yak_pipeline.settings import Settings
 
 __all__ = [
     "OUTPUT_SCHEMA_VERSION",
-    "ConsolidationOutput",
-    "ConsolidationResult",
-    "DistillationOutput",
-    "DistillationResult",
-    "LLMCallStats",
     "LLMError",
     "LLMOutputError",
     "LLMProvider",
@@ -41,11 +27,8 @@ __all__ = [
     "LLMUnavailable",
     "OpenAIChatProvider",
     "RulesProvider",
-    "ScoreOutput",
-    "ScoreResult",
     "current_prompt_version",
     "get_llm_provider",
-    "parse_reply",
 ]
 
 logger = logging.getLogger(__name__)
