@@ -18,7 +18,7 @@ from yak_pipeline.core.gates import confidence_gate
 from yak_pipeline.core.types import TIERS
 from yak_pipeline.store.audit import write_audit
 from yak_pipeline.store.locking import lock_live_row
-from yak_pipeline.store.rows import live_row
+from yak_pipeline.store.rows import list_live_rows, live_row
 
 # The schema's CHECK on user_weight: (0, 10]. 1 is neutral; a pinned memory weighs more.
 MAX_USER_WEIGHT = 10.0
@@ -257,18 +257,9 @@ def list_distillations(
     offset: int = 0,
 ) -> list[dict[str, Any]]:
     """Live distillations, newest first, filtered by user, status, source memory or review flag."""
-    with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(
-            f"""SELECT {_COLUMNS} FROM distillations
-                WHERE deleted_at IS NULL
-                  AND (%(user)s::text IS NULL OR user_id = %(user)s)
-                  AND (%(status)s::text IS NULL OR status = %(status)s)
-                  AND (%(memory)s::uuid IS NULL OR memory_id = %(memory)s::uuid)
-                  AND (%(review)s::boolean IS NULL OR needs_review = %(review)s)
-                ORDER BY created_at DESC, id LIMIT %(limit)s OFFSET %(offset)s""",
-            {"user": user_id, "status": status, "memory": None if memory_id is None else str(memory_id),
-             "review": needs_review, "limit": limit, "offset": offset},
-        ).fetchall()
+    return list_live_rows(conn, "distillations", _COLUMNS, order_by="created_at DESC, id", limit=limit, offset=offset,
+                          where={"user_id": user_id, "status": status, "needs_review": needs_review,
+                                 "memory_id": None if memory_id is None else UUID(str(memory_id))})
 
 
 def list_versions(conn: psycopg.Connection, distillation_id: UUID | str) -> list[dict[str, Any]]:

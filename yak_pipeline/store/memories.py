@@ -10,12 +10,11 @@ from uuid import UUID
 
 import numpy as np
 import psycopg
-from psycopg.rows import dict_row
 
 from yak_pipeline.core.exchanges import content_sha256, normalise_exchange_text
 from yak_pipeline.core.types import MEMORY_SOURCES, validate_user_id
 from yak_pipeline.store.audit import write_audit
-from yak_pipeline.store.rows import claim_pending_rows, live_row
+from yak_pipeline.store.rows import claim_pending_rows, list_live_rows, live_row
 
 # What distilling a memory reads of it, under its lock (``store.locking.lock_live_row``).
 DISTIL_COLUMNS = ("id", "user_id", "content", "occurred_at", "attempts", "status")
@@ -91,15 +90,8 @@ def list_memories(
     offset: int = 0,
 ) -> list[dict[str, Any]]:
     """Live memories, newest exchange first, optionally for one user and status."""
-    with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(
-            f"""SELECT {_MEMORY_COLUMNS} FROM memories
-                WHERE deleted_at IS NULL
-                  AND (%(user)s::text IS NULL OR user_id = %(user)s)
-                  AND (%(status)s::text IS NULL OR status = %(status)s)
-                ORDER BY occurred_at DESC, id LIMIT %(limit)s OFFSET %(offset)s""",
-            {"user": user_id, "status": status, "limit": limit, "offset": offset},
-        ).fetchall()
+    return list_live_rows(conn, "memories", _MEMORY_COLUMNS, where={"user_id": user_id, "status": status},
+                          order_by="occurred_at DESC, id", limit=limit, offset=offset)
 
 
 def user_has_memories(conn: psycopg.Connection, user_id: str) -> bool:

@@ -1,5 +1,5 @@
-"""Reads that memories, distillations and turns share the shape of: one live row by id, and the
-pending rows of a user's day claimed for a worker.
+"""Reads that memories, distillations and turns share the shape of: one live row by id, a page of
+live rows filtered by their columns, and the pending rows of a user's day claimed for a worker.
 
 Each store module owns its table and its column list; these only spell the statement once.
 ``table`` and ``columns`` are the caller's constants (identifiers and a column list), never input.
@@ -7,6 +7,7 @@ Each store module owns its table and its column list; these only spell the state
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import date
 from typing import Any
 from uuid import UUID
@@ -43,3 +44,16 @@ def claim_pending_rows(conn: psycopg.Connection, table: str, columns: str, *, us
         FOR UPDATE SKIP LOCKED""").format(columns=sql.SQL(columns), table=sql.Identifier(table))
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(query, {"user": user_id, "day": day, "limit": limit}).fetchall()
+
+
+def list_live_rows(conn: psycopg.Connection, table: str, columns: str, *, where: Mapping[str, Any], order_by: str,
+                   limit: int, offset: int) -> list[dict[str, Any]]:
+    """A page of live rows of ``table`` in ``order_by`` order (the caller's constant): those whose
+    ``where`` columns equal the values given, a value of None matching any row."""
+    given = {column: value for column, value in where.items() if value is not None}
+    conditions = [sql.SQL("deleted_at IS NULL")] + [sql.SQL("{} = %s").format(sql.Identifier(column)) for column in given]
+    query = sql.SQL("SELECT {columns} FROM {table} WHERE {conditions} ORDER BY {order} LIMIT %s OFFSET %s").format(
+        columns=sql.SQL(columns), table=sql.Identifier(table), conditions=sql.SQL(" AND ").join(conditions),
+        order=sql.SQL(order_by))
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(query, [*given.values(), limit, offset]).fetchall()
