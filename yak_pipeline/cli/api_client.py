@@ -7,8 +7,12 @@ database, seconds. When the configured or recorded server does not answer (it wa
 crashed), the command says so on stderr and runs in-process; an explicit ``--remote`` that does
 not answer is an error.
 
-In-process, requests go through ``httpx.ASGITransport`` to ``create_app`` on the configured
-database, so the commands behave exactly as against a server. Someone who can run Yak
+Against a server, a request is one call of the standard library's ``http.client``: every command
+pays for what it imports, and httpx's client (httpcore, the trio it probes for, the system's CA
+certificates loaded even for plain http) cost about 0.3 s of CPU per command here, about a third
+of a command's time with the server up (docs/BENCHMARKS.md). In-process, requests go through
+``httpx.ASGITransport`` to ``create_app`` on the configured database, so the commands behave
+exactly as against a server. Someone who can run Yak
 in-process already holds the database credentials, so without ``--api-key`` the in-process
 app accepts a random admin key that never leaves this process. Against a server the key is
 ``--api-key``, else ``YAK_API_KEY``, else the admin key ``yak serve`` stored on first start.
@@ -17,21 +21,26 @@ app accepts a random admin key that never leaves this process. Against a server 
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import os
 import secrets
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Final
+from typing import TYPE_CHECKING, Annotated, Any, Final
+from urllib.parse import urlencode, urlsplit
 
-import httpx
 import typer
 
 from yak_pipeline.cli.errors import FAILURE_EXIT, USAGE_EXIT, fail
 from yak_pipeline.settings import Settings, get_settings
+
+if TYPE_CHECKING:
+    import httpx
 
 REQUEST_TIMEOUT_SECONDS: Final = 120.0
 ADMIN_KEY_FILE_NAME: Final = "admin-api-key"
@@ -114,22 +123,78 @@ def configured_server(settings: Settings) -> str | None:
     return url
 
 
-def _detail(response: httpx.Response) -> tuple[str, Any]:
+@dataclass(frozen=True)
+class _Answer:
+    """A response as the CLI reads it, from a server or from the in-process app."""
+
+    status_code: int
+    content_type: str
+    body: bytes
+
+    @property
+    def text(self) -> str:
+        return self.body.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def _detail(answer: _Answer) -> tuple[str, Any]:
     try:
-        body = response.json()
+        body = answer.json()
     except ValueError:
-        return " ".join(response.text.split())[:300] or f"HTTP {response.status_code}", None
+        return " ".join(answer.text.split())[:300] or f"HTTP {answer.status_code}", None
     detail = body.get("detail") if isinstance(body, dict) else None
-    return (str(detail) if detail else f"HTTP {response.status_code}"), body
+    return (str(detail) if detail else f"HTTP {answer.status_code}"), body
 
 
-def _result(response: httpx.Response) -> Any:
-    if response.status_code >= 400:
-        detail, body = _detail(response)
-        raise ApiError(response.status_code, detail, body)
-    if response.headers.get("content-type", "").startswith("application/json"):
-        return response.json()
-    return response.text
+def _result(answer: _Answer) -> Any:
+    if answer.status_code >= 400:
+        detail, body = _detail(answer)
+        raise ApiError(answer.status_code, detail, body)
+    if answer.content_type.startswith("application/json"):
+        return answer.json()
+    return answer.text
+
+
+def _query_value(value: Any) -> str:
+    # As httpx (and so the API's tests) spell them: booleans in lower case.
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
+class _Server:
+    """One running server: a request is a fresh ``http.client`` connection (one per command)."""
+
+    def __init__(self, url: str, headers: Mapping[str, str]) -> None:
+        parts = urlsplit(url)
+        self.url = url
+        self._valid = parts.scheme in ("http", "https") and bool(parts.hostname)
+        self._https = parts.scheme == "https"
+        self._host, self._port = parts.hostname, parts.port
+        self._prefix = parts.path.rstrip("/")
+        self._headers = dict(headers)
+
+    def request(self, method: str, path: str, *, params: Mapping[str, Any], json_body: Any) -> _Answer:
+        """Send one request; raises ``ConnectionRefusedError`` when nothing listens, ``OSError`` or
+        ``http.client.HTTPException`` for other failures."""
+        if not self._valid:
+            raise ApiError(0, f"{self.url!r} is not the http(s) URL of a Yak server")
+        query = urlencode([(key, _query_value(v)) for key, value in params.items()
+                           for v in (value if isinstance(value, list | tuple) else [value])])
+        target = f"{self._prefix}{path}" + (f"?{query}" if query else "")
+        headers = {**self._headers, "Accept": "application/json"}
+        body = None
+        if json_body is not None:
+            body = json.dumps(json_body, ensure_ascii=False, allow_nan=False).encode("utf-8")
+            headers["Content-Type"] = "application/json"
+        connection_type = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+        connection = connection_type(self._host, self._port, timeout=REQUEST_TIMEOUT_SECONDS)
+        try:
+            connection.request(method, target, body=body, headers=headers)
+            response = connection.getresponse()
+            return _Answer(response.status, response.getheader("content-type", ""), response.read())
+        finally:
+            connection.close()
 
 
 class ApiClient:
@@ -141,13 +206,12 @@ class ApiClient:
         remote = remote or configured_server(get_settings())
         self._remote = remote.rstrip("/") if remote else None
         self._api_key = api_key
-        self._http: httpx.Client | None = None
+        self._server: _Server | None = None
         self._app = None
         self._database = None
         if self._remote:
             key = api_key or self._stored_admin_key()
-            self._http = httpx.Client(base_url=self._remote, timeout=REQUEST_TIMEOUT_SECONDS,
-                                      headers={"X-API-Key": key} if key else {})
+            self._server = _Server(self._remote, {"X-API-Key": key} if key else {})
         else:
             self._go_in_process()
 
@@ -171,6 +235,8 @@ class ApiClient:
         return local_admin
 
     async def _asgi_request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        import httpx
+
         transport = httpx.ASGITransport(app=self._app, raise_app_exceptions=False)
         async with httpx.AsyncClient(transport=transport, base_url="http://yak.in-process",
                                      headers={"X-API-Key": self._key}, timeout=REQUEST_TIMEOUT_SECONDS) as client:
@@ -179,32 +245,30 @@ class ApiClient:
     def request(self, method: str, path: str, *, json_body: Any = None, params: dict | None = None) -> Any:
         """Send one request; the parsed JSON (or text) answer, or :class:`ApiError`."""
         params = {k: v for k, v in (params or {}).items() if v is not None}
-        kwargs: dict[str, Any] = {"params": params}
-        if json_body is not None:
-            kwargs["json"] = json_body
-        if self._http is not None:
+        if self._server is not None:
             try:
-                response = self._http.request(method, path, **kwargs)
-            except httpx.ConnectError as exc:
+                answer = self._server.request(method, path, params=params, json_body=json_body)
+            except ConnectionRefusedError as exc:
                 if not self._fallback:
                     raise ApiError(0, f"cannot reach {self._remote}: {type(exc).__name__}: {exc}") from None
                 # Nothing reached the server, so nothing can have happened twice.
                 print(f"note: no Yak server answers at {self._remote}; running this command in-process",
                       file=sys.stderr)
-                self._http.close()
-                self._http = None
+                self._server = None
                 self._go_in_process()
                 return self.request(method, path, json_body=json_body, params=params)
-            except httpx.HTTPError as exc:
+            except (OSError, http.client.HTTPException) as exc:
                 raise ApiError(0, f"cannot reach {self._remote}: {type(exc).__name__}: {exc}") from None
         else:
+            kwargs: dict[str, Any] = {"params": params}
+            if json_body is not None:
+                kwargs["json"] = json_body
             response = asyncio.run(self._asgi_request(method, path, **kwargs))
-        return _result(response)
+            answer = _Answer(response.status_code, response.headers.get("content-type", ""), response.content)
+        return _result(answer)
 
     def close(self) -> None:
         """Close connections; in-process, write this process's request metrics first."""
-        if self._http is not None:
-            self._http.close()
         if self._database is not None:
             try:
                 self._app.state.services.metrics.flush(self._database)
