@@ -66,12 +66,12 @@ def run_pending_work(settings: Settings, *, user_id: str | None, day: date | Non
                      progress: bool = True) -> dict:
     """Materialize every partition with ready drop files, pending memories or turns, in-process.
 
-    Each user's pending days run as one range per ``defs.partitions.user_day_ranges`` (one run, not one per
-    day: the run's start-up, its embedding batches and its quality check are shared). A range
-    whose quality check fails runs again day by day, so that the days that pass go on to
-    conflict scoring and merging and the failing ones are named. As the daemon's runs do, the
-    ``raw_exchanges`` of a run stores the drop files holding its exchanges (named in the run's
-    ``yak/drop_files`` tag); files holding nothing to store are finished by the discovery.
+    Each user's pending days run as ranges of partitions (``defs.partitions.user_day_ranges``):
+    one run, not one per day, so the run's start-up, its embedding batches and its quality check
+    are shared. A range whose quality check fails runs again day by day, so that the days that
+    pass go on to conflict scoring and merging and the failing ones are named. As the daemon's
+    runs do, the ``raw_exchanges`` of a run stores the drop files holding its exchanges (named in
+    the run's ``yak/drop_files`` tag); files holding nothing to store are finished by the discovery.
     """
     import dagster as dg
 

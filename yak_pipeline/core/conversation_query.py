@@ -6,8 +6,9 @@ second one?" — and names nothing recall could match: the topic is in the user'
 it. Read together they are a question recall can answer. A message that stands on its own,
 though, loses precision when read with an unrelated earlier one (its words weigh less in BM25,
 its vector moves towards the other topic, its calibrated relevance falls under the gate). So
-the last message is always recalled for alone, and the pair only in addition to it — each
-memory counts once, at its better score — and only when the last message is short.
+the last message is always recalled for alone, and the pair only adds to it (memories the last
+message found keep their places; ``services.recall.build_context``), and only when the last
+message is short.
 
 Only the user's own messages: the assistant's replies repeat the memories Yak gave it (recall
 would feed on itself), and they are long.

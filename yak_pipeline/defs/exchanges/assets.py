@@ -29,7 +29,8 @@ def _drop_files(context: dg.AssetExecutionContext) -> list[str]:
 
 @dg.asset(partitions_def=exchange_partitions, group_name="memory", kinds={"postgres"})
 def raw_exchanges(context: dg.AssetExecutionContext, postgres: PostgresResource) -> dg.MaterializeResult:
-    """Every exchange of one user's day (or of each day of a range), at full fidelity ("User: …\\nAssistant: …").
+    """Every exchange of one user's day (or of each day of a range), at full fidelity
+    ("User: …\\nAssistant: …").
 
     Stores the drop-folder files the run was requested for (the ``yak/drop_files`` tag, set by
     the drop-folder sensor and ``yak process``): each file whole, idempotent on the content hash,
