@@ -8,6 +8,7 @@ gets a fresh copy of it (``CREATE DATABASE … TEMPLATE``), so tests never see e
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,16 +43,22 @@ def _isolated_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> It
 
 
 @pytest.fixture(scope="session")
-def pg_server_url(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """URL of the test PostgreSQL server (maintenance database)."""
+def pg_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """URL of the test PostgreSQL server (maintenance database); stopped and removed afterwards."""
     external = os.environ.get("YAK_TEST_DATABASE_URL")
     if external:
-        return external
-    from yak_pipeline.store.embedded import start_embedded_server
+        yield external
+        return
+    from yak_pipeline.store.embedded import start_embedded_server, stop_embedded_server
 
     # A short path: the server's Unix socket lives in this folder and socket paths are limited.
     pgdata = Path(f"/tmp/yak-test-pg-{os.getpid()}")
-    return start_embedded_server(pgdata, keep_running=False)
+    yield start_embedded_server(pgdata, keep_running=False)
+    # Stopped here, not only at exit: a pytest-xdist worker ends without running exit handlers,
+    # and every `make test` left its workers' servers running with their data (a few dozen
+    # postmasters and their folders in /tmp after a day's work).
+    stop_embedded_server(pgdata)
+    shutil.rmtree(pgdata, ignore_errors=True)
 
 
 def create_database(server_url: str, name: str, template: str | None = None) -> str:
