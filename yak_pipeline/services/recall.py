@@ -11,6 +11,7 @@ distillation's vector only.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -67,7 +68,10 @@ class RecallHit:
 
 # Recall's five legs run side by side on the request's connection and up to this many more that
 # the pool has free at that moment (none when it is busy: then one after another, as before).
-SPARE_LEG_CONNECTIONS = 4
+# One per core, four at most (five legs). Each borrowed connection costs the pool's check and a
+# commit: on 2 cores two spares were as fast as four at 100,000 rows (44.9-57.9 vs 52.5-59.4 ms
+# p50) and faster at 3,000 (14.6-19.5 vs 19.6-20.5 ms; docs/BENCHMARKS.md §2d).
+SPARE_LEG_CONNECTIONS = min(4, os.cpu_count() or 1)
 
 
 def recall_params(settings: Settings, *, threshold: float = 0.7, limit: int = 5) -> RecallParams:
