@@ -13,21 +13,20 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Unpack
 
 from fastapi import APIRouter, FastAPI
 from fastapi_offline import FastAPIOffline
 from starlette.concurrency import run_in_threadpool
 
 from yak_pipeline import __version__
-from yak_pipeline.alerts import Alerter
-from yak_pipeline.api.dependencies import ApiServices
+from yak_pipeline.api.dependencies import ApiServices, ServiceParts
 from yak_pipeline.api.body_limit import BodyLimitMiddleware
 from yak_pipeline.api.errors import document_error_bodies, install_error_handlers
 from yak_pipeline.api.request_metrics import RequestMetricsMiddleware
 from yak_pipeline.api.routes import ROUTERS, health, proxy
 from yak_pipeline.api.ui import install_web_page
 from yak_pipeline.embeddings import Embedder
-from yak_pipeline.llm.provider import LLMProvider
 from yak_pipeline.services.proxy import PROXY_MAX_BODY_BYTES, PROXY_PREFIX
 from yak_pipeline.settings import Settings, get_settings
 from yak_pipeline.store.database import Database
@@ -59,30 +58,22 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 def create_app(
     settings: Settings | None = None,
     *,
-    database: Database | None = None,
-    embedder: Embedder | None = None,
-    llm: LLMProvider | None = None,
-    alerter: Alerter | None = None,
-    extra_admin_keys: tuple[str, ...] = (),
-    served: bool = True,
     routers: tuple[APIRouter, ...] = ROUTERS,
     web_page: bool = True,
+    **parts: Unpack[ServiceParts],
 ) -> FastAPI:
     """The API for ``settings`` (default: the environment's), memory proxy included.
 
-    Parts not given are built from settings on first use. ``extra_admin_keys`` are accepted as
-    admin keys besides ``YAK_ADMIN_API_KEY`` and stored admin keys (the in-process CLI uses a
-    random one that never leaves its process). ``served=False`` (the in-process CLI) keeps its
-    recalls out of the ``yak_recall_latency_ms`` histogram: a fresh process loads the embedding
-    model on its first recall, and that cold start is not what the histogram is for. ``routers``
-    narrows what is served; ``web_page=False`` leaves out the page at ``/ui``.
+    ``parts`` (:class:`~yak_pipeline.api.dependencies.ServiceParts`: database, embedder, LLM,
+    alerter, extra admin keys, ``served``) are used as given; those not given are built from
+    settings on first use. ``routers`` narrows what is served; ``web_page=False`` leaves out the
+    page at ``/ui``.
     """
     settings = settings or get_settings()
     # /docs and /redoc load Swagger UI and ReDoc from Yak, not from a CDN: they work offline.
     app = FastAPIOffline(title="Yak", version=__version__, description=DESCRIPTION, lifespan=_lifespan,
                          static_url="/docs-static")
-    app.state.services = ApiServices(settings, database=database, embedder=embedder, llm=llm, alerter=alerter,
-                                     extra_admin_keys=extra_admin_keys, served=served)
+    app.state.services = ApiServices(settings, **parts)
     install_error_handlers(app)
     document_error_bodies(app)
     # The middleware added last is outermost: bodies refused with 413 are still counted as requests.

@@ -7,7 +7,7 @@ while the database is down; a request that needs it then gets a 503 instead of a
 from __future__ import annotations
 
 import threading
-from typing import Annotated
+from typing import Annotated, TypedDict, Unpack
 
 from fastapi import Depends, Request, Security
 from fastapi.security import APIKeyHeader
@@ -24,30 +24,38 @@ from yak_pipeline.store.database import Database
 from yak_pipeline.wiring import build_alerter, shared_database
 
 
+class ServiceParts(TypedDict, total=False):
+    """The parts an app can be given instead of building them from settings (all optional).
+
+    ``extra_admin_keys`` are accepted as admin keys besides ``YAK_ADMIN_API_KEY`` and stored
+    admin keys (the in-process CLI uses a random one that never leaves its process).
+    ``served=False`` (the in-process CLI) keeps its recalls out of the ``yak_recall_latency_ms``
+    histogram: a fresh process loads the embedding model on its first recall, and that cold start
+    is not what the histogram is for.
+    """
+
+    database: Database | None
+    embedder: Embedder | None
+    llm: LLMProvider | None
+    alerter: Alerter | None
+    extra_admin_keys: tuple[str, ...]
+    served: bool
+
+
 class ApiServices:
     """The parts one app uses; any given explicitly (tests, the in-process CLI) are used as is."""
 
-    def __init__(
-        self,
-        settings: Settings,
-        *,
-        database: Database | None = None,
-        embedder: Embedder | None = None,
-        llm: LLMProvider | None = None,
-        alerter: Alerter | None = None,
-        extra_admin_keys: tuple[str, ...] = (),
-        served: bool = True,
-    ) -> None:
+    def __init__(self, settings: Settings, **parts: Unpack[ServiceParts]) -> None:
         self.settings = settings
-        self._database = database
-        self._embedder = embedder
-        self._llm = llm
-        self._alerter = alerter
-        self._alerter_has_database = alerter is not None
+        self._database = parts.get("database")
+        self._embedder = parts.get("embedder")
+        self._llm = parts.get("llm")
+        self._alerter = parts.get("alerter")
+        self._alerter_has_database = self._alerter is not None
         self._lock = threading.Lock()
         admin = settings.admin_api_key.get_secret_value() if settings.admin_api_key is not None else None
-        self.admin_keys: tuple[str, ...] = tuple(k for k in (admin, *extra_admin_keys) if k)
-        self.metrics = MetricsBuffer(observe_latency=served)
+        self.admin_keys: tuple[str, ...] = tuple(k for k in (admin, *parts.get("extra_admin_keys", ())) if k)
+        self.metrics = MetricsBuffer(observe_latency=parts.get("served", True))
         self._proxy: MemoryProxy | None = None
 
     @property

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
+from typing import NotRequired, TypedDict, Unpack
 
 import psycopg
 
@@ -94,24 +95,27 @@ def relevance_model(settings: Settings, embedder: Embedder) -> RelevanceModel:
     return _cached_model(embedder.model_name, Path(settings.home))
 
 
-def search_memories(
-    db: Database,
-    embedder: Embedder,
-    *,
-    user_id: str,
-    query: str,
-    params: RecallParams,
-    model: RelevanceModel,
-    now: datetime | None = None,
-    as_of: datetime | None = None,
-) -> list[RecallHit]:
+class RecallRequest(TypedDict):
+    """One recall: whose memories, for what text, with which parameters and relevance model.
+
+    ``now`` ages the memories (default: the current time); ``as_of`` recalls as of that moment
+    (only what had been said by then, aged from then).
+    """
+
+    user_id: str
+    query: str
+    params: RecallParams
+    model: RelevanceModel
+    now: NotRequired[datetime | None]
+    as_of: NotRequired[datetime | None]
+
+
+def search_memories(db: Database, embedder: Embedder, **ask: Unpack[RecallRequest]) -> list[RecallHit]:
     """The user's best distillations for ``query``, best first; empty when nothing is relevant."""
-    vector = embedder.embed_query(query)
+    vector = embedder.embed_query(ask["query"])
     with db.connection() as conn:
         with db.idle_connections(SPARE_LEG_CONNECTIONS) as spare:
-            ranked = recall(conn, user_id=user_id, query=query, query_embedding=vector,
-                            embedding_model=embedder.model_name, params=params, model=model, now=now, as_of=as_of,
-                            spare=spare)
+            ranked = recall(conn, query_embedding=vector, embedding_model=embedder.model_name, spare=spare, **ask)
         if not ranked:
             return []
         by_id = recall_hit_rows(conn, [r.id for r in ranked])
@@ -144,14 +148,9 @@ def build_context(
     db: Database,
     embedder: Embedder,
     *,
-    user_id: str,
-    query: str,
-    params: RecallParams,
-    model: RelevanceModel,
     system_prompt: str = "",
-    now: datetime | None = None,
-    as_of: datetime | None = None,
     also: Sequence[str] = (),
+    **ask: Unpack[RecallRequest],
 ) -> tuple[str, PromptBuild]:
     """The memory block for ``query`` and the prompt messages around it; recall failures degrade.
 
@@ -161,21 +160,21 @@ def build_context(
     ``params.limit``. If recall fails (database down, embedder broken) the prompt is still built,
     without memories, and ``PromptBuild.recall_error`` says why.
     """
+    limit = ask["params"].limit
+
     def _recall() -> list[BlockMemory]:
-        hits = search_memories(db, embedder, user_id=user_id, query=query, params=params, model=model, now=now,
-                               as_of=as_of)
+        hits = search_memories(db, embedder, **ask)
         found = {h.id for h in hits}
         added: dict[str, RecallHit] = {}
-        for text in also if len(hits) < params.limit else ():  # a full block has no room for more
-            for hit in search_memories(db, embedder, user_id=user_id, query=text, params=params, model=model,
-                                       now=now, as_of=as_of):
+        for text in also if len(hits) < limit else ():  # a full block has no room for more
+            for hit in search_memories(db, embedder, **{**ask, "query": text}):
                 if hit.id not in found and (hit.id not in added or hit.score > added[hit.id].score):
                     added[hit.id] = hit
-        hits += sorted(added.values(), key=lambda h: h.score, reverse=True)[:max(params.limit - len(hits), 0)]
+        hits += sorted(added.values(), key=lambda h: h.score, reverse=True)[:max(limit - len(hits), 0)]
         return [BlockMemory(id=h.id, content=h.content, tier=h.tier, occurred_at=h.occurred_at,
                             superseded=h.superseded_by is not None, in_conflict=h.in_conflict) for h in hits]
 
-    built = build_prompt_messages(system_prompt, query, _recall)
+    built = build_prompt_messages(system_prompt, ask["query"], _recall)
     return built.block, built
 
 

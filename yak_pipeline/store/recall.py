@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Final, Literal, TypeVar
+from typing import Final, Literal, NotRequired, TypedDict, TypeVar, Unpack
 
 import numpy as np
 import psycopg
@@ -447,31 +447,36 @@ def _run_legs(conns: Sequence[psycopg.Connection], legs: Sequence[Callable[[psyc
     return results  # type: ignore[return-value] - every slot is filled once the workers are done
 
 
-def recall_candidates(
-    conn: psycopg.Connection,
-    *,
-    user_id: str,
-    query: str,
-    query_embedding: Sequence[float],
-    embedding_model: str,
-    params: RecallParams,
-    as_of: datetime | None = None,
-    exact: bool = False,
-    spare: Sequence[psycopg.Connection] = (),
-) -> list[Candidate]:
-    """Run the five legs and return, per active distillation any of them proposed, its signals.
+class CandidateQuery(TypedDict):
+    """What the candidate legs are asked: a user's query, its vector, and how to search.
 
     ``exact`` scans the vector legs exactly (the reference); ``as_of`` sees only what had
     happened by then. With ``spare`` connections (``Database.idle_connections``) the legs run
-    side by side, on ``conn`` and on them (:func:`_run_legs`).
+    side by side, on the request's connection and on them (:func:`_run_legs`).
     """
-    vector = np.asarray(query_embedding, dtype=np.float32)
+
+    user_id: str
+    query: str
+    query_embedding: Sequence[float]
+    embedding_model: str
+    params: RecallParams
+    as_of: NotRequired[datetime | None]
+    exact: NotRequired[bool]
+    spare: NotRequired[Sequence[psycopg.Connection]]
+
+
+def recall_candidates(conn: psycopg.Connection, **ask: Unpack[CandidateQuery]) -> list[Candidate]:
+    """Run the five legs and return, per active distillation any of them proposed, its signals
+    (:class:`CandidateQuery` says what each argument does)."""
+    user_id, query, embedding_model, params = ask["user_id"], ask["query"], ask["embedding_model"], ask["params"]
+    as_of, exact = ask.get("as_of"), ask.get("exact", False)
+    vector = np.asarray(ask["query_embedding"], dtype=np.float32)
     size = params.leg_size
     # A stored context (words or vector) can hold what was said after ``as_of`` (the next
     # exchange's): as of a past moment each exchange is searched alone.
     use_context = params.exchange_context and as_of is None
     # The slowest legs (the index scans) first, so that side by side they finish together.
-    d_vec, m_vec, c_vec, m_text, d_text = _run_legs([conn, *spare], [
+    d_vec, m_vec, c_vec, m_text, d_text = _run_legs([conn, *ask.get("spare", ())], [
         lambda c: vector_search(c, table="distillations", user_id=user_id, query_embedding=vector,
                                 embedding_model=embedding_model, limit=size, exact=exact, as_of=as_of),
         lambda c: vector_search(c, table="memories", user_id=user_id, query_embedding=vector,
@@ -535,35 +540,22 @@ def recall_candidates(
     return candidates
 
 
-def recall(
-    conn: psycopg.Connection,
-    *,
-    user_id: str,
-    query: str,
-    query_embedding: Sequence[float],
-    embedding_model: str,
-    params: RecallParams,
-    model: RelevanceModel,
-    now: datetime | None = None,
-    as_of: datetime | None = None,
-    exact: bool = False,
-    spare: Sequence[psycopg.Connection] = (),
-) -> list[RankedMemory]:
+def recall(conn: psycopg.Connection, *, model: RelevanceModel, now: datetime | None = None,
+           **ask: Unpack[CandidateQuery]) -> list[RankedMemory]:
     """The user's best ``params.limit`` memories for ``query``, best first (``core.recall.rank_memories``;
     a question about the present gets its first few newest first, ``core.query_intent``).
 
     ``as_of`` recalls as of that moment: only what had happened by then, aged from then.
     """
-    if model.embedding_model != embedding_model:
+    params, as_of = ask["params"], ask.get("as_of")
+    if model.embedding_model != ask["embedding_model"]:
         raise ValueError(f"relevance model {model.version} was fitted for {model.embedding_model}, "
-                         f"not {embedding_model}: run `yak eval calibrate` for this embedder")
+                         f"not {ask['embedding_model']}: run `yak eval calibrate` for this embedder")
     if params.limit <= 0:
         return []
     now = as_of or now or datetime.now(timezone.utc)
-    candidates = recall_candidates(conn, user_id=user_id, query=query, query_embedding=query_embedding,
-                                   embedding_model=embedding_model, params=params, as_of=as_of, exact=exact,
-                                   spare=spare)
-    return rank_memories(candidates, model=model, params=params, now=now, about_present=asks_about_present(query))
+    return rank_memories(recall_candidates(conn, **ask), model=model, params=params, now=now,
+                         about_present=asks_about_present(ask["query"]))
 
 
 # --- exchange vectors -----------------------------------------------------------------------------

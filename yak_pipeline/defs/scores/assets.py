@@ -53,39 +53,35 @@ def _consolidation_step(context: dg.AssetExecutionContext, what: str, step: Call
     return dg.MaterializeResult(metadata=metadata)
 
 
-@dg.asset(partitions_def=exchange_partitions, deps=[distillations], group_name="memory", kinds={"postgres"})
-def conflict_scores(
-    context: dg.AssetExecutionContext,
-    postgres: PostgresResource,
-    llm: LLMResource,
-    embedder: EmbedderResource,
-    alerts: AlertsResource,
-) -> dg.MaterializeResult:
-    """Contradiction scores of each new distillation against the user's similar active ones.
+def _consolidation_asset(name: str, *, deps: list[dg.AssetsDefinition], what: str,
+                         step: Callable[..., StageReport], description: str) -> dg.AssetsDefinition:
+    """A partitioned asset that runs one consolidation ``step`` (conflict scoring or merging) over
+    its run's partitions (:func:`_consolidation_step`); both stages need the same four resources."""
 
-    A score above 0.7 records a conflict, flags both distillations for review, keeps them from
-    being merged, and raises a ``conflict_detected`` alert.
-    """
-    return _consolidation_step(context, "scoring conflicts", score_conflicts, postgres, llm, embedder, alerts)
+    @dg.asset(name=name, partitions_def=exchange_partitions, deps=deps, group_name="memory", kinds={"postgres"},
+              description=description)
+    def _asset(context: dg.AssetExecutionContext, postgres: PostgresResource, llm: LLMResource,
+               embedder: EmbedderResource, alerts: AlertsResource) -> dg.MaterializeResult:
+        return _consolidation_step(context, what, step, postgres, llm, embedder, alerts)
+
+    return _asset
 
 
-@dg.asset(partitions_def=exchange_partitions, deps=[conflict_scores], group_name="memory", kinds={"postgres"})
-def distillation_versions(
-    context: dg.AssetExecutionContext,
-    postgres: PostgresResource,
-    llm: LLMResource,
-    embedder: EmbedderResource,
-    alerts: AlertsResource,
-) -> dg.MaterializeResult:
-    """Near-duplicates consolidated into versions instead of overwritten.
+conflict_scores = _consolidation_asset(
+    "conflict_scores", deps=[distillations], what="scoring conflicts", step=score_conflicts,
+    description="""Contradiction scores of each new distillation against the user's similar active ones.
 
-    For each new distillation, the nearest of the user's active ones with similarity ≥ 0.85
-    (top 5, never one it conflicts with) is consolidated with it by the LLM: the older one gets
-    a new version recording ``merged_from``, the newer one becomes ``merged``. Old text stays in
-    the version history.
-    """
-    return _consolidation_step(context, "merging near-duplicates", merge_near_duplicates, postgres, llm, embedder,
-                               alerts)
+A score above 0.7 records a conflict, flags both distillations for review, keeps them from
+being merged, and raises a ``conflict_detected`` alert.""")
+
+distillation_versions = _consolidation_asset(
+    "distillation_versions", deps=[conflict_scores], what="merging near-duplicates", step=merge_near_duplicates,
+    description="""Near-duplicates consolidated into versions instead of overwritten.
+
+For each new distillation, the nearest of the user's active ones with similarity ≥ 0.85
+(top 5, never one it conflicts with) is consolidated with it by the LLM: the older one gets
+a new version recording ``merged_from``, the newer one becomes ``merged``. Old text stays in
+the version history.""")
 
 
 class WarmthConfig(dg.Config):
