@@ -115,6 +115,13 @@ class Settings(BaseSettings):
         default=True,
         description="A question about the present (\"where do I live now?\") gets its first five recalled memories newest first, so the current value leads the block (true/false).",
     )
+    recall_llm_judge: bool = Field(
+        default=False,
+        description="With an LLM endpoint ($YAK_LLM_BASE_URL), the LLM also judges each memory recall found against the query and drops those it scores below $YAK_RECALL_LLM_JUDGE_KEEP (one LLM call per recalled memory; true/false).",
+    )
+    recall_llm_judge_keep: float = Field(
+        default=0.5, ge=0, le=1, description="The LLM judge's score (0-1) a recalled memory needs to stay, when $YAK_RECALL_LLM_JUDGE is on."
+    )
     recall_leg_size: int = Field(
         default=50, ge=1, le=1000, description="How many candidates each recall leg (BM25 and vectors, over distillations and exchanges) proposes for relevance scoring."
     )

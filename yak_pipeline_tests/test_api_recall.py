@@ -7,6 +7,7 @@ import pytest
 from yak_pipeline.api.app import create_app
 from yak_pipeline.embeddings.hashing import HashingEmbedder
 from yak_pipeline.llm import OpenAIChatProvider, RulesProvider
+from yak_pipeline.llm.prompts import parse_payload
 from yak_pipeline.services.distill import DistillJob, distill_memories
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
@@ -143,3 +144,59 @@ def test_warmth_evaluate_answers_502_when_the_llm_fails(llm_app, database: Datab
     assert response.status_code == 502 and response.json()["detail"].startswith("the evaluator failed")
     with database.connection() as conn:
         assert conn.execute("SELECT count(*) FROM warmth_events").fetchone()[0] == 0
+
+
+def _judging_replier(request: dict) -> Reply:  # noqa: ANN001 - the fake server's request body
+    """A model that finds only the ramen memory relevant (its judgement is what is under test)."""
+    task, payload = parse_payload(request["messages"][-1]["content"])
+    assert task == "relevance"
+    return Reply.json({"score": 0.9 if "ramen" in payload["memory"] else 0.2})
+
+
+@pytest.fixture
+def judged_app(api_settings: Settings, database: Database, openai_server: FakeOpenAIServer):  # noqa: ANN201
+    """The app with ``YAK_RECALL_LLM_JUDGE`` on, its LLM the loopback server through the real openai client."""
+    settings = api_settings.model_copy(update={"recall_llm_judge": True, "llm_base_url": openai_server.base_url})
+    provider = OpenAIChatProvider(openai_server.base_url, "fake-model", max_retries=0, timeout_seconds=5)
+    return create_app(settings, database=database, llm=provider)
+
+
+def test_the_llm_judge_drops_what_it_finds_irrelevant_and_keeps_the_engines_order(
+        judged_app, database: Database, openai_server: FakeOpenAIServer) -> None:  # noqa: ANN001
+    client = client_with(judged_app, ADMIN_KEY)
+    _post_and_distil(client, database)
+    query = {"query": "What food do I like? ramen Lisbon", "user_id": "alice", "threshold": 0.05, "explain": True}
+    openai_server.clear()
+    openai_server.replier = _judging_replier
+    hits = client.post("/api/distillations/search", json=query).json()
+    # Both of alice's memories pass the engine's gate at t = 0.05; the judge asked about each, with
+    # the user's message as the turn, and kept only the one it scored >= 0.5.
+    turns = sorted(parse_payload(r.body["messages"][-1]["content"])[1]["memory"]
+                   for r in openai_server.chat_requests)
+    assert len(turns) == 2 and any("ramen" in t for t in turns) and any("Lisbon" in t for t in turns)
+    assert all(parse_payload(r.body["messages"][-1]["content"])[1]["turn"] == "User: " + query["query"]
+               for r in openai_server.chat_requests)
+    assert [("ramen" in h["content"], h["explain"]["llm_judgement"]) for h in hits] == [(True, 0.9)]
+    block = client.post("/api/context", json={k: v for k, v in query.items() if k != "explain"}).json()
+    assert "ramen" in block["block"] and "Lisbon" not in block["block"]
+
+
+def test_the_llm_judge_failing_leaves_the_engines_hits(judged_app, database: Database,  # noqa: ANN001
+                                                        openai_server: FakeOpenAIServer) -> None:
+    client = client_with(judged_app, ADMIN_KEY)
+    _post_and_distil(client, database)
+    openai_server.replier = lambda request: Reply.status(500)
+    hits = client.post("/api/distillations/search", json={"query": "What food do I like? ramen Lisbon",
+                                                          "user_id": "alice", "threshold": 0.05,
+                                                          "explain": True}).json()
+    assert len(hits) == 2 and all("llm_judgement" not in h["explain"] for h in hits)
+
+
+def test_without_the_setting_recall_asks_no_llm(llm_app, database: Database,  # noqa: ANN001
+                                                 openai_server: FakeOpenAIServer) -> None:
+    client = client_with(llm_app, ADMIN_KEY)
+    _post_and_distil(client, database)
+    openai_server.clear()
+    hits = client.post("/api/distillations/search", json={"query": "What food do I like? ramen Lisbon",
+                                                          "user_id": "alice", "threshold": 0.05}).json()
+    assert len(hits) == 2 and openai_server.chat_requests == []

@@ -19,6 +19,7 @@ from yak_pipeline.embeddings import Embedder, get_embedder
 from yak_pipeline.llm import get_llm_provider
 from yak_pipeline.llm.provider import LLMProvider
 from yak_pipeline.services.proxy import MemoryProxy
+from yak_pipeline.services.recall import LLMRecallJudge, recall_judge
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
 from yak_pipeline.wiring import build_alerter, shared_database
@@ -87,11 +88,16 @@ class ApiServices:
         return self._llm
 
     @property
+    def recall_judge(self) -> LLMRecallJudge | None:
+        """The LLM's second opinion on recalled memories, when ``YAK_RECALL_LLM_JUDGE`` is on with an LLM endpoint."""
+        return recall_judge(self.settings, lambda: self.llm)
+
+    @property
     def proxy(self) -> MemoryProxy:
         """The memory proxy (``/v1``), on this app's database, embedder and metrics."""
         if self._proxy is None:
             self._proxy = MemoryProxy(self.settings, database=lambda: self.database, embedder=lambda: self.embedder,
-                                      metrics=self.metrics)
+                                      metrics=self.metrics, judge=lambda: self.recall_judge)
         return self._proxy
 
     @property

@@ -88,7 +88,7 @@ class YakMemoryTools:
         settings, embedder = self.services.settings, self.services.embedder
         hits = search_memories(self.services.database, embedder, user_id=user_id, query=query,
                                params=recall_params(settings, threshold=threshold, limit=limit),
-                               model=relevance_model(settings, embedder))
+                               model=relevance_model(settings, embedder), judge=self.services.recall_judge)
         return _plain({"memories": [{
             "id": h.id, "memory_id": h.memory_id, "content": h.content, "tier": h.tier, "said_at": h.occurred_at,
             "relevance": round(h.relevance, 4), "score": h.score, "superseded": h.superseded_by is not None,

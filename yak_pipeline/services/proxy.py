@@ -51,7 +51,7 @@ from yak_pipeline.core.types import InvalidUserId, validate_user_id
 from yak_pipeline.embeddings import Embedder
 from yak_pipeline.llm.errors import one_line
 from yak_pipeline.services.forget import ForgetOutcome, confirm_forget, run_forget_command
-from yak_pipeline.services.recall import build_context, recall_params, relevance_model
+from yak_pipeline.services.recall import LLMRecallJudge, build_context, recall_params, relevance_model
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.errors import DatabaseUnavailable
@@ -357,10 +357,11 @@ class MemoryProxy:
     """The proxy's flow (module docstring) over the app's parts, given as getters so nothing is built before use."""
 
     def __init__(self, settings: Settings, *, database: Callable[[], Database], embedder: Callable[[], Embedder],
-                 metrics: ProxyMetrics) -> None:
+                 metrics: ProxyMetrics, judge: Callable[[], LLMRecallJudge | None] = lambda: None) -> None:
         self.settings = settings
         self._database = database
         self._embedder = embedder
+        self._judge = judge
         self.metrics = metrics
         self._client: httpx.AsyncClient | None = None
         self._client_loop: object | None = None
@@ -425,7 +426,8 @@ class MemoryProxy:
             params = recall_params(self.settings, threshold=self.settings.proxy_recall_threshold,
                                    limit=self.settings.proxy_recall_limit)
             block, built = build_context(database, embedder, user_id=user_id, query=queries[0], also=queries[1:],
-                                         params=params, model=relevance_model(self.settings, embedder))
+                                         params=params, model=relevance_model(self.settings, embedder),
+                                         judge=self._judge())
             error = built.recall_error
         except Exception as exc:  # noqa: BLE001 - no memories is better than no answer
             block, built, error = "", None, f"{type(exc).__name__}: {one_line(exc, _MAX_MESSAGE_CHARS)}"

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import NotRequired, TypedDict, Unpack
+
+import logging
 
 import psycopg
 
@@ -25,6 +28,8 @@ from yak_pipeline.core.memory_block import BlockMemory, PromptBuild, build_promp
 from yak_pipeline.core.recall import RankedMemory, RecallParams
 from yak_pipeline.core.relevance import RelevanceModel, RelevanceSignals
 from yak_pipeline.embeddings import Embedder
+from yak_pipeline.llm.errors import LLMError
+from yak_pipeline.llm.provider import LLMProvider
 from yak_pipeline.recall_models import load_relevance_model
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
@@ -47,6 +52,8 @@ class RecallHit:
     confidence: float
     occurred_at: datetime
     in_conflict: bool
+    # The LLM's judgement of this memory for the query (:class:`LLMRecallJudge`), when one judged it.
+    judgement: float | None = None
 
     # The ranking's own values, read through (one copy of each).
     id = property(lambda self: self.ranked.id)
@@ -63,9 +70,54 @@ class RecallHit:
         return self.tier == "core"
 
     def explain(self) -> dict[str, object]:
-        """The score breakdown (relevance and its legs, decay, warmth, gravity, supersession)."""
-        return self.ranked.explain()
+        """The score breakdown (relevance and its legs, decay, warmth, gravity, supersession), and
+        the LLM's judgement when one judged the memory."""
+        breakdown = self.ranked.explain()
+        if self.judgement is not None:
+            breakdown["llm_judgement"] = self.judgement
+        return breakdown
 
+
+class LLMRecallJudge:
+    """An optional second opinion on what recall found: the configured LLM reads the query with
+    each memory that passed the gate, and memories it scores below ``keep`` are dropped.
+
+    It asks the LLM's usefulness judgement (``LLMProvider.relevance_score``, the warmth
+    evaluator's), with the user's message alone as the turn: "the turn clearly depends on what
+    the memory says" is what recall wants to know. The engine's order is kept: the judge only
+    removes (a near miss such as "my brother" for a memory about a sister, which the embedder's
+    cosine cannot tell apart). One call per memory, ``concurrency`` at a time. When the LLM fails
+    the engine's hits are returned unjudged (recall never fails because its judge did).
+    """
+
+    def __init__(self, llm: LLMProvider, *, keep: float, concurrency: int) -> None:
+        self.llm = llm
+        self.keep = keep
+        self.concurrency = max(1, concurrency)
+
+    def judge(self, query: str, hits: Sequence[RecallHit]) -> list[RecallHit]:
+        """``hits`` the LLM scores at least ``keep`` for ``query``, in their order, each with its score."""
+        if not hits:
+            return []
+        turn = "User: " + query
+        try:
+            with ThreadPoolExecutor(max_workers=min(self.concurrency, len(hits))) as pool:
+                scores = list(pool.map(lambda h: self.llm.relevance_score(h.content, turn).score, hits))
+        except LLMError as exc:
+            logger.warning("the LLM could not judge recall; keeping the engine's %d memories: %s", len(hits), exc)
+            return list(hits)
+        return [replace(h, judgement=score) for h, score in zip(hits, scores) if score >= self.keep]
+
+
+def recall_judge(settings: Settings, llm: Callable[[], LLMProvider]) -> LLMRecallJudge | None:
+    """The LLM judge when ``YAK_RECALL_LLM_JUDGE`` is on and an LLM endpoint is configured, else None
+    (the offline rules provider's word overlap is no judge of a paraphrase)."""
+    if not settings.recall_llm_judge or not settings.llm_base_url:
+        return None
+    return LLMRecallJudge(llm(), keep=settings.recall_llm_judge_keep, concurrency=settings.llm_concurrency)
+
+
+logger = logging.getLogger("yak.recall")
 
 # Recall's five legs run side by side on the request's connection and up to this many more that
 # the pool has free at that moment (none when it is busy: then one after another, as before).
@@ -110,8 +162,11 @@ class RecallRequest(TypedDict):
     as_of: NotRequired[datetime | None]
 
 
-def search_memories(db: Database, embedder: Embedder, **ask: Unpack[RecallRequest]) -> list[RecallHit]:
-    """The user's best distillations for ``query``, best first; empty when nothing is relevant."""
+def search_memories(db: Database, embedder: Embedder, *, judge: LLMRecallJudge | None = None,
+                    **ask: Unpack[RecallRequest]) -> list[RecallHit]:
+    """The user's best distillations for ``query``, best first; empty when nothing is relevant.
+
+    With a ``judge`` (:func:`recall_judge`), the LLM's judgement then drops what it finds irrelevant."""
     vector = embedder.embed_query(ask["query"])
     with db.connection() as conn:
         with db.idle_connections(SPARE_LEG_CONNECTIONS) as spare:
@@ -119,11 +174,12 @@ def search_memories(db: Database, embedder: Embedder, **ask: Unpack[RecallReques
         if not ranked:
             return []
         by_id = recall_hit_rows(conn, [r.id for r in ranked])
-    return [
+    hits = [
         RecallHit(ranked=r, memory_id=str(by_id[r.id][1]), content=by_id[r.id][2], confidence=by_id[r.id][3],
                   occurred_at=by_id[r.id][4], in_conflict=bool(by_id[r.id][5]))
         for r in ranked if r.id in by_id
     ]
+    return judge.judge(ask["query"], hits) if judge is not None else hits
 
 
 def signals_for_text(
@@ -150,6 +206,7 @@ def build_context(
     *,
     system_prompt: str = "",
     also: Sequence[str] = (),
+    judge: LLMRecallJudge | None = None,
     **ask: Unpack[RecallRequest],
 ) -> tuple[str, PromptBuild]:
     """The memory block for ``query`` and the prompt messages around it; recall failures degrade.
@@ -157,17 +214,17 @@ def build_context(
     ``also``: more texts recalled for besides ``query`` (the proxy's follow-up read with the
     message before it, ``core.conversation_query``). They only add: ``query``'s memories keep
     their places, then come those only the others found, best score first, up to
-    ``params.limit``. If recall fails (database down, embedder broken) the prompt is still built,
+    ``params.limit``. ``judge``: as in :func:`search_memories`. If recall fails (database down, embedder broken) the prompt is still built,
     without memories, and ``PromptBuild.recall_error`` says why.
     """
     limit = ask["params"].limit
 
     def _recall() -> list[BlockMemory]:
-        hits = search_memories(db, embedder, **ask)
+        hits = search_memories(db, embedder, judge=judge, **ask)
         found = {h.id for h in hits}
         added: dict[str, RecallHit] = {}
         for text in also if len(hits) < limit else ():  # a full block has no room for more
-            for hit in search_memories(db, embedder, **{**ask, "query": text}):
+            for hit in search_memories(db, embedder, judge=judge, **{**ask, "query": text}):
                 if hit.id not in found and (hit.id not in added or hit.score > added[hit.id].score):
                     added[hit.id] = hit
         hits += sorted(added.values(), key=lambda h: h.score, reverse=True)[:max(limit - len(hits), 0)]

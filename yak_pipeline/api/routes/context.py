@@ -25,7 +25,7 @@ def context(body: ContextRequest, caller: Caller, services: Services) -> Context
     block, built = build_context(services.database, services.embedder, user_id=user_id, query=body.query,
                                  params=recall_params(services.settings, threshold=body.threshold, limit=body.limit),
                                  model=relevance_model(services.settings, services.embedder),
-                                 system_prompt=body.system_prompt, as_of=body.as_of)
+                                 system_prompt=body.system_prompt, as_of=body.as_of, judge=services.recall_judge)
     services.metrics.observe_recall((time.perf_counter() - started) * 1000)
     note = None
     if not built.recalled_ids and built.recall_error is None:

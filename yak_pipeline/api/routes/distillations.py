@@ -59,7 +59,8 @@ def search(body: SearchRequest, caller: Caller, services: Services) -> list[Sear
     started = time.perf_counter()
     hits = search_memories(services.database, services.embedder, user_id=user_id, query=body.query,
                            params=recall_params(services.settings, threshold=body.threshold, limit=body.limit),
-                           model=relevance_model(services.settings, services.embedder), as_of=body.as_of)
+                           model=relevance_model(services.settings, services.embedder), as_of=body.as_of,
+                           judge=services.recall_judge)
     services.metrics.observe_recall((time.perf_counter() - started) * 1000)
     if not hits:
         # Asked only when nothing was found, so a successful search costs nothing more.

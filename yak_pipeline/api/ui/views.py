@@ -59,7 +59,8 @@ def search(
         started = time.perf_counter()
         hits = search_memories(services.database, services.embedder, user_id=user_id, query=query,
                                params=recall_params(services.settings, threshold=threshold, limit=limit),
-                               model=relevance_model(services.settings, services.embedder))
+                               model=relevance_model(services.settings, services.embedder),
+                               judge=services.recall_judge)
         services.metrics.observe_recall((time.perf_counter() - started) * 1000)
         exchanges = exchanges_of(services.database, [h.memory_id for h in hits], user_id=user_id)
         if not hits and not user_has_memories(services.database, user_id):
