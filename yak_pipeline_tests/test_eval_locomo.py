@@ -14,8 +14,10 @@ import pytest
 from yak_pipeline.eval.locomo import LocomoFormatError, load_locomo, parse_evidence, parse_locomo, parse_session_datetime
 from yak_pipeline.eval.metrics import ScoredQuestion, aggregate, score_ranking
 from yak_pipeline.eval.runner import EvalOptions, run_locomo_eval, user_id_for
+from yak_pipeline.llm.prompts import parse_payload
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import connect
+from yak_pipeline_tests.fake_openai import FakeOpenAIServer, Reply, rules_replier
 
 
 def _turn(speaker: str, dia_id: str, text: str, **extra: str) -> dict:
@@ -170,6 +172,29 @@ def test_a_whole_run_ingests_through_the_pipeline_and_scores_three_methods(setti
     assert user_id_for(3, "conv 7/β") == "locomo3-conv-7"
 
 
+def test_the_llm_judge_is_scored_as_its_own_method(settings: Settings, openai_server: FakeOpenAIServer) -> None:
+    """``--llm-judge``: "Yak + LLM judge" beside the default, the LLM asked through the real openai client."""
+    def judging(request: dict) -> Reply:  # a judge that finds every memory irrelevant but the kitten's
+        task, payload = parse_payload(request["messages"][-1]["content"])
+        if task != "relevance":
+            return rules_replier(request)  # the pipeline's own calls (distil, conflict, merge)
+        return Reply.json({"score": 0.9 if "Miso" in payload["memory"] else 0.1})
+
+    openai_server.replier = judging
+    judged_settings = settings.model_copy(update={"llm_base_url": openai_server.base_url, "llm_max_retries": 0})
+    report = run_locomo_eval(judged_settings, parse_locomo(synthetic_locomo()),
+                             EvalOptions(ks=(1, 5), threshold=0.0, llm_judge=True))
+    assert list(report["methods"]) == ["BM25", "dense", "Yak", "Yak + LLM judge"] and report["ablations"] == {}
+    judged, default = report["methods"]["Yak + LLM judge"], report["methods"]["Yak"]
+    assert judged["kind"] == "yak_judged" and judged["overall"]["n"] == default["overall"]["n"] == 5
+    # Only the kitten question keeps its evidence (the judge dropped every other memory).
+    assert judged["by_category"]["4"]["recall@5"] < default["by_category"]["4"]["recall@5"]
+    assert judged["overall"]["hit@5"] == pytest.approx(1 / 5)
+    asked = [parse_payload(r.body["messages"][-1]["content"]) for r in openai_server.chat_requests]
+    assert any(task == "relevance" and payload["turn"] == "User: What is the name of Ana's kitten?"
+               for task, payload in asked)
+
+
 def _yak(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "yak_pipeline.cli.main", *args], capture_output=True, text=True,
                           env=env, timeout=600)
@@ -187,6 +212,7 @@ def test_cli_usage_errors_are_one_line_with_exit_2(tmp_path: Path, settings: Set
         (["--data", str(data), "--k", "1,x"], "--k"),
         (["--data", str(data), "--k", "0"], "between 1 and 100"),
         (["--data", str(data), "--limit-conversations", "0"], "--limit-conversations"),
+        (["--data", str(data), "--llm-judge"], "YAK_LLM_BASE_URL"),
     ]:
         result = _yak("eval", "locomo", *args, env=env)
         assert result.returncode == 2, result.stderr

@@ -45,6 +45,7 @@ def locomo_command(
     keep_db: bool = typer.Option(False, "--keep-db", help="Keep the evaluation database instead of dropping it."),
     target_points: float = typer.Option(5.0, "--target-points", help="Required Recall@k margin of the default recall over the better baseline."),
     local_llm: bool = typer.Option(False, "--local-llm", help="Distil with the packaged local model (as `yak up --local-llm`; `make setup-llm`) instead of YAK_LLM_BASE_URL or the rules provider."),
+    llm_judge: bool = typer.Option(False, "--llm-judge", help="Also score \"Yak + LLM judge\": the default recall, then the LLM (YAK_LLM_BASE_URL or --local-llm) drops what it judges irrelevant (YAK_RECALL_LLM_JUDGE)."),
 ) -> None:
     """Ingest a LoCoMo-format file into a fresh database through the real pipeline, then score
     BM25, dense and Yak's default recall against each question's evidence turns, and measure
@@ -67,13 +68,15 @@ def locomo_command(
         raise fail(str(exc), USAGE_EXIT) from None
     progress_console = Console(stderr=True)
     options = EvalOptions(ks=ks, threshold=threshold, ablations=ablations, keep_database=keep_db,
-                          required_points=target_points)
+                          required_points=target_points, llm_judge=llm_judge)
     with ExitStack() as stack:
         settings = get_settings()
         if local_llm:
             from yak_pipeline.cli.local_llm import local_llm_running
 
             settings, _ = stack.enter_context(local_llm_running(settings, progress_console))
+        if llm_judge and not settings.llm_base_url:
+            raise fail("--llm-judge needs an LLM: set YAK_LLM_BASE_URL or add --local-llm", USAGE_EXIT)
         try:
             report = run_locomo_eval(settings, conversations, options, data_label=str(data),
                                      progress=lambda line: progress_console.print(line, highlight=False, markup=False))

@@ -55,20 +55,21 @@ from yak_pipeline.services.distill import DistillJob, distill_memories, partitio
 from yak_pipeline.ingestion.records import ingest_records
 from yak_pipeline.core.recall import RecallParams
 from yak_pipeline.core.relevance import RelevanceModel
-from yak_pipeline.services.recall import embed_pending_exchanges, recall_params, relevance_model
+from yak_pipeline.services.recall import LLMRecallJudge, embed_pending_exchanges, recall_params, relevance_model
 from yak_pipeline.services.reports import StageReport
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database, create_database, drop_database, resolve_database_url, with_database
-from yak_pipeline.store.distillations import status_counts
+from yak_pipeline.store.distillations import recall_hit_rows, status_counts
 from yak_pipeline.store.errors import StoreError
 from yak_pipeline.store.memories import list_memories
 from yak_pipeline.store.recall import active_distillation_ids, bm25_search, recall, source_memories, vector_search
 
 Progress = Callable[[str], None]
-MethodKind = Literal["bm25", "dense", "yak"]
+MethodKind = Literal["bm25", "dense", "yak", "yak_judged"]
 
 BASELINES = ("BM25", "dense")
 YAK = "Yak"
+YAK_JUDGED = "Yak + LLM judge"
 _DISTIL_CHUNK = 100
 _USER_ID_UNSAFE = re.compile(r"[^A-Za-z0-9._@-]+")
 
@@ -89,6 +90,9 @@ class EvalOptions:
     required_points: float = 5.0
     # A relevance model to evaluate instead of the configured embedder's (calibration uses it).
     model: RelevanceModel | None = None
+    # Also run "Yak + LLM judge": the default recall, then the configured LLM's judgement
+    # (services.recall.LLMRecallJudge, YAK_RECALL_LLM_JUDGE); needs YAK_LLM_BASE_URL.
+    llm_judge: bool = False
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,9 @@ def build_methods(settings: Settings, options: EvalOptions) -> list[Method]:
         Method("dense", "dense", note="exact cosine over raw exchanges, same embedder"),
         Method(YAK, "yak", base, note="the default recall: calibrated relevance, tier gate, decay, warmth, gravity"),
     ]
+    if options.llm_judge:
+        methods.append(Method(YAK_JUDGED, "yak_judged", base,
+                              note="the default recall, then the LLM drops what it judges irrelevant"))
     if options.ablations:
         def variant(name: str, params: RecallParams) -> Method:
             return Method(name, "yak", params)
@@ -293,7 +300,8 @@ def _distillation_turns(conn: Any, conversation: _Conversation, ids: Sequence[st
 
 
 def _retrieve(conn: Any, method: Method, conversation: _Conversation, question: Question, vector: Sequence[float],
-              embedder: Embedder, depth: int, model: RelevanceModel | None) -> list[frozenset[str]]:
+              embedder: Embedder, depth: int, model: RelevanceModel | None,
+              judge: LLMRecallJudge | None = None) -> list[frozenset[str]]:
     """The method's ranked items for one question, each as the set of turns it holds."""
     if method.kind == "bm25":
         hits = bm25_search(conn, table="memories", user_id=conversation.user_id, query=question.question, limit=depth)
@@ -305,7 +313,13 @@ def _retrieve(conn: Any, method: Method, conversation: _Conversation, question: 
     assert method.params is not None and model is not None
     ranked = recall(conn, user_id=conversation.user_id, query=question.question, query_embedding=vector,
                     embedding_model=embedder.model_name, params=method.params, model=model, now=conversation.now)
-    return _distillation_turns(conn, conversation, [r.id for r in ranked])
+    ids = [r.id for r in ranked]
+    if method.kind == "yak_judged" and judge is not None and ids:
+        contents = recall_hit_rows(conn, ids)
+        scores = judge.scores(question.question, [contents[i][2] for i in ids])
+        if scores is not None:
+            ids = [i for i, score in zip(ids, scores) if score >= judge.keep]
+    return _distillation_turns(conn, conversation, ids)
 
 
 def _target(methods: dict[str, dict], default_method: str, depth: int, required_points: float) -> dict[str, Any]:
@@ -330,6 +344,12 @@ def run_locomo_eval(settings: Settings, conversations: Sequence[Conversation], o
     embedder = get_embedder(settings)
     methods = build_methods(settings, replace(options, ks=ks))
     model = options.model or relevance_model(settings, embedder)
+    judge = None
+    if options.llm_judge:
+        if not settings.llm_base_url:
+            raise ValueError("--llm-judge needs an LLM endpoint: set YAK_LLM_BASE_URL (or use --local-llm)")
+        judge = LLMRecallJudge(get_llm_provider(settings), keep=settings.recall_llm_judge_keep,
+                               concurrency=settings.llm_concurrency)
     started = time.monotonic()
     with evaluation_database(settings, keep=options.keep_database, progress=progress) as db:
         ingested, pipeline = _ingest(db, settings, embedder, conversations, progress)
@@ -353,7 +373,8 @@ def run_locomo_eval(settings: Settings, conversations: Sequence[Conversation], o
                 for method in methods:
                     with db.connection() as conn:
                         began = time.perf_counter()
-                        items = _retrieve(conn, method, conversation, question, vector, embedder, depth, model)
+                        items = _retrieve(conn, method, conversation, question, vector, embedder, depth, model,
+                                          judge)
                         latency_ms[method.name].append((time.perf_counter() - began) * 1000)
                     results[method.name].append(ScoredQuestion(
                         question.category, score_ranking(items, question.evidence, ks)))
@@ -368,7 +389,8 @@ def run_locomo_eval(settings: Settings, conversations: Sequence[Conversation], o
             for question, vector in zip(never_said, [embedder.embed_query(q.question) for q in never_said]):
                 for method in methods:
                     with db.connection() as conn:
-                        items = _retrieve(conn, method, conversation, question, vector, embedder, depth, model)
+                        items = _retrieve(conn, method, conversation, question, vector, embedder, depth, model,
+                                          judge)
                     abstained_scores[method.name].append(abstained(items))
     method_reports: dict[str, dict] = {}
     for method in methods:
@@ -386,7 +408,7 @@ def run_locomo_eval(settings: Settings, conversations: Sequence[Conversation], o
             "abstention_n": len(abstained_scores[method.name]),
         }
     default_method = YAK
-    main = [m.name for m in methods[:3]]
+    main = [m.name for m in methods if m.kind != "yak" or m.name == YAK]
     skipped: dict[str, int] = {}
     for conversation in conversations:
         for key, value in conversation.skipped.items():
@@ -408,7 +430,7 @@ def run_locomo_eval(settings: Settings, conversations: Sequence[Conversation], o
         },
         "default_method": default_method,
         "methods": {name: method_reports[name] for name in main},
-        "ablations": {m.name: method_reports[m.name] for m in methods[3:]},
+        "ablations": {name: method_reports[name] for name in method_reports if name not in main},
         "target": _target(method_reports, default_method, depth, options.required_points),
         # The mean share of a question's evidence turns held by an active distillation: no
         # recall of distillations can score a higher Recall@k, whatever its ranking.

@@ -95,16 +95,22 @@ class LLMRecallJudge:
         self.keep = keep
         self.concurrency = max(1, concurrency)
 
-    def judge(self, query: str, hits: Sequence[RecallHit]) -> list[RecallHit]:
-        """``hits`` the LLM scores at least ``keep`` for ``query``, in their order, each with its score."""
-        if not hits:
+    def scores(self, query: str, memories: Sequence[str]) -> list[float] | None:
+        """The LLM's score of each memory's text for ``query``; None when the LLM failed."""
+        if not memories:
             return []
         turn = "User: " + query
         try:
-            with ThreadPoolExecutor(max_workers=min(self.concurrency, len(hits))) as pool:
-                scores = list(pool.map(lambda h: self.llm.relevance_score(h.content, turn).score, hits))
+            with ThreadPoolExecutor(max_workers=min(self.concurrency, len(memories))) as pool:
+                return list(pool.map(lambda memory: self.llm.relevance_score(memory, turn).score, memories))
         except LLMError as exc:
-            logger.warning("the LLM could not judge recall; keeping the engine's %d memories: %s", len(hits), exc)
+            logger.warning("the LLM could not judge recall; keeping the engine's %d memories: %s", len(memories), exc)
+            return None
+
+    def judge(self, query: str, hits: Sequence[RecallHit]) -> list[RecallHit]:
+        """``hits`` the LLM scores at least ``keep`` for ``query``, in their order, each with its score."""
+        scores = self.scores(query, [h.content for h in hits])
+        if scores is None:
             return list(hits)
         return [replace(h, judgement=score) for h, score in zip(hits, scores) if score >= self.keep]
 
