@@ -316,9 +316,9 @@ def _retrieve(conn: Any, method: Method, conversation: _Conversation, question: 
     ids = [r.id for r in ranked]
     if method.kind == "yak_judged" and judge is not None and ids:
         contents = recall_hit_rows(conn, ids)
-        scores = judge.scores(question.question, [contents[i][2] for i in ids])
-        if scores is not None:
-            ids = [i for i, score in zip(ids, scores) if score >= judge.keep]
+        kept = judge.kept(question.question, [contents[i][2] for i in ids])
+        if kept is not None:
+            ids = [ids[i] for i, _ in kept]
     return _distillation_turns(conn, conversation, ids)
 
 
@@ -348,8 +348,7 @@ def run_locomo_eval(settings: Settings, conversations: Sequence[Conversation], o
     if options.llm_judge:
         if not settings.llm_base_url:
             raise ValueError("--llm-judge needs an LLM endpoint: set YAK_LLM_BASE_URL (or use --local-llm)")
-        judge = LLMRecallJudge(get_llm_provider(settings), keep=settings.recall_llm_judge_keep,
-                               concurrency=settings.llm_concurrency)
+        judge = LLMRecallJudge.from_settings(settings, get_llm_provider(settings))
     started = time.monotonic()
     with evaluation_database(settings, keep=options.keep_database, progress=progress) as db:
         ingested, pipeline = _ingest(db, settings, embedder, conversations, progress)
@@ -408,7 +407,7 @@ def run_locomo_eval(settings: Settings, conversations: Sequence[Conversation], o
             "abstention_n": len(abstained_scores[method.name]),
         }
     default_method = YAK
-    main = [m.name for m in methods if m.kind != "yak" or m.name == YAK]
+    main = [m.name for m in methods if m.name in (*BASELINES, YAK, YAK_JUDGED)]
     skipped: dict[str, int] = {}
     for conversation in conversations:
         for key, value in conversation.skipped.items():

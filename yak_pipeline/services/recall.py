@@ -11,6 +11,7 @@ distillation's vector only.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -19,8 +20,6 @@ from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import NotRequired, TypedDict, Unpack
-
-import logging
 
 import psycopg
 
@@ -41,6 +40,7 @@ from yak_pipeline.store.recall import (
     set_exchange_embeddings,
 )
 
+logger = logging.getLogger("yak.recall")
 
 @dataclass(frozen=True)
 class RecallHit:
@@ -95,24 +95,31 @@ class LLMRecallJudge:
         self.keep = keep
         self.concurrency = max(1, concurrency)
 
-    def scores(self, query: str, memories: Sequence[str]) -> list[float] | None:
-        """The LLM's score of each memory's text for ``query``; None when the LLM failed."""
+    @classmethod
+    def from_settings(cls, settings: Settings, llm: LLMProvider) -> LLMRecallJudge:
+        """A judge asking ``llm``, with ``YAK_RECALL_LLM_JUDGE_KEEP`` and ``YAK_LLM_CONCURRENCY``."""
+        return cls(llm, keep=settings.recall_llm_judge_keep, concurrency=settings.llm_concurrency)
+
+    def kept(self, query: str, memories: Sequence[str]) -> list[tuple[int, float]] | None:
+        """``(index, score)`` of each memory text the LLM scores at least ``keep`` for ``query``, in
+        order; None when the LLM failed (the caller keeps every memory)."""
         if not memories:
             return []
         turn = "User: " + query
         try:
             with ThreadPoolExecutor(max_workers=min(self.concurrency, len(memories))) as pool:
-                return list(pool.map(lambda memory: self.llm.relevance_score(memory, turn).score, memories))
+                scores = list(pool.map(lambda memory: self.llm.relevance_score(memory, turn).score, memories))
         except LLMError as exc:
             logger.warning("the LLM could not judge recall; keeping the engine's %d memories: %s", len(memories), exc)
             return None
+        return [(i, score) for i, score in enumerate(scores) if score >= self.keep]
 
     def judge(self, query: str, hits: Sequence[RecallHit]) -> list[RecallHit]:
         """``hits`` the LLM scores at least ``keep`` for ``query``, in their order, each with its score."""
-        scores = self.scores(query, [h.content for h in hits])
-        if scores is None:
+        kept = self.kept(query, [h.content for h in hits])
+        if kept is None:
             return list(hits)
-        return [replace(h, judgement=score) for h, score in zip(hits, scores) if score >= self.keep]
+        return [replace(hits[i], judgement=score) for i, score in kept]
 
 
 def recall_judge(settings: Settings, llm: Callable[[], LLMProvider]) -> LLMRecallJudge | None:
@@ -120,10 +127,8 @@ def recall_judge(settings: Settings, llm: Callable[[], LLMProvider]) -> LLMRecal
     (the offline rules provider's word overlap is no judge of a paraphrase)."""
     if not settings.recall_llm_judge or not settings.llm_base_url:
         return None
-    return LLMRecallJudge(llm(), keep=settings.recall_llm_judge_keep, concurrency=settings.llm_concurrency)
+    return LLMRecallJudge.from_settings(settings, llm())
 
-
-logger = logging.getLogger("yak.recall")
 
 # Recall's five legs run side by side on the request's connection and up to this many more that
 # the pool has free at that moment (none when it is busy: then one after another, as before).
@@ -220,8 +225,9 @@ def build_context(
     ``also``: more texts recalled for besides ``query`` (the proxy's follow-up read with the
     message before it, ``core.conversation_query``). They only add: ``query``'s memories keep
     their places, then come those only the others found, best score first, up to
-    ``params.limit``. ``judge``: as in :func:`search_memories`. If recall fails (database down, embedder broken) the prompt is still built,
-    without memories, and ``PromptBuild.recall_error`` says why.
+    ``params.limit``. A ``judge`` (:func:`search_memories`) reads each memory against the text that
+    found it, and only memories not found already. If recall fails (database down, embedder
+    broken) the prompt is still built, without memories, and ``PromptBuild.recall_error`` says why.
     """
     limit = ask["params"].limit
 
@@ -230,8 +236,9 @@ def build_context(
         found = {h.id for h in hits}
         added: dict[str, RecallHit] = {}
         for text in also if len(hits) < limit else ():  # a full block has no room for more
-            for hit in search_memories(db, embedder, judge=judge, **{**ask, "query": text}):
-                if hit.id not in found and (hit.id not in added or hit.score > added[hit.id].score):
+            new = [h for h in search_memories(db, embedder, **{**ask, "query": text}) if h.id not in found]
+            for hit in judge.judge(text, new) if judge is not None else new:
+                if hit.id not in added or hit.score > added[hit.id].score:
                     added[hit.id] = hit
         hits += sorted(added.values(), key=lambda h: h.score, reverse=True)[:max(limit - len(hits), 0)]
         return [BlockMemory(id=h.id, content=h.content, tier=h.tier, occurred_at=h.occurred_at,
