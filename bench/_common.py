@@ -56,6 +56,17 @@ def scratch_database(settings: Settings, *, keep: bool = False) -> Iterator[str]
 
 
 @contextmanager
+def reused_database(settings: Settings, name: str) -> Iterator[str]:
+    """The URL of database ``name`` on the configured server, kept by an earlier run (``--keep``); kept again."""
+    url = with_database(resolve_database_url(settings), name)
+    try:
+        connect(url, vector=False).close()
+    except Exception as error:  # noqa: BLE001 - a one-line reason instead of a traceback
+        raise SystemExit(f"error: cannot open database {name!r}: {str(error).strip().splitlines()[0]}") from None
+    yield url
+
+
+@contextmanager
 def running_yak(command: str, env: dict[str, str], *, startup_seconds: float = 120, port_option: str = "--port",
                 extra_args: Sequence[str] = ()) -> Iterator[int]:
     """``yak <command> --port P`` in a subprocess on a free port, once its ``/health`` answers; yields P.

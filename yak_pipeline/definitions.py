@@ -7,8 +7,11 @@ import dagster as dg
 # Partitioned asset checks are a preview feature in Dagster 1.13; the gate relies on them.
 warnings.filterwarnings("ignore", category=dg.PreviewWarning)
 
-from yak_pipeline.defs.automation.jobs import memory_job, warmth_job  # noqa: E402
-from yak_pipeline.defs.automation.schedules import nightly_warmth_schedule  # noqa: E402
+from yak_pipeline.defs.automation.jobs import memory_job, recall_index_job, warmth_job  # noqa: E402
+from yak_pipeline.defs.automation.schedules import (  # noqa: E402
+    nightly_recall_index_schedule,
+    nightly_warmth_schedule,
+)
 from yak_pipeline.defs.automation.sensors import (  # noqa: E402
     api_inbox_sensor,
     drop_folder_sensor,
@@ -28,10 +31,11 @@ CHECKS = [distillation_quality]
 defs = dg.Definitions(
     assets=ASSETS,
     asset_checks=CHECKS,
-    jobs=[memory_job, warmth_job],
+    jobs=[memory_job, warmth_job, recall_index_job],
     sensors=[drop_folder_sensor, api_inbox_sensor, turns_sensor, run_failure_alert_sensor],
     # The code location is an entry point: the one place on the Dagster side that reads the settings
     # for what must be fixed when the definitions are built (resources read theirs per run).
-    schedules=[nightly_warmth_schedule(get_settings().timezone)],
+    schedules=[nightly_warmth_schedule(get_settings().timezone),
+               nightly_recall_index_schedule(get_settings().timezone)],
     resources=default_resources(),
 )

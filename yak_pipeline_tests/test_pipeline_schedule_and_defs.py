@@ -75,6 +75,13 @@ def test_schedule_definition_runs_warmth_at_two_in_the_configured_zone() -> None
     assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
 
 
+def test_recall_indexes_are_maintained_at_three_in_the_configured_zone() -> None:
+    schedule = defs.resolve_schedule_def("nightly_recall_index_schedule")
+    assert schedule.cron_schedule == "0 3 * * *" and schedule.execution_timezone == "UTC"
+    assert schedule.job_name == "recall_index_job"
+    assert schedule.default_status == dg.DefaultScheduleStatus.RUNNING
+
+
 def test_nightly_requests_use_utc_partition_days_in_zones_ahead_of_utc() -> None:
     # 02:00 in Tokyo is 17:00 UTC the day before: that day's partition is the newest one that exists.
     tokyo_night = datetime(2026, 3, 15, 2, 0, tzinfo=ZoneInfo("Asia/Tokyo"))
@@ -92,7 +99,7 @@ def test_nightly_requests_use_utc_partition_days_in_zones_ahead_of_utc() -> None
 def test_definitions_load_and_validate() -> None:
     dg.Definitions.validate_loadable(defs)
     jobs = {job.name for job in defs.resolve_all_job_defs()}
-    assert {"memory_job", "warmth_job"} <= jobs
+    assert {"memory_job", "warmth_job", "recall_index_job"} <= jobs
     graph = defs.resolve_asset_graph()
     assert {k.to_user_string() for k in graph.get_all_asset_keys()} == MEMORY_ASSETS | {"warmth"}
     assert {s.name for s in defs.sensors} == {"drop_folder_sensor", "api_inbox_sensor", "turns_sensor",

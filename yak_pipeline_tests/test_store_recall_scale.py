@@ -1,7 +1,7 @@
-"""Recall at scale (issues 5, 12): the index path agrees with the exact scan.
+"""Recall at scale (issues 5, 12): the index paths agree with the exact scan.
 
-The vector legs go through the shared HNSW index with pgvector's iterative scan when a user has
-many rows; ``recall(..., exact=True)`` scans every row exactly and is the reference they must match.
+The vector legs go through the user's own HNSW index (store.user_indexes), or the shared one with
+pgvector's iterative scan, when a user has many rows; ``recall(..., exact=True)`` scans every row exactly and is the reference they must match.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pytest
 from yak_pipeline.core.recall import RecallParams
 from yak_pipeline.core.relevance import RelevanceModel
 from yak_pipeline.store.recall import recall, recall_candidates, vector_search
+from yak_pipeline.store.user_indexes import VECTOR_COLUMNS, ensure_user_indexes, user_index_name, user_indexes
 from yak_pipeline_tests.store_helpers import EMBEDDER
 from yak_pipeline_tests.test_recall_engine import FITTED
 
@@ -116,6 +117,96 @@ def test_the_iterative_index_scan_of_heavy_users_equals_the_exact_scan(
     assert len(carol) == 20  # all of hers, from the exact scan
 
 
+def test_heavy_users_get_their_own_indexes_and_recall_through_them_equals_the_exact_scan(
+        conn: psycopg.Connection) -> None:
+    query = _seed(conn, "alice", 11, 300, exchange_vectors=True)
+    _seed(conn, "bob", 12, 300, exchange_vectors=True)
+    _seed(conn, "carol", 13, 20, exchange_vectors=True)  # too few rows for indexes of her own
+    conn.execute("UPDATE memories SET context_embedding = embedding, context_embedding_model = embedding_model "
+                 "WHERE user_id = 'alice'")
+    announced: list[tuple[str, str, str, int]] = []
+    built = ensure_user_indexes(conn, min_rows=100, concurrently=False,
+                                on_build=lambda *build: announced.append(build))
+    assert set(built) == ({user_index_name(t, c, "alice") for t, c in VECTOR_COLUMNS}
+                          | {user_index_name("distillations", "embedding", "bob"),
+                             user_index_name("memories", "embedding", "bob")})  # bob has no context vectors
+    assert ("memories", "context_embedding", "alice", 300) in announced and len(announced) == len(built)
+    assert ensure_user_indexes(conn, min_rows=100, concurrently=False) == []  # idempotent
+    assert user_indexes(conn, "alice") == frozenset(VECTOR_COLUMNS)
+    assert user_indexes(conn, "carol") == frozenset()
+    conn.execute("ANALYZE distillations")
+    conn.execute("ANALYZE memories")
+
+    # Each leg of alice reads her own index: the planner proves its predicate from the literal.
+    # auto_explain tells the plan of every statement the legs run.
+    plans: list[str] = []
+    conn.execute("LOAD 'auto_explain'")
+    conn.execute("SET auto_explain.log_min_duration = 0")
+    conn.execute("SET auto_explain.log_level = 'NOTICE'")
+    conn.add_notice_handler(lambda notice: plans.append(notice.message_primary or ""))
+    for table, column in VECTOR_COLUMNS:
+        plans.clear()
+        vector_search(conn, table=table, user_id="alice", query_embedding=query, embedding_model=MODEL,  # type: ignore[arg-type]
+                      limit=10, context=column == "context_embedding")
+        assert any(user_index_name(table, column, "alice") in plan for plan in plans), plans
+    conn.execute("SET auto_explain.log_min_duration = -1")
+
+    rng = np.random.default_rng(3)
+    for threshold, limit, gate, leg_size in ((0.7, 5, True, 50), (0.3, 10, True, 20), (0.0, 25, False, 50)):
+        for q in (query, query + rng.normal(size=384) * 0.02):
+            params = RecallParams(threshold=threshold, limit=limit, gate=gate, leg_size=leg_size)
+            got = _recall(conn, "alice", "kitten violin", q, params)
+            exact = _recall(conn, "alice", "kitten violin", q, params, exact=True)
+            assert [r.id for r in got] == [r.id for r in exact]
+            assert [r.score for r in got] == pytest.approx([r.score for r in exact], rel=1e-12)
+
+    # Her own index holds only her rows, and rows written after it was built.
+    later = _seed(conn, "alice", 14, 5, exchange_vectors=True)
+    hits = vector_search(conn, table="distillations", user_id="alice", query_embedding=later,
+                         embedding_model=MODEL, limit=10)
+    exact_hits = vector_search(conn, table="distillations", user_id="alice", query_embedding=later,
+                               embedding_model=MODEL, limit=10, exact=True)
+    assert [h.id for h in hits] == [h.id for h in exact_hits]
+    alice = {str(r[0]) for r in conn.execute("SELECT id FROM distillations WHERE user_id = 'alice'")}
+    assert {h.id for h in hits} <= alice
+
+    # Forgetting most of a user's rows drops their index at the next maintenance run; an invalid
+    # leftover of an interrupted build is rebuilt.
+    conn.execute("UPDATE distillations SET deleted_at = now() WHERE user_id = 'bob'")
+    conn.execute("UPDATE pg_index SET indisvalid = false WHERE indexrelid = %s::regclass",
+                 (user_index_name("memories", "embedding", "alice"),))
+    assert user_indexes(conn, "alice") == frozenset(VECTOR_COLUMNS) - {("memories", "embedding")}
+    rebuilt = ensure_user_indexes(conn, min_rows=100, concurrently=False)
+    assert rebuilt == [user_index_name("memories", "embedding", "alice")]
+    assert user_indexes(conn, "bob") == frozenset({("memories", "embedding")})
+    assert user_indexes(conn, "alice") == frozenset(VECTOR_COLUMNS)
+
+
+def test_the_nightly_recall_index_job_builds_them_concurrently(conn: psycopg.Connection, settings) -> None:
+    import dagster as dg
+
+    from yak_pipeline.defs.automation.jobs import recall_index_job
+    from yak_pipeline.defs.resources import PostgresResource
+
+    _seed(conn, "alice", 21, 60, exchange_vectors=True)
+    _seed(conn, "bob", 22, 10, exchange_vectors=True)
+    conn.commit()
+    result = recall_index_job.execute_in_process(
+        instance=dg.DagsterInstance.ephemeral(),
+        resources={"postgres": PostgresResource(database_url=settings.database_url)},
+        run_config={"ops": {"maintain_recall_indexes_op": {"config": {"min_rows": 50}}}})
+    assert result.success
+    assert sorted(result.output_for_node("maintain_recall_indexes_op")) == sorted(
+        [user_index_name("distillations", "embedding", "alice"), user_index_name("memories", "embedding", "alice")])
+    assert user_indexes(conn, "alice") == {("distillations", "embedding"), ("memories", "embedding")}
+    assert user_indexes(conn, "bob") == frozenset()
+
+
+def test_concurrent_index_builds_need_autocommit(conn: psycopg.Connection) -> None:
+    with pytest.raises(ValueError, match="autocommit"):
+        ensure_user_indexes(conn, min_rows=1)
+
+
 def test_the_shared_index_path_equals_the_exact_scan(conn: psycopg.Connection,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The shared HNSW index at a beam of four times the rows wanted, whatever the user's share: the
@@ -191,10 +282,11 @@ def test_yak_db_index_embeds_the_backlog_and_repairs_contexts(database, db_url, 
         live = conn.execute("SELECT count(*) FROM memories WHERE deleted_at IS NULL").fetchone()[0]
         assert conn.execute("SELECT count(*) FROM memories WHERE deleted_at IS NULL AND (embedding IS NULL "
                             "OR context_embedding IS NULL)").fetchone()[0] == 0
+    # 35 exchanges: nobody is heavy enough for indexes of their own (store.user_indexes).
     assert json.loads(built.stdout) == {"contexts_rebuilt": None, "exchanges_embedded": live,
-                                        "contexts_embedded": live} and live == 35
+                                        "contexts_embedded": live, "recall_indexes_built": []} and live == 35
     again = cli.invoke(app, ["db", "index"])
-    assert again.exit_code == 0 and "embedded 0 exchanges and 0 exchange contexts" in again.output
+    assert again.exit_code == 0 and "embedded 0 exchanges and 0 exchange contexts; built 0" in again.output
     # The repair of exchange contexts (sql/006) recomputes every live exchange's.
     with database.connection() as conn:
         conn.execute("UPDATE memories SET context_tsv = NULL")
@@ -202,7 +294,7 @@ def test_yak_db_index_embeds_the_backlog_and_repairs_contexts(database, db_url, 
     assert repaired.exit_code == 0, repaired.output
     # Every context changed (from nothing), so every context vector is made again.
     assert json.loads(repaired.stdout) == {"contexts_rebuilt": live, "exchanges_embedded": 0,
-                                           "contexts_embedded": live}
+                                           "contexts_embedded": live, "recall_indexes_built": []}
     with database.connection() as conn:
         assert conn.execute("SELECT count(*) FROM memories WHERE context_tsv IS NULL").fetchone()[0] == 0
 

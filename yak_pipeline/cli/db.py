@@ -100,18 +100,18 @@ def index_command(
                                          help="Also recompute every exchange's conversation context for hybrid recall."),
     as_json: bool = JsonOption,
 ) -> None:
-    """Give every exchange the vectors recall reads that it still lacks.
+    """Give every exchange the vectors recall reads that it still lacks, and heavy users their own indexes.
 
     The vectors of each exchange, alone and read with its neighbours (sql/008), are normally
     made by the pipeline's distillation runs; after an upgrade the existing history has none of
     the new kind, and this embeds that backlog with progress (interrupt it at any time: what is
     done is kept). With ``--rebuild-context``, also recompute the conversation context recall
     searches each exchange with; writes keep it up to date, so this is a repair, not routine.
-    The vector indexes themselves need no maintenance (one HNSW index per vector column, read
-    with pgvector's iterative scan).
+    Last, every user with many memories gets their own HNSW indexes (store.user_indexes), as the
+    nightly recall_index_job does.
     """
     from yak_pipeline.embeddings import get_embedder
-    from yak_pipeline.services.recall import embed_pending_contexts, embed_pending_exchanges
+    from yak_pipeline.services.recall import embed_pending_contexts, embed_pending_exchanges, maintain_recall_indexes
     from yak_pipeline.services.memories import rebuild_exchange_context
     from yak_pipeline.wiring import open_database
 
@@ -127,15 +127,18 @@ def index_command(
                                             on_progress=lambda n: progress.print(f"embedded {n} exchanges …"))
         in_context = embed_pending_contexts(
             db, embedder, on_progress=lambda n: progress.print(f"embedded {n} exchanges in their context …"))
+        indexes = maintain_recall_indexes(db, on_build=lambda table, column, user, rows: progress.print(
+            f"building {user}'s own recall index on {table}.{column} ({rows} rows) …"))
     finally:
         db.close()
     if as_json:
         print(json.dumps({"contexts_rebuilt": contexts, "exchanges_embedded": exchanges,
-                          "contexts_embedded": in_context}))
+                          "contexts_embedded": in_context, "recall_indexes_built": indexes}))
         return
     if contexts is not None:
         console.print(f"rebuilt the conversation context of {contexts} exchanges")
-    console.print(f"embedded {exchanges} exchanges and {in_context} exchange contexts")
+    console.print(f"embedded {exchanges} exchanges and {in_context} exchange contexts; "
+                  f"built {len(indexes)} per-user recall indexes")
 
 
 @app.command("upgrade")

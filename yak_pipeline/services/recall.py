@@ -31,7 +31,7 @@ from yak_pipeline.llm.errors import LLMError
 from yak_pipeline.llm.provider import LLMProvider
 from yak_pipeline.recall_models import load_relevance_model
 from yak_pipeline.settings import Settings
-from yak_pipeline.store.database import Database
+from yak_pipeline.store.database import Database, connect
 from yak_pipeline.store.distillations import recall_hit_rows
 from yak_pipeline.store.recall import (
     exchanges_without_embedding,
@@ -39,6 +39,7 @@ from yak_pipeline.store.recall import (
     recall_candidates,
     set_exchange_embeddings,
 )
+from yak_pipeline.store.user_indexes import USER_INDEX_MIN_ROWS, ensure_user_indexes
 
 logger = logging.getLogger("yak.recall")
 
@@ -313,3 +314,16 @@ def embed_pending_contexts(db: Database, embedder: Embedder, *, user_id: str | N
         pending=lambda conn, n: exchanges_without_embedding(conn, embedding_model=model, user_id=user_id, limit=n,
                                                             context=True),
         store=lambda conn, vectors: set_exchange_embeddings(conn, embedding_model=model, vectors=vectors, context=True))
+
+
+def maintain_recall_indexes(db: Database, *, min_rows: int = USER_INDEX_MIN_ROWS,
+                            on_build: Callable[[str, str, str, int], None] | None = None) -> list[str]:
+    """Give every heavy user their own HNSW indexes (``store.user_indexes``); the names built.
+
+    Recall is the same without them, only slower for users with many thousands of rows
+    (docs/BENCHMARKS.md): the nightly ``recall_index_job``, ``yak db index`` and the end of
+    ``yak process`` run this. The builds are ``CONCURRENTLY`` (ingestion and recall go on
+    meanwhile), which needs a connection outside the pool's transactions.
+    """
+    with connect(db.url, autocommit=True) as conn:
+        return ensure_user_indexes(conn, min_rows=min_rows, on_build=on_build)

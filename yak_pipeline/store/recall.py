@@ -31,14 +31,15 @@ postings (user, word, row, term frequency, length) that triggers keep (sql/013),
 entries alone; the computation from the rows stays as ``exact=True``, the reference.
 
 The vector legs scan a user's rows exactly when they have few (a few milliseconds, and exact);
-otherwise they ask the shared HNSW index with pgvector 0.8's iterative scan
-(``hnsw.iterative_scan = strict_order``): when the user filter leaves fewer than ``limit`` rows
-of the beam, the index scan goes on instead of returning short, in exact distance order. That
-made the per-user partial indexes of pgvector 0.6 unnecessary (measured: p50 1.4 against 1.1 ms
-on 100,000 rows of ten users, the same top-10; docs/BENCHMARKS.md), and they were dropped
-(sql/010). When even the iterative scan comes up short (``hnsw.max_scan_tuples``), the exact scan
-stands in. ``exact=True`` scans everything exactly: the reference the benchmark and the tests
-compare the index path with.
+otherwise an HNSW index proposes them. A heavy user's own partial index (``store.user_indexes``,
+built nightly) holds only their rows: at 100,000 rows of ten users a cosine leg costs 3.5 ms p50
+there against 12 ms on the shared index, and recall's top 10 equals the exact one for every
+query measured (docs/BENCHMARKS.md §2e). Until it exists the shared HNSW index serves, read with
+pgvector 0.8's iterative scan (``hnsw.iterative_scan = strict_order``): when the user filter
+leaves fewer than ``limit`` rows of the beam, the index scan goes on instead of returning short,
+in exact distance order, walking past other users' rows. When even that comes up short
+(``hnsw.max_scan_tuples``), the exact scan stands in. ``exact=True`` scans everything exactly:
+the reference the benchmark and the tests compare the index paths with.
 """
 
 from __future__ import annotations
@@ -53,10 +54,12 @@ from typing import Final, Literal, NotRequired, TypedDict, TypeVar, Unpack
 
 import numpy as np
 import psycopg
+from psycopg import sql
 
 from yak_pipeline.core.query_intent import asks_about_present
 from yak_pipeline.core.recall import Candidate, Leg, RankedMemory, RecallParams, rank_memories
 from yak_pipeline.core.relevance import RelevanceModel, RelevanceSignals
+from yak_pipeline.store.user_indexes import user_indexes
 
 T = TypeVar("T")
 
@@ -227,13 +230,16 @@ def vector_search(
     exact: bool = False,
     as_of: datetime | None = None,
     context: bool = False,
+    own_index: bool | None = None,
 ) -> list[LegHit]:
     """The user's ``limit`` rows of ``table`` most similar to the query (cosine), most similar first.
 
-    With ``exact`` every row of the user is scored; otherwise the HNSW index proposes them when
-    that is cheaper, and an exact scan stands in when the index cannot deliver ``limit`` rows.
-    With ``context`` (memories only) each exchange is compared as read with its neighbours
-    (``context_embedding``, sql/008).
+    With ``exact`` every row of the user is scored; otherwise an HNSW index proposes them when
+    that is cheaper — the user's own (``store.user_indexes``) when they have one, else the shared
+    one — and an exact scan stands in when the index cannot deliver ``limit`` rows. With
+    ``context`` (memories only) each exchange is compared as read with its neighbours
+    (``context_embedding``, sql/008). ``own_index`` says whether the user has their own index on
+    this column (None: look it up).
     """
     if context and table != "memories":
         raise ValueError("only exchanges (memories) have a conversation context")
@@ -243,16 +249,22 @@ def vector_search(
     where = _TABLES[table] + f" AND t.{column} IS NOT NULL AND t.{column}_model = %(model)s"
     args = {"q": np.asarray(query_embedding, dtype=np.float32), "user": user_id, "model": embedding_model,
             "n": limit, "as_of": as_of}
-    if not exact and _has_more_rows_than(conn, table=table, where=where, args=args,
-                                         rows=max(EXACT_SCAN_MAX_ROWS, limit)):
-        set_beam(conn, beam_for(limit))
-        rows = conn.execute(
-            f"SELECT t.id, 1 - (t.{column} <=> %(q)s) FROM {table} t WHERE {where} "  # noqa: S608
-            f"ORDER BY t.{column} <=> %(q)s LIMIT %(n)s",
-            args,
-        ).fetchall()
-        if len(rows) >= limit:
-            return [LegHit(id=str(r[0]), score=float(r[1])) for r in rows]
+    if not exact:
+        if own_index is None:
+            own_index = (table, column) in user_indexes(conn, user_id)
+        # A user's own index holds more rows than an exact scan reads quickly, by construction.
+        if own_index or _has_more_rows_than(conn, table=table, where=where, args=args,
+                                            rows=max(EXACT_SCAN_MAX_ROWS, limit)):
+            set_beam(conn, beam_for(limit))
+            # The planner proves a partial index's predicate only from a literal (store.user_indexes).
+            mine = sql.SQL(" AND t.user_id = {}").format(sql.Literal(user_id)) if own_index else sql.SQL("")
+            rows = conn.execute(
+                sql.SQL(f"SELECT t.id, 1 - (t.{column} <=> %(q)s) FROM {table} t WHERE {where}{{mine}} "  # noqa: S608
+                        f"ORDER BY t.{column} <=> %(q)s LIMIT %(n)s").format(mine=mine),
+                args,
+            ).fetchall()
+            if len(rows) >= limit:
+                return [LegHit(id=str(r[0]), score=float(r[1])) for r in rows]
     # Ordering by the similarity expression (not by `embedding <=> q`) keeps the planner off the
     # index: this is the exact scan of the user's rows.
     rows = conn.execute(
@@ -475,14 +487,18 @@ def recall_candidates(conn: psycopg.Connection, **ask: Unpack[CandidateQuery]) -
     # A stored context (words or vector) can hold what was said after ``as_of`` (the next
     # exchange's): as of a past moment each exchange is searched alone.
     use_context = params.exchange_context and as_of is None
+    own = user_indexes(conn, user_id) if not exact else frozenset()
     # The slowest legs (the index scans) first, so that side by side they finish together.
     d_vec, m_vec, c_vec, m_text, d_text = _run_legs([conn, *ask.get("spare", ())], [
         lambda c: vector_search(c, table="distillations", user_id=user_id, query_embedding=vector,
-                                embedding_model=embedding_model, limit=size, exact=exact, as_of=as_of),
+                                embedding_model=embedding_model, limit=size, exact=exact, as_of=as_of,
+                                own_index=("distillations", "embedding") in own),
         lambda c: vector_search(c, table="memories", user_id=user_id, query_embedding=vector,
-                                embedding_model=embedding_model, limit=size, exact=exact, as_of=as_of),
+                                embedding_model=embedding_model, limit=size, exact=exact, as_of=as_of,
+                                own_index=("memories", "embedding") in own),
         lambda c: vector_search(c, table="memories", user_id=user_id, query_embedding=vector, context=True,
-                                embedding_model=embedding_model, limit=size, exact=exact) if use_context else [],
+                                embedding_model=embedding_model, limit=size, exact=exact,
+                                own_index=("memories", "context_embedding") in own) if use_context else [],
         lambda c: bm25_search(c, table="memories", user_id=user_id, query=query, limit=size,
                               context=use_context, as_of=as_of),
         lambda c: bm25_search(c, table="distillations", user_id=user_id, query=query, limit=size,

@@ -3,6 +3,7 @@
 import dagster as dg
 
 from yak_pipeline.defs.partitions import exchange_partitions
+from yak_pipeline.defs.resources import PostgresResource
 
 memory_job = dg.define_asset_job(
     "memory_job",
@@ -23,3 +24,36 @@ warmth_job = dg.define_asset_job(
     description="Per-turn warmth evaluation for one user's day.",
 )
 
+
+
+class RecallIndexConfig(dg.Config):
+    """How many live vectors in a column make a user heavy enough for their own index there
+    (unset: ``store.user_indexes.USER_INDEX_MIN_ROWS``)."""
+
+    min_rows: int | None = None
+
+
+@dg.op
+def maintain_recall_indexes_op(context: dg.OpExecutionContext, config: RecallIndexConfig,
+                               postgres: PostgresResource) -> list[str]:
+    """Builds their own HNSW indexes for users with many memories (and drops those no longer needed).
+
+    Recall is the same without them, only slower for heavy users (store.user_indexes,
+    docs/BENCHMARKS.md); the builds are concurrent, so ingestion and recall go on meanwhile.
+    """
+    from yak_pipeline.services.recall import maintain_recall_indexes
+    from yak_pipeline.store.user_indexes import USER_INDEX_MIN_ROWS
+
+    built = maintain_recall_indexes(
+        postgres.database(), min_rows=config.min_rows or USER_INDEX_MIN_ROWS, on_build=lambda table, column, user, rows: context.log.info(
+            f"building {user}'s own index on {table}.{column} ({rows} rows)"))
+    context.log.info("per-user recall indexes built: %s", ", ".join(built) or "none needed")
+    context.add_output_metadata({"built": len(built), "indexes": ", ".join(built)})
+    return built
+
+
+@dg.job(executor_def=dg.in_process_executor,
+        description="Per-user HNSW indexes for users with many memories (nightly, store.user_indexes).")
+def recall_index_job() -> None:
+    """Recall index maintenance: one op, no partitions."""
+    maintain_recall_indexes_op()

@@ -4,7 +4,7 @@ from datetime import datetime, timedelta, timezone
 
 import dagster as dg
 
-from yak_pipeline.defs.automation.jobs import warmth_job
+from yak_pipeline.defs.automation.jobs import recall_index_job, warmth_job
 from yak_pipeline.defs.partitions import days_partitions, partition_key, users_partitions
 
 NIGHTLY_DAYS = 7
@@ -51,3 +51,16 @@ def nightly_warmth_schedule(timezone: str) -> dg.ScheduleDefinition:
         return nightly_run_requests(users, scheduled, known_days=known_days) or dg.SkipReason("no recent days with data")
 
     return nightly_warmth
+
+
+def nightly_recall_index_schedule(timezone: str) -> dg.ScheduleDefinition:
+    """The nightly recall-index schedule at 03:00 in ``timezone`` (``YAK_TIMEZONE``)."""
+
+    @dg.schedule(name="nightly_recall_index_schedule", job=recall_index_job, cron_schedule="0 3 * * *",
+                 execution_timezone=timezone, default_status=dg.DefaultScheduleStatus.RUNNING)
+    def nightly_recall_index(context: dg.ScheduleEvaluationContext) -> dg.RunRequest:
+        """At 03:00 in YAK_TIMEZONE: their own recall indexes for users who have grown past the threshold."""
+        day = (context.scheduled_execution_time or datetime.now().astimezone()).date()
+        return dg.RunRequest(run_key=f"recall-index:{day.isoformat()}", tags={"yak/trigger": "nightly"})
+
+    return nightly_recall_index
