@@ -97,7 +97,7 @@ class Settings(BaseSettings):
     drop_dir: Path | None = Field(
         default=None, description="Drop folder watched for exchange files; unset = $YAK_HOME/drop."
     )
-    timezone: str = Field(default="UTC", description="IANA time zone of the nightly schedule (02:00 local).")
+    timezone: str = Field(default="UTC", description="IANA time zone of the nightly schedules (02:00 and 03:00 local).")
     prompt_version: str = Field(
         default="v1", description="Distillation prompt version stored on each distillation; bump to backfill."
     )
