@@ -3,8 +3,8 @@
 The shared HNSW index of a vector column holds every user's rows. Read for one user with
 pgvector 0.8's iterative scan it is exact in order, but it walks past the other users' rows to
 find this user's: at 100,000 distillations of ten users (realistic text, where people say much
-the same things) one cosine leg visited about 2,400 buffers and cost 12 ms p50, against 2.3 ms on
-a partial index holding only that user's rows (docs/BENCHMARKS.md §2e). So a user with more rows
+the same things) one cosine leg visited about 2,400 buffers and cost 12–13 ms p50, against about
+6 ms on a partial index holding only that user's rows (docs/BENCHMARKS.md §2e). So a user with more rows
 in a column than an exact scan reads quickly (``store.recall.EXACT_SCAN_MAX_ROWS``) gets a
 partial index ``WHERE user_id = '<user>'`` on it, built by :func:`ensure_user_indexes` (the
 nightly ``recall_index_job``, ``yak db index``, the end of ``yak process``); PostgreSQL keeps it

@@ -25,7 +25,6 @@ warmth_job = dg.define_asset_job(
 )
 
 
-
 class RecallIndexConfig(dg.Config):
     """How many live vectors in a column make a user heavy enough for their own index there
     (unset: ``store.user_indexes.USER_INDEX_MIN_ROWS``)."""
@@ -45,7 +44,8 @@ def maintain_recall_indexes_op(context: dg.OpExecutionContext, config: RecallInd
     from yak_pipeline.store.user_indexes import USER_INDEX_MIN_ROWS
 
     built = maintain_recall_indexes(
-        postgres.database(), min_rows=config.min_rows or USER_INDEX_MIN_ROWS, on_build=lambda table, column, user, rows: context.log.info(
+        postgres.database(), min_rows=config.min_rows or USER_INDEX_MIN_ROWS,
+        on_build=lambda table, column, user, rows: context.log.info(
             f"building {user}'s own index on {table}.{column} ({rows} rows)"))
     context.log.info("per-user recall indexes built: %s", ", ".join(built) or "none needed")
     context.add_output_metadata({"built": len(built), "indexes": ", ".join(built)})
