@@ -70,6 +70,21 @@ def _recall(conn: psycopg.Connection, user_id: str, query: str, vector: np.ndarr
                   model=model, now=NOW, exact=exact)
 
 
+def _assert_recall_equals_the_exact_scan(conn: psycopg.Connection, user_id: str, query: np.ndarray) -> None:
+    """Recall through the index path ranks as the exact scan does, gated or not, at the query and near it."""
+    rng = np.random.default_rng(3)
+    for threshold, limit, gate, leg_size in ((0.7, 5, True, 50), (0.3, 10, True, 20), (0.0, 25, False, 50),
+                                              (0.9, 3, False, 10)):
+        for q in (query, query + rng.normal(size=384) * 0.02):
+            params = RecallParams(threshold=threshold, limit=limit, gate=gate, leg_size=leg_size)
+            got = _recall(conn, user_id, "kitten violin", q, params)
+            exact = _recall(conn, user_id, "kitten violin", q, params, exact=True)
+            assert [r.id for r in got] == [r.id for r in exact]
+            assert [r.score for r in got] == pytest.approx([r.score for r in exact], rel=1e-12)
+            if not gate:
+                assert len(got) == limit
+
+
 def test_the_iterative_index_scan_of_heavy_users_equals_the_exact_scan(
         conn: psycopg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:
     import yak_pipeline.store.recall as recall_module
@@ -91,17 +106,7 @@ def test_the_iterative_index_scan_of_heavy_users_equals_the_exact_scan(
                            "ORDER BY embedding <=> %(q)s LIMIT 40", {"u": "alice", "q": query.astype(np.float32)})
     assert "distillations_embedding_hnsw" in plan
 
-    rng = np.random.default_rng(3)
-    for threshold, limit, gate, leg_size in ((0.7, 5, True, 50), (0.3, 10, True, 20), (0.0, 25, False, 50),
-                                              (0.9, 3, False, 10)):
-        for q in (query, query + rng.normal(size=384) * 0.02):
-            params = RecallParams(threshold=threshold, limit=limit, gate=gate, leg_size=leg_size)
-            got = _recall(conn, "alice", "kitten violin", q, params)
-            exact = _recall(conn, "alice", "kitten violin", q, params, exact=True)
-            assert [r.id for r in got] == [r.id for r in exact]
-            assert [r.score for r in got] == pytest.approx([r.score for r in exact], rel=1e-12)
-            if not gate:
-                assert len(got) == limit
+    _assert_recall_equals_the_exact_scan(conn, "alice", query)
 
     # Both vector legs return only the user's rows, the same as the exact scan.
     alice = {str(r[0]) for r in conn.execute("SELECT id FROM memories WHERE user_id = 'alice' "
@@ -151,14 +156,7 @@ def test_heavy_users_get_their_own_indexes_and_recall_through_them_equals_the_ex
         assert any(user_index_name(table, column, "alice") in plan for plan in plans), plans
     conn.execute("SET auto_explain.log_min_duration = -1")
 
-    rng = np.random.default_rng(3)
-    for threshold, limit, gate, leg_size in ((0.7, 5, True, 50), (0.3, 10, True, 20), (0.0, 25, False, 50)):
-        for q in (query, query + rng.normal(size=384) * 0.02):
-            params = RecallParams(threshold=threshold, limit=limit, gate=gate, leg_size=leg_size)
-            got = _recall(conn, "alice", "kitten violin", q, params)
-            exact = _recall(conn, "alice", "kitten violin", q, params, exact=True)
-            assert [r.id for r in got] == [r.id for r in exact]
-            assert [r.score for r in got] == pytest.approx([r.score for r in exact], rel=1e-12)
+    _assert_recall_equals_the_exact_scan(conn, "alice", query)
 
     # Her own index holds only her rows, and rows written after it was built.
     later = _seed(conn, "alice", 14, 5, exchange_vectors=True)
