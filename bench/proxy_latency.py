@@ -3,8 +3,9 @@
 ``python bench/proxy_latency.py --n 100000 --users 10 [--queries 200] [--json]``
 
 Loads N synthetic memories over U users into a scratch database (``recall_latency.load``: the
-same rows and indexes as the recall benchmark, labelled with the local
-embedder's model), starts ``yak proxy`` as a real process (local all-MiniLM-L6-v2 query embedder,
+same rows and indexes as the recall benchmark, labelled with the local embedder's model, and
+the per-user indexes of ``recall_latency.build_user_indexes`` unless ``--no-user-indexes``),
+starts ``yak proxy`` as a real process (local all-MiniLM-L6-v2 query embedder,
 the recall engine, turns stored) in front of an upstream that answers at once (the tests'
 loopback OpenAI-protocol server, streaming word by word), and sends each of Q chats twice, to
 the upstream directly and through the proxy, in alternating order, streamed and not:
@@ -42,7 +43,7 @@ from _common import (  # noqa: E402
     verdict,
     write_result,
 )
-from recall_latency import _queries, load  # noqa: E402
+from recall_latency import _queries, build_user_indexes, load  # noqa: E402
 
 from yak_pipeline.settings import get_settings  # noqa: E402
 from yak_pipeline_tests.fake_openai import FakeOpenAIServer, chat_replier  # noqa: E402
@@ -117,17 +118,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queries", type=int, default=200, help="chats measured (default 200)")
     parser.add_argument("--seed", type=int, default=5)
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--no-user-indexes", action="store_true",
+                        help="leave out the per-user indexes the nightly recall_index_job builds (store.user_indexes)")
     args = parser.parse_args(argv)
     settings = get_settings()
     load_before = round(os.getloadavg()[0], 2)
     with scratch_database(settings) as url, FakeOpenAIServer(chat_replier) as upstream:
         progress(f"loading {args.n} memories over {args.users} users")
         loaded = load(url, args.n, args.users, args.seed)
+        user_indexes = build_user_indexes(url, drop=args.no_user_indexes)
         queries = _queries(loaded["rows"], args.queries + 20, args.seed)
         figures = bench(url, queries, upstream)
         plumbing = bench(url, queries, upstream, recall=False)
     result = {"n": args.n, "users": args.users, "queries": args.queries, "load_seconds": loaded["seconds"],
-              **figures, "without_recall": plumbing, "target_added_p95_ms": TARGET_ADDED_P95_MS,
+              "user_indexes": user_indexes, **figures, "without_recall": plumbing, "target_added_p95_ms": TARGET_ADDED_P95_MS,
               "load_average_1m": {"before": load_before, "after": round(os.getloadavg()[0], 2)}}
     path = write_result(f"proxy_latency_n{args.n}", result)
     if args.json:
@@ -142,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"p95 ≤ {TARGET_ADDED_P95_MS:g} ms" if not label else "",
                          verdict(lat["p95"], TARGET_ADDED_P95_MS, higher_is_better=False) if not label else ""))
     print_table(f"memory proxy, N = {args.n:,}, U = {args.users}, {args.queries} chats "
-                f"(load {load_before} → {result['load_average_1m']['after']})", rows)
+                f"(load {load_before} → {result['load_average_1m']['after']}; "
+                f"{user_indexes['in_all']} per-user recall indexes)", rows)
     progress(f"wrote {path}")
     return 0
 
