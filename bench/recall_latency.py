@@ -238,14 +238,14 @@ def build_user_indexes(url: str, *, drop: bool) -> dict:
     """The per-user HNSW indexes the nightly ``recall_index_job`` builds (``store.user_indexes``), timed;
     with ``drop``, none (any there are dropped): the shared index alone."""
     from yak_pipeline.store.database import connect
-    from yak_pipeline.store.user_indexes import ensure_user_indexes
+    from yak_pipeline.store.user_indexes import describe_build, ensure_user_indexes
 
     started = time.monotonic()
     with connect(url, autocommit=True) as conn:
         conn.execute("SET maintenance_work_mem = '1GB'")
         # Not CONCURRENTLY as the job builds them: nothing else runs here, and it is several times faster.
         built = ensure_user_indexes(conn, min_rows=10**12 if drop else USER_INDEX_MIN_ROWS, concurrently=False,
-                                    on_build=lambda t, c, u, n: progress(f"  own index of {u} on {t}.{c} ({n} rows)"))
+                                    on_build=lambda *build: progress(f"  {describe_build(*build)}"))
         count = conn.execute("SELECT count(*) FROM pg_class WHERE relkind = 'i' AND relname ~ '_u_[0-9a-f]{16}$'"
                              ).fetchone()[0]
     seconds = round(time.monotonic() - started, 1)

@@ -1,7 +1,8 @@
 """Recall at scale (issues 5, 12): the index paths agree with the exact scan.
 
 The vector legs go through the user's own HNSW index (store.user_indexes), or the shared one with
-pgvector's iterative scan, when a user has many rows; ``recall(..., exact=True)`` scans every row exactly and is the reference they must match.
+pgvector's iterative scan, when a user has many rows; ``recall(..., exact=True)`` scans every row
+exactly and is the reference they must match.
 """
 
 from __future__ import annotations
@@ -161,15 +162,14 @@ def test_heavy_users_get_their_own_indexes_and_recall_through_them_equals_the_ex
                 vector_search(conn, table=table, user_id="alice", query_embedding=query, embedding_model=MODEL,  # type: ignore[arg-type]
                               limit=10, context=column == "context_embedding")
                 conn.cursor_factory = psycopg.Cursor
-                reads = [(q, a) for q, a in sent if "ORDER BY t." in str(getattr(q, "as_string", lambda c: q)(conn))
-                         and "LIMIT %(n)s" in str(getattr(q, "as_string", lambda c: q)(conn))]
+                texts = [(q if isinstance(q, str) else q.as_string(conn), a) for q, a in sent]
+                reads = [(text, a) for text, a in texts if "ORDER BY t." in text and "LIMIT %(n)s" in text]
                 assert len(reads) == 1
-                plan = _plan(conn, reads[0][0].as_string(conn), reads[0][1])  # the same beam, set in this transaction
+                plan = _plan(conn, *reads[0])  # the same beam, set in this transaction
         finally:
             conn.cursor_factory = psycopg.Cursor
         assert user_index_name(table, column, "alice") in plan, plan
     conn.execute("RESET enable_sort")
-
 
     _assert_recall_equals_the_exact_scan(conn, "alice", query)
 

@@ -111,7 +111,12 @@ def index_command(
     nightly recall_index_job does.
     """
     from yak_pipeline.embeddings import get_embedder
-    from yak_pipeline.services.recall import embed_pending_contexts, embed_pending_exchanges, maintain_recall_indexes
+    from yak_pipeline.services.recall import (
+        describe_build,
+        embed_pending_contexts,
+        embed_pending_exchanges,
+        maintain_recall_indexes,
+    )
     from yak_pipeline.services.memories import rebuild_exchange_context
     from yak_pipeline.wiring import open_database
 
@@ -127,8 +132,7 @@ def index_command(
                                             on_progress=lambda n: progress.print(f"embedded {n} exchanges …"))
         in_context = embed_pending_contexts(
             db, embedder, on_progress=lambda n: progress.print(f"embedded {n} exchanges in their context …"))
-        indexes = maintain_recall_indexes(db, on_build=lambda table, column, user, rows: progress.print(
-            f"building {user}'s own recall index on {table}.{column} ({rows} rows) …"))
+        indexes = maintain_recall_indexes(db, on_build=lambda *build: progress.print(f"{describe_build(*build)} …"))
     finally:
         db.close()
     if as_json:

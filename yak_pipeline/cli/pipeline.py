@@ -86,7 +86,7 @@ def run_pending_work(settings: Settings, *, user_id: str | None, day: date | Non
         user_day_ranges,
     )
     from yak_pipeline.services.discovery import discover_work
-    from yak_pipeline.services.recall import maintain_recall_indexes
+    from yak_pipeline.services.recall import describe_build, maintain_recall_indexes
     from yak_pipeline.wiring import shared_database
 
     db = shared_database(settings)
@@ -148,9 +148,8 @@ def run_pending_work(settings: Settings, *, user_id: str | None, day: date | Non
             console.print(f"[{len(partitions_done)}/{len(partitions_done) + len(work) - index}] {kind} {user} {span}: "
                           f"{state} ({time.monotonic() - started:.1f}s)")
     # A user who grew past the line gets their own recall indexes now, not at the nightly run.
-    indexes = maintain_recall_indexes(db, on_build=lambda table, column, user, rows: console.print(
-        f"building {user}'s own recall index on {table}.{column} ({rows} rows) …") if progress else None
-    ) if partitions_done else []
+    announce = (lambda *build: console.print(f"{describe_build(*build)} …")) if progress else None
+    indexes = maintain_recall_indexes(db, on_build=announce) if partitions_done else []
     return {
         "files": files,
         "partitions": partitions_done,

@@ -40,6 +40,8 @@ from yak_pipeline.store.recall import (
     set_exchange_embeddings,
 )
 from yak_pipeline.store.user_indexes import USER_INDEX_MIN_ROWS, ensure_user_indexes
+# The shells word their progress with it and call services, not the store.
+from yak_pipeline.store.user_indexes import describe_build as describe_build  # noqa: F401 - re-exported
 
 logger = logging.getLogger("yak.recall")
 
@@ -322,8 +324,9 @@ def maintain_recall_indexes(db: Database, *, min_rows: int = USER_INDEX_MIN_ROWS
 
     Recall is the same without them, only slower for users with many thousands of rows
     (docs/BENCHMARKS.md): the nightly ``recall_index_job``, ``yak db index`` and the end of
-    ``yak process`` run this. The builds are ``CONCURRENTLY`` (ingestion and recall go on
-    meanwhile), which needs a connection outside the pool's transactions.
+    ``yak process`` run this; :func:`describe_build` words ``on_build``'s progress line. The
+    builds are ``CONCURRENTLY`` (ingestion and recall go on meanwhile), which needs a connection
+    outside the pool's transactions.
     """
     with connect(db.url, autocommit=True) as conn:
         return ensure_user_indexes(conn, min_rows=min_rows, on_build=on_build)

@@ -59,7 +59,7 @@ from psycopg import sql
 from yak_pipeline.core.query_intent import asks_about_present
 from yak_pipeline.core.recall import Candidate, Leg, RankedMemory, RecallParams, rank_memories
 from yak_pipeline.core.relevance import RelevanceModel, RelevanceSignals
-from yak_pipeline.store.user_indexes import user_indexes
+from yak_pipeline.store.user_indexes import USER_INDEX_MIN_ROWS, user_indexes
 
 T = TypeVar("T")
 
@@ -74,8 +74,9 @@ _EF_PER_ROW: Final[float] = 4.0
 # Okapi BM25's usual constants (Robertson & Zaragoza); not tuned to any data set.
 BM25_K1: Final[float] = 1.2
 BM25_B: Final[float] = 0.75
-# Below this many rows a user's rows are scanned exactly: it is as fast as the index and exact.
-EXACT_SCAN_MAX_ROWS: Final[int] = 2_000
+# Below this many rows a user's rows are scanned exactly: it is as fast as the index and exact. From
+# it on a user gets their own indexes (store.user_indexes): one line for both.
+EXACT_SCAN_MAX_ROWS: Final[int] = USER_INDEX_MIN_ROWS
 # Merge chains longer than this are not followed (each merge is one hop).
 _MAX_MERGE_HOPS: Final[int] = 8
 

@@ -38,7 +38,7 @@ VECTOR_COLUMNS: Final[tuple[VectorColumn, ...]] = (
 )
 
 # A user gets their own index on a column from this many live vectors on: below it recall scans
-# their rows exactly (store.recall.EXACT_SCAN_MAX_ROWS, the same figure). Their index is dropped
+# their rows exactly (store.recall.EXACT_SCAN_MAX_ROWS is this figure). Their index is dropped
 # only when they fall under half of it, so a user near the line does not flap.
 USER_INDEX_MIN_ROWS: Final[int] = 2_000
 
@@ -50,6 +50,11 @@ def user_index_name(table: str, column: str, user_id: str) -> str:
     """
     digest = hashlib.sha256(user_id.encode()).hexdigest()[:16]
     return f"{table}_{column}_u_{digest}"
+
+
+def describe_build(table: str, column: str, user_id: str, rows: int) -> str:
+    """The progress line for one build (what :func:`ensure_user_indexes` tells ``on_build``)."""
+    return f"building {user_id}'s own recall index on {table}.{column} ({rows} rows)"
 
 
 def user_indexes(conn: psycopg.Connection, user_id: str) -> frozenset[VectorColumn]:
@@ -81,7 +86,8 @@ def ensure_user_indexes(
     of the indexes built. ``concurrently`` (the default) builds without blocking writes or recall
     and needs an autocommit connection. An invalid leftover of an interrupted build is rebuilt;
     the index of a user who fell under half of ``min_rows`` (forgotten rows) is dropped.
-    ``on_build(table, column, user_id, rows)`` is told before each build (they take seconds).
+    ``on_build(table, column, user_id, rows)`` is told before each build (they take seconds;
+    :func:`describe_build` words it).
     """
     if concurrently and not conn.autocommit:
         raise ValueError("ensure_user_indexes(concurrently=True) needs an autocommit connection")

@@ -4,6 +4,7 @@ import dagster as dg
 
 from yak_pipeline.defs.partitions import exchange_partitions
 from yak_pipeline.defs.resources import PostgresResource
+from yak_pipeline.store.user_indexes import USER_INDEX_MIN_ROWS, describe_build
 
 memory_job = dg.define_asset_job(
     "memory_job",
@@ -26,10 +27,9 @@ warmth_job = dg.define_asset_job(
 
 
 class RecallIndexConfig(dg.Config):
-    """How many live vectors in a column make a user heavy enough for their own index there
-    (unset: ``store.user_indexes.USER_INDEX_MIN_ROWS``)."""
+    """How many live vectors in a column make a user heavy enough for their own index there."""
 
-    min_rows: int | None = None
+    min_rows: int = USER_INDEX_MIN_ROWS
 
 
 @dg.op
@@ -41,12 +41,9 @@ def maintain_recall_indexes_op(context: dg.OpExecutionContext, config: RecallInd
     docs/BENCHMARKS.md); the builds are concurrent, so ingestion and recall go on meanwhile.
     """
     from yak_pipeline.services.recall import maintain_recall_indexes
-    from yak_pipeline.store.user_indexes import USER_INDEX_MIN_ROWS
 
-    built = maintain_recall_indexes(
-        postgres.database(), min_rows=config.min_rows or USER_INDEX_MIN_ROWS,
-        on_build=lambda table, column, user, rows: context.log.info(
-            f"building {user}'s own index on {table}.{column} ({rows} rows)"))
+    built = maintain_recall_indexes(postgres.database(), min_rows=config.min_rows,
+                                    on_build=lambda *build: context.log.info(describe_build(*build)))
     context.log.info("per-user recall indexes built: %s", ", ".join(built) or "none needed")
     context.add_output_metadata({"built": len(built), "indexes": ", ".join(built)})
     return built
