@@ -139,6 +139,9 @@ def recall_judge(settings: Settings, llm: Callable[[], LLMProvider]) -> LLMRecal
 # commit: on 2 cores two spares were as fast as four at 100,000 rows (44.9-57.9 vs 52.5-59.4 ms
 # p50) and faster at 3,000 (14.6-19.5 vs 19.6-20.5 ms; docs/BENCHMARKS.md §2d).
 SPARE_LEG_CONNECTIONS = min(4, os.cpu_count() or 1)
+# Threads that embed recall's queries beside the text legs, one per core: an embedding is
+# CPU work (the local model runs on one thread per call) or a wait on a remote embedder.
+_QUERY_VECTORS = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="yak-query-vector")
 
 
 def recall_params(settings: Settings, *, threshold: float = 0.7, limit: int = 5) -> RecallParams:
@@ -181,10 +184,12 @@ def search_memories(db: Database, embedder: Embedder, *, judge: LLMRecallJudge |
     """The user's best distillations for ``query``, best first; empty when nothing is relevant.
 
     With a ``judge`` (:func:`recall_judge`), the LLM's judgement then drops what it finds irrelevant."""
-    vector = embedder.embed_query(ask["query"])
+    # The query's vector is computed while the text legs run (``store.recall.CandidateQuery``).
+    vector = _QUERY_VECTORS.submit(embedder.embed_query, ask["query"])
     with db.connection() as conn:
         with db.idle_connections(SPARE_LEG_CONNECTIONS) as spare:
-            ranked = recall(conn, query_embedding=vector, embedding_model=embedder.model_name, spare=spare, **ask)
+            ranked = recall(conn, query_embedding=vector.result, embedding_model=embedder.model_name, spare=spare,
+                            **ask)
         if not ranked:
             return []
         by_id = recall_hit_rows(conn, [r.id for r in ranked])

@@ -44,6 +44,7 @@ the reference the benchmark and the tests compare the index paths with.
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -98,7 +99,7 @@ _TABLES: Final[dict[str, str]] = {
 _BM25_SCORES_SQL: Final[str] = """), df AS (
     SELECT lexeme, count(*)::float8 AS df FROM hits GROUP BY lexeme
 )
-SELECT h.id,
+SELECT h.id::text,
        sum(ln(1 + (c.n - f.df + 0.5) / (f.df + 0.5))
            * h.tf * (%(k1)s + 1) / (h.tf + %(k1)s * (1 - %(b)s + %(b)s * h.dl / greatest(c.avgdl, 1)))) AS score
 FROM hits h JOIN df f USING (lexeme) CROSS JOIN corpus c
@@ -260,7 +261,7 @@ def vector_search(
             # The planner proves a partial index's predicate only from a literal (store.user_indexes).
             mine = sql.SQL(" AND t.user_id = {}").format(sql.Literal(user_id)) if own_index else sql.SQL("")
             rows = conn.execute(
-                sql.SQL(f"SELECT t.id, 1 - (t.{column} <=> %(q)s) FROM {table} t WHERE {where}{{mine}} "  # noqa: S608
+                sql.SQL(f"SELECT t.id::text, 1 - (t.{column} <=> %(q)s) FROM {table} t WHERE {where}{{mine}} "  # noqa: S608
                         f"ORDER BY t.{column} <=> %(q)s LIMIT %(n)s").format(mine=mine),
                 args,
             ).fetchall()
@@ -269,7 +270,7 @@ def vector_search(
     # Ordering by the similarity expression (not by `embedding <=> q`) keeps the planner off the
     # index: this is the exact scan of the user's rows.
     rows = conn.execute(
-        f"SELECT t.id, 1 - (t.{column} <=> %(q)s) AS similarity FROM {table} t WHERE {where} "  # noqa: S608
+        f"SELECT t.id::text, 1 - (t.{column} <=> %(q)s) AS similarity FROM {table} t WHERE {where} "  # noqa: S608
         "ORDER BY similarity DESC, t.id LIMIT %(n)s",
         args,
     ).fetchall()
@@ -302,7 +303,7 @@ def recallable_distillations(
     if not wanted:
         return {}
     rows = conn.execute(
-        """SELECT memory_id, id, status, embedding_model FROM distillations
+        """SELECT memory_id::text, id::text, status, embedding_model FROM distillations
            WHERE user_id = %s AND memory_id = ANY(%s::uuid[]) AND deleted_at IS NULL
              AND status IN ('active', 'merged')
            ORDER BY created_at, id""",
@@ -326,7 +327,7 @@ def recallable_distillations(
             break
         merged_ids = list(set(following.values()))
         targets = conn.execute(
-            """SELECT DISTINCT ON (m.merged) m.merged, d.id, d.status, d.embedding_model
+            """SELECT DISTINCT ON (m.merged) m.merged::text, d.id::text, d.status, d.embedding_model
                FROM unnest(%s::uuid[]) AS m(merged)
                JOIN distillation_versions v ON v.merged_from @> ARRAY[m.merged] AND v.deleted_at IS NULL
                JOIN distillations d ON d.id = v.distillation_id AND d.deleted_at IS NULL AND d.user_id = %s
@@ -393,14 +394,16 @@ def active_distillation_ids(conn: psycopg.Connection, *, user_id: str, embedding
 
 # --- candidates and recall -----------------------------------------------------------------------
 
+# Ids come back as text throughout recall: a uuid object per row (about a thousand per recall),
+# made and then turned into a string, cost 1.5 ms of Python CPU per recall at 100,000 rows.
 # Per candidate: the score's inputs, the cosine to the distillation, to its own exchange and to
 # that exchange in its context (when ``context``), and the newer memory that replaced it (only
 # if that one had happened by ``as_of``).
 _CANDIDATE_ROWS_SQL: Final[str] = """
-SELECT d.id, d.tier, d.warmth, d.user_weight, d.refreshed_at,
+SELECT d.id::text, d.tier, d.warmth, d.user_weight, d.refreshed_at,
        1 - (d.embedding <=> %(q)s) AS cos_distillation,
        CASE WHEN m.embedding_model = %(model)s THEN 1 - (m.embedding <=> %(q)s) END AS cos_exchange,
-       CASE WHEN %(as_of)s::timestamptz IS NULL OR sm.occurred_at <= %(as_of)s THEN s.id END AS superseded_by,
+       CASE WHEN %(as_of)s::timestamptz IS NULL OR sm.occurred_at <= %(as_of)s THEN s.id::text END AS superseded_by,
        CASE WHEN %(context)s AND m.context_embedding_model = %(model)s
             THEN 1 - (m.context_embedding <=> %(q)s) END AS cos_context
 FROM distillations d
@@ -463,14 +466,16 @@ def _run_legs(conns: Sequence[psycopg.Connection], legs: Sequence[Callable[[psyc
 class CandidateQuery(TypedDict):
     """What the candidate legs are asked: a user's query, its vector, and how to search.
 
-    ``exact`` scans the vector legs exactly (the reference); ``as_of`` sees only what had
-    happened by then. With ``spare`` connections (``Database.idle_connections``) the legs run
-    side by side, on the request's connection and on them (:func:`_run_legs`).
+    ``query_embedding`` is the query's vector, or a call that returns it (a ``Future``'s
+    ``result``, the vector still being computed): the text legs need no vector and start at once,
+    the vector legs wait for it. ``exact`` scans the vector legs exactly (the reference); ``as_of``
+    sees only what had happened by then. With ``spare`` connections (``Database.idle_connections``)
+    the legs run side by side, on the request's connection and on them (:func:`_run_legs`).
     """
 
     user_id: str
     query: str
-    query_embedding: Sequence[float]
+    query_embedding: Sequence[float] | Callable[[], Sequence[float]]
     embedding_model: str
     params: RecallParams
     as_of: NotRequired[datetime | None]
@@ -483,34 +488,37 @@ def recall_candidates(conn: psycopg.Connection, **ask: Unpack[CandidateQuery]) -
     (:class:`CandidateQuery` says what each argument does)."""
     user_id, query, embedding_model, params = ask["user_id"], ask["query"], ask["embedding_model"], ask["params"]
     as_of, exact = ask.get("as_of"), ask.get("exact", False)
-    vector = np.asarray(ask["query_embedding"], dtype=np.float32)
+    given = ask["query_embedding"]
+    # Awaited by the first leg that needs it; the others find it done (a Future's result is kept).
+    vector = functools.cache(lambda: np.asarray(given() if callable(given) else given, dtype=np.float32))
     size = params.leg_size
     # A stored context (words or vector) can hold what was said after ``as_of`` (the next
     # exchange's): as of a past moment each exchange is searched alone.
     use_context = params.exchange_context and as_of is None
     own = user_indexes(conn, user_id) if not exact else frozenset()
-    # The slowest legs (the index scans) first, so that side by side they finish together.
-    d_vec, m_vec, c_vec, m_text, d_text = _run_legs([conn, *ask.get("spare", ())], [
-        lambda c: vector_search(c, table="distillations", user_id=user_id, query_embedding=vector,
-                                embedding_model=embedding_model, limit=size, exact=exact, as_of=as_of,
-                                own_index=("distillations", "embedding") in own),
-        lambda c: vector_search(c, table="memories", user_id=user_id, query_embedding=vector,
-                                embedding_model=embedding_model, limit=size, exact=exact, as_of=as_of,
-                                own_index=("memories", "embedding") in own),
-        lambda c: vector_search(c, table="memories", user_id=user_id, query_embedding=vector, context=True,
-                                embedding_model=embedding_model, limit=size, exact=exact,
-                                own_index=("memories", "context_embedding") in own) if use_context else [],
+    # The text legs first: they need no vector, so they run while the query's is still being
+    # computed (services.recall); the slower of them (exchanges in context) before the other.
+    m_text, d_text, d_vec, m_vec, c_vec = _run_legs([conn, *ask.get("spare", ())], [
         lambda c: bm25_search(c, table="memories", user_id=user_id, query=query, limit=size,
                               context=use_context, as_of=as_of),
         lambda c: bm25_search(c, table="distillations", user_id=user_id, query=query, limit=size,
                               embedding_model=embedding_model, as_of=as_of),
+        lambda c: vector_search(c, table="distillations", user_id=user_id, query_embedding=vector(),
+                                embedding_model=embedding_model, limit=size, exact=exact, as_of=as_of,
+                                own_index=("distillations", "embedding") in own),
+        lambda c: vector_search(c, table="memories", user_id=user_id, query_embedding=vector(),
+                                embedding_model=embedding_model, limit=size, exact=exact, as_of=as_of,
+                                own_index=("memories", "embedding") in own),
+        lambda c: vector_search(c, table="memories", user_id=user_id, query_embedding=vector(), context=True,
+                                embedding_model=embedding_model, limit=size, exact=exact,
+                                own_index=("memories", "context_embedding") in own) if use_context else [],
     ])
     held_by = recallable_distillations(conn, user_id=user_id, memory_ids=[h.id for h in m_text + m_vec + c_vec],
                                        embedding_model=embedding_model)
     ids = sorted({h.id for h in d_text + d_vec} | set(held_by.values()))
     if not ids:
         return []
-    rows = conn.execute(_CANDIDATE_ROWS_SQL, {"q": vector, "ids": ids, "user": user_id, "model": embedding_model,
+    rows = conn.execute(_CANDIDATE_ROWS_SQL, {"q": vector(), "ids": ids, "user": user_id, "model": embedding_model,
                                               "as_of": as_of, "context": use_context}).fetchall()
 
     # An exchange's BM25 and cosine count for the distillation that holds it; a distillation
