@@ -1,9 +1,11 @@
 """What the memory proxy adds to a chat: time to first token and total, p50/p95.
 
-``python bench/proxy_latency.py --n 100000 --users 10 [--queries 200] [--json]``
+``python bench/proxy_latency.py --n 100000 --users 10 [--queries 200] [--corpus realistic] [--reuse DB] [--json]``
 
-Loads N synthetic memories over U users into a scratch database (``recall_latency.load``: the
-same rows and indexes as the recall benchmark, labelled with the local embedder's model, and
+Loads N memories over U users into a scratch database (``recall_latency.load``: the same rows
+and indexes as the recall benchmark, synthetic or, with ``--corpus realistic``, real turns with
+real questions as the chats; ``--reuse`` measures a database a ``recall_latency.py --corpus
+realistic --keep`` run loaded), labelled with the local embedder's model, and
 the per-user indexes of ``recall_latency.build_user_indexes`` unless ``--no-user-indexes``),
 starts ``yak proxy`` as a real process (local all-MiniLM-L6-v2 query embedder,
 the recall engine, turns stored) in front of an upstream that answers at once (the tests'
@@ -41,9 +43,10 @@ from _common import (  # noqa: E402
     running_yak,
     scratch_database,
     verdict,
+    reused_database,
     write_result,
 )
-from recall_latency import _queries, build_user_indexes, load  # noqa: E402
+from recall_latency import RealisticCorpus, _queries, build_user_indexes, load  # noqa: E402
 
 from yak_pipeline.settings import get_settings  # noqa: E402
 from yak_pipeline_tests.fake_openai import FakeOpenAIServer, chat_replier  # noqa: E402
@@ -118,22 +121,41 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queries", type=int, default=200, help="chats measured (default 200)")
     parser.add_argument("--seed", type=int, default=5)
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--corpus", choices=("synthetic", "realistic"), default="synthetic",
+                        help="synthetic: a 60-word vocabulary (the stress case); realistic: real conversational "
+                             "turns and questions from --data-dir, as bench/recall_latency.py (default synthetic)")
+    parser.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data",
+                        help="LoCoMo-format files for --corpus realistic (default ../shared/data)")
+    parser.add_argument("--reuse", metavar="DATABASE",
+                        help="measure a database a `bench/recall_latency.py --corpus realistic --keep` run loaded "
+                             "(same --n, --users and --seed) instead of loading a new one; it is kept")
     parser.add_argument("--no-user-indexes", action="store_true",
                         help="leave out the per-user indexes the nightly recall_index_job builds (store.user_indexes)")
     args = parser.parse_args(argv)
+    if args.reuse and args.corpus != "realistic":
+        print("error: --reuse needs --corpus realistic (the synthetic queries come from the rows loaded)", file=sys.stderr)
+        return 2
     settings = get_settings()
     load_before = round(os.getloadavg()[0], 2)
-    with scratch_database(settings) as url, FakeOpenAIServer(chat_replier) as upstream:
-        progress(f"loading {args.n} memories over {args.users} users")
-        loaded = load(url, args.n, args.users, args.seed)
+    database = reused_database(settings, args.reuse) if args.reuse else scratch_database(settings)
+    with database as url, FakeOpenAIServer(chat_replier) as upstream:
+        corpus = RealisticCorpus(args.data_dir) if args.corpus == "realistic" else None
+        if args.reuse:
+            progress(f"measuring {args.reuse}, loaded before")
+            loaded = {"rows": [], "seconds": None}
+        else:
+            progress(f"loading {args.n} memories over {args.users} users ({args.corpus} corpus)")
+            loaded = load(url, args.n, args.users, args.seed, corpus)
         user_indexes = build_user_indexes(url, drop=args.no_user_indexes)
-        queries = _queries(loaded["rows"], args.queries + 20, args.seed)
+        queries = (corpus.queries(args.users, args.queries + 20, args.seed) if corpus is not None
+                   else _queries(loaded["rows"], args.queries + 20, args.seed))
         figures = bench(url, queries, upstream)
         plumbing = bench(url, queries, upstream, recall=False)
-    result = {"n": args.n, "users": args.users, "queries": args.queries, "load_seconds": loaded["seconds"],
+    result = {"n": args.n, "users": args.users, "queries": args.queries, "corpus": args.corpus,
+              "load_seconds": loaded["seconds"],
               "user_indexes": user_indexes, **figures, "without_recall": plumbing, "target_added_p95_ms": TARGET_ADDED_P95_MS,
               "load_average_1m": {"before": load_before, "after": round(os.getloadavg()[0], 2)}}
-    path = write_result(f"proxy_latency_n{args.n}", result)
+    path = write_result(f"proxy_latency_n{args.n}{'_realistic' if corpus is not None else ''}", result)
     if args.json:
         print(json.dumps(result))
         return 0
@@ -145,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append((f"{label}{name} p50 / p95", f"{lat['p50']:g} / {lat['p95']:g} ms",
                          f"p95 ≤ {TARGET_ADDED_P95_MS:g} ms" if not label else "",
                          verdict(lat["p95"], TARGET_ADDED_P95_MS, higher_is_better=False) if not label else ""))
-    print_table(f"memory proxy, N = {args.n:,}, U = {args.users}, {args.queries} chats "
+    print_table(f"memory proxy, N = {args.n:,}, U = {args.users}, {args.corpus} corpus, {args.queries} chats "
                 f"(load {load_before} → {result['load_average_1m']['after']}; "
                 f"{user_indexes['in_all']} per-user recall indexes)", rows)
     progress(f"wrote {path}")

@@ -40,7 +40,11 @@ queries at random users:
   exact reference (``exact=True``: every vector leg scans every row of the user), for the new
   engine (the target) and, for information, the old ranking over the same candidates;
 - **HTTP** — ``POST /api/context`` (and ``/api/distillations/search`` beside it) end to end against ``yak serve`` (a real uvicorn
-  process on 127.0.0.1) with the local query embedder and the new engine.
+  process on 127.0.0.1) with the local query embedder and the new engine;
+- **CPU per recall** — the request's path in this process (``services.recall.search_memories``:
+  the query's vector, the legs, the relevance step, the memories' rows), one recall at a time: the
+  machine's busy CPU (this process and PostgreSQL's backends, from /proc/stat) and this process's
+  own. CPU ÷ cores is the least wall time a recall can take however its work is spread.
 
 Targets (issue "Fast on the default path", at N = 100,000, U = 10): store p95 ≤ 15 ms (the new
 engine, a + c), HTTP p95 ≤ 30 ms, fidelity ≥ 0.99. The 1-minute load average is recorded before
@@ -494,6 +498,52 @@ def bench_store(url: str, queries: list, limit: int, warmup: list) -> dict:
     }
 
 
+def _machine_busy_seconds() -> float | None:
+    """CPU seconds the whole machine has been busy (every process, PostgreSQL's too), from /proc/stat."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError, IndexError):
+        return None
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+
+
+def bench_cpu(url: str, queries: list, limit: int) -> dict:
+    """CPU per recall on the request's path (``services.recall.search_memories``: the query's vector
+    beside the text legs, the legs side by side, the relevance step, the memories' rows), one recall
+    at a time: the machine's busy time (this process and PostgreSQL's backends) and this process's.
+
+    Whatever runs side by side, a recall cannot take less wall time than its CPU ÷ the cores: the
+    floor under the p95 targets (docs/BENCHMARKS.md §2f).
+    """
+    import resource
+
+    from yak_pipeline.embeddings.local import LocalMiniLMEmbedder
+    from yak_pipeline.recall_models import load_relevance_model
+    from yak_pipeline.services.recall import SPARE_LEG_CONNECTIONS, recall_params, search_memories
+    from yak_pipeline.store.database import Database
+
+    def own_seconds() -> float:
+        usage = resource.getrusage(resource.RUSAGE_SELF)  # every thread of this process
+        return usage.ru_utime + usage.ru_stime
+
+    params = recall_params(get_settings(), threshold=0.7, limit=limit)
+    model = load_relevance_model(MODEL)
+    embedder = LocalMiniLMEmbedder()
+    with Database(url, max_size=2 + SPARE_LEG_CONNECTIONS) as db:
+        for user, text, _ in queries[:10]:  # loads the query model, opens the pool's connections
+            search_memories(db, embedder, user_id=user, query=text, params=params, model=model)
+        busy, own, began = _machine_busy_seconds(), own_seconds(), time.perf_counter()
+        for user, text, _ in queries:
+            search_memories(db, embedder, user_id=user, query=text, params=params, model=model)
+        wall, own = time.perf_counter() - began, own_seconds() - own
+        after = _machine_busy_seconds()
+    n, cores = len(queries), os.cpu_count() or 1
+    machine = (after - busy) / n * 1000 if busy is not None and after is not None else None
+    return {"machine_cpu_ms": round(machine, 2) if machine is not None else None,
+            "this_process_cpu_ms": round(own / n * 1000, 2), "wall_ms": round(wall / n * 1000, 2), "cores": cores,
+            "floor_ms": round(machine / cores, 2) if machine is not None else None, "queries": n}
+
+
 def bench_http(url: str, queries: list, limit: int) -> dict:
     """``POST /api/context`` (the target) and ``POST /api/distillations/search`` end to end against a
     real ``yak serve`` process, alternating which goes first."""
@@ -580,11 +630,12 @@ def main(argv: list[str] | None = None) -> int:
         load_average["store_start"] = _load()
         store = bench_store(url, queries, args.limit, warmup)
         load_average["store_end"] = _load()
+        cpu = bench_cpu(url, queries, args.limit)
         http = None if args.no_http else bench_http(url, queries, args.limit)
         load_average["after"] = _load()
     result = {"n": args.n, "users": args.users, "corpus": args.corpus, "queries": args.queries, "limit": args.limit,
               "dimensions": DIM,
-              "load_seconds": loaded["seconds"], "user_indexes": user_indexes, "store": store, "http": http, "targets": TARGETS,
+              "load_seconds": loaded["seconds"], "user_indexes": user_indexes, "store": store, "cpu": cpu, "http": http, "targets": TARGETS,
               "load_average_1min": load_average, "seconds": round(time.monotonic() - started, 1)}
     suffix = "_realistic" if args.corpus == "realistic" else ""
     path = write_result(f"recall_latency_n{args.n}_u{args.users}{suffix}", result)
@@ -650,6 +701,10 @@ def main(argv: list[str] | None = None) -> int:
                      verdict(lat["p95"], TARGETS["http_p95_ms"], higher_is_better=False)))
         rows.append(("  (HTTP /api/distillations/search p50 / p95 / p99 ms)", _pcts(http["search_latency_ms"]), "", ""))
         rows.append(("  (HTTP errors)", str(http["errors"]), "0", verdict(-http["errors"], 0, higher_is_better=True)))
+    rows.append(("CPU per recall, request path: machine / this process ms",
+                 f"{cpu['machine_cpu_ms']} / {cpu['this_process_cpu_ms']}", "", ""))
+    rows.append((f"  wall per recall, one at a time / floor = CPU ÷ {cpu['cores']} cores (ms)",
+                 f"{cpu['wall_ms']} / {cpu['floor_ms']}", "", ""))
     rows.append(("load avg 1 min (start / store / store end / end)",
                  " / ".join(str(load_average[k]) for k in ("before", "store_start", "store_end", "after")), "", ""))
     rows.append(("per-user indexes (built now / in all / build s)",
