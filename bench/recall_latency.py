@@ -191,7 +191,7 @@ def load(url: str, n: int, users: int, seed: int, corpus: RealisticCorpus | None
         # Exchange contexts (sql/006) are computed once after the load, not row by row by the
         # trigger: the same contexts (a test checks that the two agree), minutes sooner.
         conn.execute("ALTER TABLE memories DISABLE TRIGGER memories_context")
-        # Likewise BM25's postings (sql/013): written once after the load.
+        # Likewise BM25's postings and statistics (sql/013, 014): written once after the load.
         for table, trigger in BM25_TRIGGERS:
             conn.execute(f"ALTER TABLE {table} DISABLE TRIGGER {trigger}")
         with conn.cursor() as cur:
@@ -232,20 +232,23 @@ def load(url: str, n: int, users: int, seed: int, corpus: RealisticCorpus | None
             conn.execute(sql)
             progress(f"  built {name} in {time.monotonic() - index_started:.0f}s")
         # VACUUM as autovacuum would after a bulk load: sets the visibility map that index-only
-        # scans (BM25's corpus statistics) rely on.
-        conn.execute("VACUUM ANALYZE memories")
-        conn.execute("VACUUM ANALYZE distillations")
+        # scans (BM25's postings and statistics) rely on.
+        for table in ("memories", "distillations", "bm25_postings", "bm25_statistics"):
+            conn.execute(f"VACUUM ANALYZE {table}")
     return {"rows": rows, "seconds": round(time.monotonic() - started, 1)}
 
 
 def build_user_indexes(url: str, *, drop: bool) -> dict:
-    """The per-user HNSW indexes the nightly ``recall_index_job`` builds (``store.user_indexes``), timed;
-    with ``drop``, none (any there are dropped): the shared index alone."""
+    """What the nightly ``recall_index_job`` does, timed: fold the BM25 statistics (sql/014) and build
+    the per-user HNSW indexes (``store.user_indexes``); with ``drop``, no indexes (any there are
+    dropped): the shared index alone."""
     from yak_pipeline.store.database import connect
+    from yak_pipeline.store.recall import fold_bm25_statistics
     from yak_pipeline.store.user_indexes import describe_build, ensure_user_indexes
 
     started = time.monotonic()
     with connect(url, autocommit=True) as conn:
+        fold_bm25_statistics(conn)
         conn.execute("SET maintenance_work_mem = '1GB'")
         # Not CONCURRENTLY as the job builds them: nothing else runs here, and it is several times faster.
         built = ensure_user_indexes(conn, min_rows=10**12 if drop else USER_INDEX_MIN_ROWS, concurrently=False,

@@ -13,7 +13,8 @@ import numpy as np
 import psycopg
 import pytest
 
-from yak_pipeline.store.recall import _TABLES, BM25_B, BM25_K1, _BM25_POSTINGS_SQL, bm25_search
+from yak_pipeline.store.database import connect
+from yak_pipeline.store.recall import BM25_B, BM25_K1, _BM25_POSTINGS_SQL, bm25_search, fold_bm25_statistics
 from yak_pipeline_tests.store_helpers import EMBEDDER, seed_memory_with_distillation
 
 MODEL = EMBEDDER.model_name
@@ -22,7 +23,10 @@ NOW = datetime(2026, 6, 1, tzinfo=timezone.utc)
 COMMON = ["like", "work", "today", "really", "home", "friend"]
 RARE = ["kayak", "sourdough", "violin", "lisbon", "peanut", "kitten", "marathon", "chess", "tomato", "tokyo",
         "bakery", "nurse", "guitar", "canal", "garden", "museum", "sister", "wedding", "vespa", "sari"]
-POSTINGS = ("SELECT leg, user_id, scope, lexeme, row_id, tf, dl FROM bm25_postings ORDER BY 1, 2, 3, 4, 5",)
+POSTINGS = ("SELECT leg, user_id, scope, lexeme, row_id, tf, dl FROM bm25_postings ORDER BY 1, 2, 3, 4, 5",
+            # The statistics as a reader sums them (sql/014): folded or not, the same.
+            "SELECT leg, user_id, scope, lexeme, sum(df), sum(dl_sum), sum(dl_rows) FROM bm25_statistics "
+            "GROUP BY 1, 2, 3, 4 HAVING sum(df) <> 0 OR sum(dl_sum) <> 0 OR sum(dl_rows) <> 0 ORDER BY 1, 2, 3, 4")
 
 
 def _sentence(rng: np.random.Generator) -> str:
@@ -56,6 +60,12 @@ def _assert_postings_equal_a_recount(conn: psycopg.Connection) -> None:
     conn.execute("ROLLBACK TO SAVEPOINT recount")
     assert kept == recounted
     assert all(kept)
+    # Folding the deltas leaves one row per key and the same sums.
+    conn.execute("SAVEPOINT fold")
+    fold_bm25_statistics(conn)
+    assert _postings(conn) == kept
+    assert conn.execute("SELECT count(*) FROM bm25_statistics").fetchone()[0] == len(kept[1])
+    conn.execute("ROLLBACK TO SAVEPOINT fold")
 
 
 def _legs(user_id: str) -> list[dict]:
@@ -95,15 +105,18 @@ def test_the_default_legs_read_index_entries_only(conn: psycopg.Connection) -> N
     conn.autocommit = True
     conn.execute("VACUUM ANALYZE memories")  # the visibility map index-only scans need, as autovacuum sets it
     conn.execute("VACUUM ANALYZE bm25_postings")
-    statement = _BM25_POSTINGS_SQL.format(table="memories", where=_TABLES["memories"], terms="context_terms")
+    conn.execute("SELECT yak_bm25_fold_statistics()")
+    conn.execute("VACUUM ANALYZE bm25_statistics")
     plan = "\n".join(r[0] for r in conn.execute(
-        "EXPLAIN (COSTS OFF) " + statement,
-        {"leg": "contexts", "user": "alice", "scope": "", "model": None, "as_of": None,
-         "text": "what do I like at work?", "limit": 50, "k1": BM25_K1, "b": BM25_B}))
-    # Every scan of a table (not of a CTE or a function) reads an index alone.
+        "EXPLAIN (COSTS OFF) " + _BM25_POSTINGS_SQL,
+        {"leg": "contexts", "user": "alice", "scope": "", "text": "what do I like at work?", "limit": 50,
+         "k1": BM25_K1, "b": BM25_B}))
+    # Every scan of a table (not of a CTE or a function) reads an index alone, and none reads a row.
     scans = [line.strip().removeprefix("->  ") for line in plan.splitlines()
-             if "Scan" in line and any(f" on {t}" in line for t in ("memories", "distillations", "bm25_postings"))]
-    assert any("bm25_postings_pkey" in scan for scan in scans) and any(" on memories" in scan for scan in scans), plan
+             if "Scan" in line and " on " in line and " on unnest" not in line and "CTE" not in line]
+    assert any("bm25_postings_pkey" in scan for scan in scans), plan
+    assert any("bm25_statistics_key_idx" in scan for scan in scans), plan
+    assert not any(f" on {table} " in scan for table in ("memories", "distillations") for scan in scans), plan
     assert all(scan.startswith("Index Only Scan") for scan in scans), plan
 
 
@@ -128,6 +141,22 @@ def test_postings_follow_every_kind_of_write(conn: psycopg.Connection) -> None:
         _assert_postings_equal_a_recount(conn)
         _assert_postings_equal_rows(conn, "alice", queries, 10)
     conn.execute("TRUNCATE memories CASCADE")
-    assert _postings(conn) == ([],)
+    assert _postings(conn) == ([], [])
     _seed(conn, "alice", 5, seed=7)
     _assert_postings_equal_a_recount(conn)
+
+
+def test_folding_while_a_writer_is_open_loses_none_of_its_counts(db_url: str) -> None:
+    """A fold sums the deltas it sees; a writer's deltas it cannot see yet (uncommitted) stay,
+    and count once the writer commits: the sums equal a recount from the rows."""
+    with connect(db_url) as writer, connect(db_url) as folder:
+        _seed(writer, "alice", 20, seed=8)
+        writer.commit()
+        _seed(writer, "alice", 10, seed=9)  # open: the folder cannot see these deltas
+        writer.execute("UPDATE memories SET deleted_at = now() WHERE id IN "
+                       "(SELECT id FROM memories WHERE user_id = 'alice' ORDER BY occurred_at LIMIT 3)")
+        assert fold_bm25_statistics(folder) > 0
+        folder.commit()
+        writer.commit()
+        _assert_postings_equal_a_recount(writer)
+        _assert_postings_equal_rows(writer, "alice", ["kayak at work", "friend home today", "sister"], 10)

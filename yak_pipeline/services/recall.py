@@ -35,6 +35,7 @@ from yak_pipeline.store.database import Database, connect
 from yak_pipeline.store.distillations import recall_hit_rows
 from yak_pipeline.store.recall import (
     exchanges_without_embedding,
+    fold_bm25_statistics,
     recall,
     recall_candidates,
     set_exchange_embeddings,
@@ -325,13 +326,16 @@ def embed_pending_contexts(db: Database, embedder: Embedder, *, user_id: str | N
 
 def maintain_recall_indexes(db: Database, *, min_rows: int = USER_INDEX_MIN_ROWS,
                             on_build: Callable[[str, str, str, int], None] | None = None) -> list[str]:
-    """Give every heavy user their own HNSW indexes (``store.user_indexes``); the names built.
+    """Fold BM25's statistics (``store.recall.fold_bm25_statistics``) and give every heavy user their
+    own HNSW indexes (``store.user_indexes``); the names of the indexes built.
 
-    Recall is the same without them, only slower for users with many thousands of rows
+    Recall is the same without either, only slower for users with many thousands of rows
     (docs/BENCHMARKS.md): the nightly ``recall_index_job``, ``yak db index`` and the end of
     ``yak process`` run this; :func:`describe_build` words ``on_build``'s progress line. The
     builds are ``CONCURRENTLY`` (ingestion and recall go on meanwhile), which needs a connection
     outside the pool's transactions.
     """
     with connect(db.url, autocommit=True) as conn:
+        folded = fold_bm25_statistics(conn)
+        logger.info("folded BM25 statistics: %d delta rows fewer", folded)
         return ensure_user_indexes(conn, min_rows=min_rows, on_build=on_build)

@@ -28,7 +28,9 @@ document frequency and average length over the user's rows), with the query's te
 row need not contain every word of a question. Computed from the rows, that opens every row a
 common word matches (and its out-of-line tsvector), so recall's two default text legs read
 postings (user, word, row, term frequency, length) that triggers keep (sql/013), from index
-entries alone; the computation from the rows stays as ``exact=True``, the reference.
+entries alone, and the counts BM25 needs (each word's rows, the user's rows and their mean
+length) from statistics the same triggers append to (sql/014); the computation from the rows
+stays as ``exact=True``, the reference.
 
 The vector legs scan a user's rows exactly when they have few (a few milliseconds, and exact);
 otherwise an HNSW index proposes them. A heavy user's own partial index (``store.user_indexes``,
@@ -94,8 +96,8 @@ _TABLES: Final[dict[str, str]] = {
 }
 
 # Okapi BM25 over the query's `hits` (id, lexeme, tf, dl) in the user's `corpus` (n, avgdl): each
-# word's document frequency is the number of its hits. The tail of both BM25 queries below (it
-# closes their `hits` CTE).
+# word's document frequency is the number of its hits. The tail of the BM25 query from the rows
+# below (it closes its `hits` CTE).
 _BM25_SCORES_SQL: Final[str] = """), df AS (
     SELECT lexeme, count(*)::float8 AS df FROM hits GROUP BY lexeme
 )
@@ -175,7 +177,7 @@ def bm25_search(
     is searched together with its neighbours in the conversation (``context_tsv``, sql/006).
 
     Recall's two default legs (distillations, and exchanges in context, at the present moment)
-    read trigger-kept postings (sql/013) by index-only scans; ``exact``, and the
+    read trigger-kept postings and statistics (sql/013, 014) by index-only scans; ``exact``, and the
     other legs, compute everything from the matching rows: the same top ``limit``, the reference
     the tests compare the postings with.
     """
@@ -188,38 +190,58 @@ def bm25_search(
     column = "context" if context else "content"
     if not exact and as_of is None and (table == "distillations" or context):
         leg, scope = ("distillations", embedding_model) if table == "distillations" else ("contexts", "")
-        return _bm25_from_postings(conn, leg=leg, table=table, column=column, user_id=user_id, scope=str(scope),
-                                   query=query, limit=limit)
+        return _bm25_from_postings(conn, leg=leg, user_id=user_id, scope=str(scope), query=query, limit=limit)
     statement = _BM25_SQL.format(table=table, where=_TABLES[table], tsv=f"{column}_tsv", terms=f"{column}_terms")
     rows = conn.execute(statement, {"text": query, "user": user_id, "model": embedding_model, "limit": limit,
                                     "k1": BM25_K1, "b": BM25_B, "as_of": as_of}).fetchall()
     return [LegHit(id=str(r[0]), score=float(r[1])) for r in rows]
 
 
-# BM25 of one leg of one user from its postings (sql/013): the same formula as _BM25_SQL, the
-# corpus read the same way, each word's rows and document frequency from index entries instead
-# of from the rows.
+# BM25 of one leg of one user from its postings (sql/013) and statistics (sql/014): the same
+# formula as _BM25_SQL, with the corpus size and mean length, and each word's document frequency,
+# summed from the statistics' deltas instead of counted from the rows and the postings. The mean
+# length is numeric sum / count, as avg() computes it, so the scores are the rows' to the last bit.
 _BM25_POSTINGS_SQL: Final[str] = """
 WITH corpus AS MATERIALIZED (
-    SELECT count(*)::float8 AS n, avg(t.{terms})::float8 AS avgdl
-    FROM {table} t WHERE {where}
-), hits AS MATERIALIZED (
-    SELECT p.row_id AS id, p.lexeme, p.tf::float8 AS tf, p.dl::float8 AS dl
-    FROM bm25_postings p
-    WHERE p.leg = %(leg)s AND p.user_id = %(user)s AND p.scope = %(scope)s
-      AND p.lexeme = ANY(array(SELECT DISTINCT lexeme FROM unnest(to_tsvector('english', %(text)s))))
-""" + _BM25_SCORES_SQL
+    SELECT sum(s.df)::float8 AS n, (sum(s.dl_sum)::numeric / nullif(sum(s.dl_rows), 0))::float8 AS avgdl
+    FROM bm25_statistics s
+    WHERE s.leg = %(leg)s AND s.user_id = %(user)s AND s.scope = %(scope)s AND s.lexeme = ''
+), df AS MATERIALIZED (
+    SELECT s.lexeme, sum(s.df)::float8 AS df
+    FROM bm25_statistics s
+    WHERE s.leg = %(leg)s AND s.user_id = %(user)s AND s.scope = %(scope)s
+      AND s.lexeme = ANY(array(SELECT DISTINCT lexeme FROM unnest(to_tsvector('english', %(text)s))))
+    GROUP BY s.lexeme
+    HAVING sum(s.df) > 0
+)
+SELECT p.row_id::text,
+       sum(ln(1 + (c.n - f.df + 0.5) / (f.df + 0.5))
+           * p.tf * (%(k1)s + 1) / (p.tf + %(k1)s * (1 - %(b)s + %(b)s * p.dl / greatest(c.avgdl, 1)))) AS score
+FROM bm25_postings p JOIN df f ON f.lexeme = p.lexeme CROSS JOIN corpus c
+WHERE p.leg = %(leg)s AND p.user_id = %(user)s AND p.scope = %(scope)s
+  AND p.lexeme = ANY(array(SELECT lexeme FROM df))
+GROUP BY p.row_id
+ORDER BY score DESC, p.row_id
+LIMIT %(limit)s
+"""
 
 
-def _bm25_from_postings(conn: psycopg.Connection, *, leg: str, table: str, column: str, user_id: str,
-                        scope: str, query: str, limit: int) -> list[LegHit]:
+def _bm25_from_postings(conn: psycopg.Connection, *, leg: str, user_id: str, scope: str, query: str,
+                        limit: int) -> list[LegHit]:
     """Top ``limit`` by BM25 from the postings: equal to the computation from the rows, no row opened."""
-    statement = _BM25_POSTINGS_SQL.format(table=table, where=_TABLES[table], terms=f"{column}_terms")
-    rows = conn.execute(statement, {"leg": leg, "user": user_id, "scope": scope, "model": scope or None,
-                                    "as_of": None, "text": query, "limit": limit, "k1": BM25_K1,
-                                    "b": BM25_B}).fetchall()
+    rows = conn.execute(_BM25_POSTINGS_SQL, {"leg": leg, "user": user_id, "scope": scope, "text": query,
+                                             "limit": limit, "k1": BM25_K1, "b": BM25_B}).fetchall()
     return [LegHit(id=str(r[0]), score=float(r[1])) for r in rows]
 
+
+
+def fold_bm25_statistics(conn: psycopg.Connection) -> int:
+    """Sum each (leg, user, scope, word)'s statistics deltas into one row (sql/014); the rows removed.
+
+    A reader's BM25 is the same folded or not; folded, it sums one row per word instead of one per
+    write that touched it.
+    """
+    return int(conn.execute("SELECT yak_bm25_fold_statistics()").fetchone()[0])
 
 def vector_search(
     conn: psycopg.Connection,

@@ -35,9 +35,10 @@ class RecallIndexConfig(dg.Config):
 @dg.op
 def maintain_recall_indexes_op(context: dg.OpExecutionContext, config: RecallIndexConfig,
                                postgres: PostgresResource) -> list[str]:
-    """Builds their own HNSW indexes for users with many memories (and drops those no longer needed).
+    """Folds BM25's statistics and builds their own HNSW indexes for users with many memories (and
+    drops those no longer needed).
 
-    Recall is the same without them, only slower for heavy users (store.user_indexes,
+    Recall is the same without either, only slower for heavy users (sql/014, store.user_indexes,
     docs/BENCHMARKS.md); the builds are concurrent, so ingestion and recall go on meanwhile.
     """
     from yak_pipeline.services.recall import maintain_recall_indexes
