@@ -234,7 +234,6 @@ def _bm25_from_postings(conn: psycopg.Connection, *, leg: str, user_id: str, sco
     return [LegHit(id=str(r[0]), score=float(r[1])) for r in rows]
 
 
-
 def fold_bm25_statistics(conn: psycopg.Connection) -> int:
     """Sum each (leg, user, scope, word)'s statistics deltas into one row (sql/014); the rows removed.
 
@@ -242,6 +241,7 @@ def fold_bm25_statistics(conn: psycopg.Connection) -> int:
     write that touched it.
     """
     return int(conn.execute("SELECT yak_bm25_fold_statistics()").fetchone()[0])
+
 
 def vector_search(
     conn: psycopg.Connection,
