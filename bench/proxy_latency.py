@@ -46,7 +46,14 @@ from _common import (  # noqa: E402
     reused_database,
     write_result,
 )
-from recall_latency import RealisticCorpus, _queries, build_user_indexes, load  # noqa: E402
+from recall_latency import (  # noqa: E402
+    RealisticCorpus,
+    _queries,
+    add_corpus_options,
+    build_user_indexes,
+    corpus_options_valid,
+    load_or_reuse,
+)
 
 from yak_pipeline.settings import get_settings  # noqa: E402
 from yak_pipeline_tests.fake_openai import FakeOpenAIServer, chat_replier  # noqa: E402
@@ -121,31 +128,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queries", type=int, default=200, help="chats measured (default 200)")
     parser.add_argument("--seed", type=int, default=5)
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument("--corpus", choices=("synthetic", "realistic"), default="synthetic",
-                        help="synthetic: a 60-word vocabulary (the stress case); realistic: real conversational "
-                             "turns and questions from --data-dir, as bench/recall_latency.py (default synthetic)")
-    parser.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data",
-                        help="LoCoMo-format files for --corpus realistic (default ../shared/data)")
-    parser.add_argument("--reuse", metavar="DATABASE",
-                        help="measure a database a `bench/recall_latency.py --corpus realistic --keep` run loaded "
-                             "(same --n, --users and --seed) instead of loading a new one; it is kept")
+    add_corpus_options(parser)
     parser.add_argument("--no-user-indexes", action="store_true",
                         help="leave out the per-user indexes the nightly recall_index_job builds (store.user_indexes)")
     args = parser.parse_args(argv)
-    if args.reuse and args.corpus != "realistic":
-        print("error: --reuse needs --corpus realistic (the synthetic queries come from the rows loaded)", file=sys.stderr)
+    if not corpus_options_valid(args):
         return 2
     settings = get_settings()
     load_before = round(os.getloadavg()[0], 2)
     database = reused_database(settings, args.reuse) if args.reuse else scratch_database(settings)
     with database as url, FakeOpenAIServer(chat_replier) as upstream:
         corpus = RealisticCorpus(args.data_dir) if args.corpus == "realistic" else None
-        if args.reuse:
-            progress(f"measuring {args.reuse}, loaded before")
-            loaded = {"rows": [], "seconds": None}
-        else:
-            progress(f"loading {args.n} memories over {args.users} users ({args.corpus} corpus)")
-            loaded = load(url, args.n, args.users, args.seed, corpus)
+        loaded = load_or_reuse(url, args, corpus)
         user_indexes = build_user_indexes(url, drop=args.no_user_indexes)
         queries = (corpus.queries(args.users, args.queries + 20, args.seed) if corpus is not None
                    else _queries(loaded["rows"], args.queries + 20, args.seed))

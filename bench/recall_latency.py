@@ -172,6 +172,35 @@ class RealisticCorpus:
                 for i in picked]
 
 
+def add_corpus_options(parser: argparse.ArgumentParser) -> None:
+    """``--corpus``, ``--data-dir`` and ``--reuse``: what this benchmark and ``proxy_latency.py`` measure on."""
+    parser.add_argument("--corpus", choices=("synthetic", "realistic"), default="synthetic",
+                        help="synthetic: a 60-word vocabulary (the stress case); realistic: real conversational "
+                             "turns and questions from --data-dir (default synthetic)")
+    parser.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data",
+                        help="LoCoMo-format files for --corpus realistic (default ../shared/data)")
+    parser.add_argument("--reuse", metavar="DATABASE",
+                        help="measure a database a `recall_latency.py --corpus realistic --keep` run loaded (same "
+                             "--n, --users and --seed), instead of loading a new one; it is kept")
+
+
+def corpus_options_valid(args: argparse.Namespace) -> bool:
+    """False, with the reason on stderr, when ``--reuse`` comes without ``--corpus realistic``."""
+    if args.reuse and args.corpus != "realistic":
+        print("error: --reuse needs --corpus realistic (the synthetic queries come from the rows loaded)", file=sys.stderr)
+        return False
+    return True
+
+
+def load_or_reuse(url: str, args: argparse.Namespace, corpus: RealisticCorpus | None) -> dict:
+    """The rows :func:`load` loads now, or none when ``--reuse`` measures a database loaded before."""
+    if args.reuse:
+        progress(f"measuring {args.reuse}, loaded before")
+        return {"rows": [], "seconds": None}
+    progress(f"loading {args.n} distillations across {args.users} users ({args.corpus} corpus)")
+    return load(url, args.n, args.users, args.seed, corpus)
+
+
 BM25_TRIGGERS = [(table, f"{table}_bm25_{event}") for table in ("memories", "distillations")
                  for event in ("insert", "update", "delete")]
 
@@ -594,14 +623,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-http", action="store_true", help="skip the HTTP end-to-end measurement")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--keep", action="store_true", help="keep the scratch database afterwards (its name is printed)")
-    parser.add_argument("--corpus", choices=("synthetic", "realistic"), default="synthetic",
-                        help="synthetic: a 60-word vocabulary (the stress case); realistic: real conversational "
-                             "turns and questions from --data-dir (default synthetic)")
-    parser.add_argument("--data-dir", type=Path, default=ROOT.parent / "shared" / "data",
-                        help="LoCoMo-format files for --corpus realistic (default ../shared/data)")
-    parser.add_argument("--reuse", metavar="DATABASE",
-                        help="measure a database an earlier --keep run of the realistic corpus loaded (same --n, "
-                             "--users and --seed), instead of loading a new one; it is kept")
+    add_corpus_options(parser)
     parser.add_argument("--no-user-indexes", action="store_true",
                         help="measure without the per-user indexes the nightly recall_index_job builds "
                              "(store.user_indexes): the shared HNSW index alone; drops them from a reused database")
@@ -609,20 +631,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.n < 1 or args.users < 1 or args.queries < 1 or args.users > args.n:
         print("error: --n, --users and --queries must be positive, and --users at most --n", file=sys.stderr)
         return 2
-    if args.reuse and args.corpus != "realistic":
-        print("error: --reuse needs --corpus realistic (the synthetic queries come from the rows loaded)", file=sys.stderr)
+    if not corpus_options_valid(args):
         return 2
     settings = get_settings()
     started = time.monotonic()
     load_average = {"before": _load()}
     with (reused_database(settings, args.reuse) if args.reuse else scratch_database(settings, keep=args.keep)) as url:
         corpus = RealisticCorpus(args.data_dir) if args.corpus == "realistic" else None
-        if args.reuse:
-            progress(f"measuring {args.reuse}, loaded before")
-            loaded = {"rows": [], "seconds": None}
-        else:
-            progress(f"loading {args.n} distillations across {args.users} users ({args.corpus} corpus)")
-            loaded = load(url, args.n, args.users, args.seed, corpus)
+        loaded = load_or_reuse(url, args, corpus)
         user_indexes = build_user_indexes(url, drop=args.no_user_indexes)
         if corpus is not None:
             queries = corpus.queries(args.users, args.queries, args.seed)

@@ -27,25 +27,15 @@ CREATE TABLE bm25_statistics (
 );
 CREATE INDEX bm25_statistics_key_idx ON bm25_statistics (leg, user_id, scope, lexeme) INCLUDE (df, dl_sum, dl_rows);
 
--- As sql/013's, and each call also appends its statistics' deltas.
-CREATE OR REPLACE FUNCTION yak_bm25_apply(p_leg text, p_ids uuid[], p_users text[], p_scopes text[], p_signs int[],
-                                          p_tsvs tsvector[], p_terms int[]) RETURNS void LANGUAGE plpgsql AS $$
+-- sql/013's function keeps the postings under another name; yak_bm25_apply, which the triggers
+-- call, now runs it and appends the statistics' deltas of the same rows.
+ALTER FUNCTION yak_bm25_apply(text, uuid[], text[], text[], int[], tsvector[], int[]) RENAME TO yak_bm25_apply_postings;
+
+CREATE FUNCTION yak_bm25_apply(p_leg text, p_ids uuid[], p_users text[], p_scopes text[], p_signs int[],
+                               p_tsvs tsvector[], p_terms int[]) RETURNS void LANGUAGE plpgsql AS $$
 BEGIN
-    IF coalesce(cardinality(p_users), 0) = 0 THEN
-        RETURN;
-    END IF;
-    -- Postings: a removed row's go, an added row's come (an update is both, in that order).
-    DELETE FROM bm25_postings p
-     USING unnest(p_ids, p_users, p_scopes, p_signs, p_tsvs) AS d(id, u, s, sign, tsv)
-     CROSS JOIN LATERAL unnest(tsvector_to_array(d.tsv)) AS w(lexeme)
-     WHERE d.sign < 0 AND p.leg = p_leg AND p.user_id = d.u AND p.scope = d.s AND p.lexeme = w.lexeme
-       AND p.row_id = d.id;
-    INSERT INTO bm25_postings (leg, user_id, scope, lexeme, row_id, tf, dl)
-    SELECT p_leg, d.u, d.s, w.lexeme, d.id, greatest(cardinality(w.positions), 1), d.terms
-      FROM unnest(p_ids, p_users, p_scopes, p_signs, p_tsvs, p_terms) AS d(id, u, s, sign, tsv, terms)
-     CROSS JOIN LATERAL unnest(d.tsv) AS w
-     WHERE d.sign > 0
-     ORDER BY 2, 3, 4, 5;
+    -- With no rows (NULL arrays: a statement that changed none that count) nothing is appended.
+    PERFORM yak_bm25_apply_postings(p_leg, p_ids, p_users, p_scopes, p_signs, p_tsvs, p_terms);
     -- Statistics: each word's rows, then the corpus, as signed deltas.
     INSERT INTO bm25_statistics (leg, user_id, scope, lexeme, df)
     SELECT p_leg, d.u, d.s, w.lexeme, sum(d.sign)
@@ -108,17 +98,9 @@ CREATE FUNCTION yak_bm25_count_statistics() RETURNS void LANGUAGE sql AS $$
 $$;
 
 -- The rebuild (sql/013) recounts the statistics too.
-CREATE OR REPLACE FUNCTION yak_bm25_rebuild() RETURNS void LANGUAGE sql AS $$
-    DELETE FROM bm25_postings;
-    INSERT INTO bm25_postings (leg, user_id, scope, lexeme, row_id, tf, dl)
-    SELECT 'distillations', d.user_id, coalesce(d.embedding_model, ''), w.lexeme, d.id,
-           greatest(cardinality(w.positions), 1), d.content_terms
-      FROM distillations d CROSS JOIN LATERAL unnest(d.content_tsv) AS w
-     WHERE d.status = 'active' AND d.deleted_at IS NULL
-    UNION ALL
-    SELECT 'contexts', m.user_id, '', w.lexeme, m.id, greatest(cardinality(w.positions), 1), m.context_terms
-      FROM memories m CROSS JOIN LATERAL unnest(m.context_tsv) AS w
-     WHERE m.deleted_at IS NULL;
+ALTER FUNCTION yak_bm25_rebuild() RENAME TO yak_bm25_rebuild_postings;
+CREATE FUNCTION yak_bm25_rebuild() RETURNS void LANGUAGE sql AS $$
+    SELECT yak_bm25_rebuild_postings();
     SELECT yak_bm25_count_statistics();
 $$;
 
