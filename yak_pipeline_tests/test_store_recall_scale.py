@@ -183,6 +183,29 @@ def test_heavy_users_get_their_own_indexes_and_recall_through_them_equals_the_ex
     alice = {str(r[0]) for r in conn.execute("SELECT id FROM distillations WHERE user_id = 'alice'")}
     assert {h.id for h in hits} <= alice
 
+    # Her own index is read without the iterative scan (its beam is all hers). With most of her
+    # distillations held back for review the beam holds fewer recallable rows than the leg wants,
+    # and the exact scan stands in.
+    held = [r[0] for r in conn.execute(
+        "UPDATE distillations SET status = 'review' WHERE id IN (SELECT id FROM distillations "
+        "WHERE user_id = 'alice' ORDER BY id LIMIT 290) RETURNING id")]
+    conn.execute("SET enable_sort = off")  # the index path, as at scale
+    sent.clear()
+    conn.cursor_factory = Recording
+    try:
+        hits = vector_search(conn, table="distillations", user_id="alice", query_embedding=query,
+                             embedding_model=MODEL, limit=10)
+    finally:
+        conn.cursor_factory = psycopg.Cursor
+    conn.execute("RESET enable_sort")
+    reads = [q if isinstance(q, str) else q.as_string(conn) for q, _ in sent]
+    assert [("ORDER BY t.embedding <=>" in r, "ORDER BY similarity DESC" in r) for r in reads
+            if "LIMIT %(n)s" in r] == [(True, False), (False, True)]  # her index came up short
+    exact_hits = vector_search(conn, table="distillations", user_id="alice", query_embedding=query,
+                               embedding_model=MODEL, limit=10, exact=True)
+    assert len(hits) == 10 and [h.id for h in hits] == [h.id for h in exact_hits]
+    conn.execute("UPDATE distillations SET status = 'active' WHERE id = ANY(%s)", (held,))
+
     # Forgetting most of a user's rows drops their index at the next maintenance run; an invalid
     # leftover of an interrupted build is rebuilt.
     conn.execute("UPDATE distillations SET deleted_at = now() WHERE user_id = 'bob'")
@@ -237,7 +260,7 @@ def test_the_shared_index_path_equals_the_exact_scan(conn: psycopg.Connection,
     monkeypatch.setattr(recall_module, "EXACT_SCAN_MAX_ROWS", 20)  # take the index path on this small table
     beams: list[int] = []
     set_beam = recall_module.set_beam
-    monkeypatch.setattr(recall_module, "set_beam", lambda c, ef: (beams.append(ef), set_beam(c, ef))[1])
+    monkeypatch.setattr(recall_module, "set_beam", lambda c, ef, **how: (beams.append(ef), set_beam(c, ef, **how))[1])
     for limit, leg_size in ((5, 20), (10, 40)):
         params = RecallParams(gate=False, limit=limit, leg_size=leg_size)
         beams.clear()

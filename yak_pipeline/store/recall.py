@@ -135,10 +135,17 @@ WITH q AS MATERIALIZED (
 # --- the index's beam ----------------------------------------------------------------------------
 
 
-def set_beam(conn: psycopg.Connection, ef_search: int) -> None:
-    """HNSW ``ef_search`` and the iterative scan for the rest of this transaction (``set_config(..., true)``)."""
-    conn.execute("SELECT set_config('hnsw.ef_search', %s, true), set_config('hnsw.iterative_scan', 'strict_order', true)",
-                 (str(max(min(ef_search, MAX_EF_SEARCH), 1)),))
+def set_beam(conn: psycopg.Connection, ef_search: int, *, iterative: bool = True) -> None:
+    """HNSW ``ef_search``, and whether the scan goes on past the beam (``hnsw.iterative_scan``), for the
+    rest of this transaction (``set_config(..., true)``).
+
+    The iterative scan is for the shared index, whose beam is mostly other users' rows. A user's
+    own index holds only theirs: the beam is enough, and keeping the scan resumable cost 1 ms of
+    4.5 per leg (the same 50 rows in each of 450 legs, docs/BENCHMARKS.md §2f). When filters
+    leave it short, the exact scan stands in (:func:`vector_search`).
+    """
+    conn.execute("SELECT set_config('hnsw.ef_search', %s, true), set_config('hnsw.iterative_scan', %s, true)",
+                 (str(max(min(ef_search, MAX_EF_SEARCH), 1)), "strict_order" if iterative else "off"))
 
 
 def beam_for(rows_wanted: int) -> int:
@@ -279,7 +286,7 @@ def vector_search(
         # A user's own index holds more rows than an exact scan reads quickly, by construction.
         if own_index or _has_more_rows_than(conn, table=table, where=where, args=args,
                                             rows=max(EXACT_SCAN_MAX_ROWS, limit)):
-            set_beam(conn, beam_for(limit))
+            set_beam(conn, beam_for(limit), iterative=not own_index)
             # The planner proves a partial index's predicate only from a literal (store.user_indexes).
             mine = sql.SQL(" AND t.user_id = {}").format(sql.Literal(user_id)) if own_index else sql.SQL("")
             rows = conn.execute(
