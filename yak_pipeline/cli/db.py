@@ -107,8 +107,8 @@ def index_command(
     the new kind, and this embeds that backlog with progress (interrupt it at any time: what is
     done is kept). With ``--rebuild-context``, also recompute the conversation context recall
     searches each exchange with; writes keep it up to date, so this is a repair, not routine.
-    Last, every user with many memories gets their own HNSW indexes (store.user_indexes), as the
-    nightly recall_index_job does.
+    Last, as the nightly recall_index_job does, BM25's statistics are folded (sql/014) and every
+    user with many memories gets their own HNSW indexes (store.user_indexes).
     """
     from yak_pipeline.embeddings import get_embedder
     from yak_pipeline.services.recall import (
