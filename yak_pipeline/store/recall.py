@@ -36,7 +36,9 @@ The vector legs scan a user's rows exactly when they have few (a few millisecond
 otherwise an HNSW index proposes them. A heavy user's own partial index (``store.user_indexes``,
 built nightly) holds only their rows: at 100,000 rows of ten users a cosine leg costs about 6 ms
 p50 there against 12–13 ms on the shared index, and recall's top 10 equals the exact one for every
-query measured (docs/BENCHMARKS.md §2e). Until it exists the shared HNSW index serves, read with
+query measured (docs/BENCHMARKS.md §2e); it is read without the iterative scan (its beam is all
+theirs), and when filters leave that short the exact scan stands in. Until it exists the shared
+HNSW index serves, read with
 pgvector 0.8's iterative scan (``hnsw.iterative_scan = strict_order``): when the user filter
 leaves fewer than ``limit`` rows of the beam, the index scan goes on instead of returning short,
 in exact distance order, walking past other users' rows. When even that comes up short
