@@ -40,10 +40,10 @@ from _common import (  # noqa: E402
     latency_summary,
     print_table,
     progress,
+    reused_database,
     running_yak,
     scratch_database,
     verdict,
-    reused_database,
     write_result,
 )
 from recall_latency import (  # noqa: E402
