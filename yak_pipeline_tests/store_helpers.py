@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from uuid import UUID
 
@@ -45,3 +46,25 @@ def seed_memory_with_distillation(
     )
     conn.execute("UPDATE memories SET status = 'distilled' WHERE id = %s", (memory.id,))
     return memory.id, distillation_id
+
+
+@contextmanager
+def recorded_statements(conn: psycopg.Connection) -> Iterator[list[tuple[str, object]]]:
+    """Every statement ``conn`` sends inside the block, in order, as (its text, its parameters).
+
+    Recorded through the connection's cursor factory (``auto_explain`` would need a superuser, and
+    the suite also runs against an external server as its database's owner); the plain cursor is
+    put back when the block ends, whatever happens.
+    """
+    sent: list[tuple[str, object]] = []
+
+    class Recording(psycopg.Cursor):
+        def execute(self, query, params=None, **kwargs):  # noqa: ANN001, ANN202 - psycopg's signature
+            sent.append((query if isinstance(query, str) else query.as_string(conn), params))
+            return super().execute(query, params, **kwargs)
+
+    conn.cursor_factory = Recording
+    try:
+        yield sent
+    finally:
+        conn.cursor_factory = psycopg.Cursor

@@ -30,7 +30,7 @@ from yak_pipeline.store.recall import (
     source_memories,
     vector_search,
 )
-from yak_pipeline_tests.store_helpers import EMBEDDER, seed_memory_with_distillation
+from yak_pipeline_tests.store_helpers import EMBEDDER, recorded_statements, seed_memory_with_distillation
 
 NOW = datetime(2026, 6, 1, tzinfo=timezone.utc)
 MODEL = EMBEDDER.model_name
@@ -401,7 +401,6 @@ def test_legs_side_by_side_give_what_one_after_another_gives(db_url: str) -> Non
                 model=FITTED, now=NOW)
 
 
-
 def test_the_text_legs_run_while_the_query_vector_is_still_coming(conn: psycopg.Connection) -> None:
     """``query_embedding`` may be a call (a Future's ``result``): the BM25 legs are sent before it is
     asked for, it is asked for once, and the candidates are those of the vector given outright."""
@@ -409,29 +408,21 @@ def test_the_text_legs_run_while_the_query_vector_is_still_coming(conn: psycopg.
     query = "Which pet did I adopt, and what is my sister's job?"
     vector = EMBEDDER.embed_query(query)
     params = RecallParams(threshold=0.5, limit=4)
-    sent: list[str] = []
     asked: list[list[str]] = []  # what had been sent each time the vector was asked for
+    with recorded_statements(conn) as sent:
 
-    class Recording(psycopg.Cursor):
-        def execute(self, query, params=None, **kwargs):  # noqa: ANN001, ANN202 - psycopg's signature
-            sent.append(query if isinstance(query, str) else query.as_string(conn))
-            return super().execute(query, params, **kwargs)
+        def coming() -> list[float]:
+            asked.append([text for text, _ in sent])
+            return vector
 
-    def coming() -> list[float]:
-        asked.append(list(sent))
-        return vector
-
-    conn.cursor_factory = Recording
-    try:
         later = recall_candidates(conn, user_id="alice", query=query, query_embedding=coming,
                                   embedding_model=MODEL, params=params)
-    finally:
-        conn.cursor_factory = psycopg.Cursor
     assert len(asked) == 1
     assert sum("bm25_postings" in statement for statement in asked[0]) == 2  # both text legs, before it
     assert not any("<=>" in statement for statement in asked[0])  # no vector leg yet
     assert later and later == recall_candidates(conn, user_id="alice", query=query, query_embedding=vector,
                                                 embedding_model=MODEL, params=params)
+
 
 def test_idle_connections_lends_only_what_is_free_and_a_failing_leg_fails_the_recall(db_url: str) -> None:
     with Database(db_url, min_size=2, max_size=2) as db:

@@ -18,7 +18,7 @@ from yak_pipeline.core.recall import RecallParams
 from yak_pipeline.core.relevance import RelevanceModel
 from yak_pipeline.store.recall import recall, recall_candidates, vector_search
 from yak_pipeline.store.user_indexes import VECTOR_COLUMNS, ensure_user_indexes, user_index_name, user_indexes
-from yak_pipeline_tests.store_helpers import EMBEDDER
+from yak_pipeline_tests.store_helpers import EMBEDDER, recorded_statements
 from yak_pipeline_tests.test_recall_engine import FITTED
 
 NOW = datetime(2026, 6, 1, tzinfo=timezone.utc)
@@ -143,31 +143,17 @@ def test_heavy_users_get_their_own_indexes_and_recall_through_them_equals_the_ex
     conn.execute("ANALYZE memories")
 
     # Each leg of alice reads her own index: the planner proves its predicate from the literal.
-    # The legs' statements are recorded as sent and explained (auto_explain would need a superuser,
-    # and the suite also runs against an external server as its database's owner).
-    sent: list[tuple] = []
+    # The legs' statements are recorded as sent and explained.
     # At a few hundred rows the planner rightly prefers sorting them all (as in the test above).
     conn.execute("SET enable_sort = off")
-
-    class Recording(psycopg.Cursor):
-        def execute(self, query, params=None, **kwargs):  # noqa: ANN001, ANN202 - psycopg's signature
-            sent.append((query, params))
-            return super().execute(query, params, **kwargs)
-
     for table, column in VECTOR_COLUMNS:
-        sent.clear()
-        conn.cursor_factory = Recording
-        try:
-            with conn.transaction():
+        with conn.transaction():
+            with recorded_statements(conn) as sent:
                 vector_search(conn, table=table, user_id="alice", query_embedding=query, embedding_model=MODEL,  # type: ignore[arg-type]
                               limit=10, context=column == "context_embedding")
-                conn.cursor_factory = psycopg.Cursor
-                texts = [(q if isinstance(q, str) else q.as_string(conn), a) for q, a in sent]
-                reads = [(text, a) for text, a in texts if "ORDER BY t." in text and "LIMIT %(n)s" in text]
-                assert len(reads) == 1
-                plan = _plan(conn, *reads[0])  # the same beam, set in this transaction
-        finally:
-            conn.cursor_factory = psycopg.Cursor
+            reads = [(text, a) for text, a in sent if "ORDER BY t." in text and "LIMIT %(n)s" in text]
+            assert len(reads) == 1
+            plan = _plan(conn, *reads[0])  # the same beam, set in this transaction
         assert user_index_name(table, column, "alice") in plan, plan
     conn.execute("RESET enable_sort")
 
@@ -190,17 +176,12 @@ def test_heavy_users_get_their_own_indexes_and_recall_through_them_equals_the_ex
         "UPDATE distillations SET status = 'review' WHERE id IN (SELECT id FROM distillations "
         "WHERE user_id = 'alice' ORDER BY id LIMIT 290) RETURNING id")]
     conn.execute("SET enable_sort = off")  # the index path, as at scale
-    sent.clear()
-    conn.cursor_factory = Recording
-    try:
+    with recorded_statements(conn) as sent:
         hits = vector_search(conn, table="distillations", user_id="alice", query_embedding=query,
                              embedding_model=MODEL, limit=10)
-    finally:
-        conn.cursor_factory = psycopg.Cursor
     conn.execute("RESET enable_sort")
-    reads = [q if isinstance(q, str) else q.as_string(conn) for q, _ in sent]
-    assert [("ORDER BY t.embedding <=>" in r, "ORDER BY similarity DESC" in r) for r in reads
-            if "LIMIT %(n)s" in r] == [(True, False), (False, True)]  # her index came up short
+    assert [("ORDER BY t.embedding <=>" in text, "ORDER BY similarity DESC" in text) for text, _ in sent
+            if "LIMIT %(n)s" in text] == [(True, False), (False, True)]  # her index came up short
     exact_hits = vector_search(conn, table="distillations", user_id="alice", query_embedding=query,
                                embedding_model=MODEL, limit=10, exact=True)
     assert len(hits) == 10 and [h.id for h in hits] == [h.id for h in exact_hits]
