@@ -41,6 +41,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet '$(TORCH)' 2>/dev/null \
 		|| $(BIN)/python -m pip install --quiet --extra-index-url $(TORCH_CPU_INDEX) '$(TORCH)'
 	$(BIN)/python -m pip install --quiet -e '.[test]'
+	# The int8 query model, built once per machine (a few seconds) so no query waits for it.
+	$(BIN)/python -m yak_pipeline.embeddings.query_model
 	@touch $(STAMP)
 
 # Plain `dagster` commands in this folder (definitions validate, job backfill) read the instance

