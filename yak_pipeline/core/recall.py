@@ -191,10 +191,16 @@ def rank_memories(
     if now.tzinfo is None or now.utcoffset() is None:
         raise ValueError("now must be timezone-aware")
     ranked: list[RankedMemory] = []
+    # The answerability depends only on the best cosines, the same for every candidate of a query.
+    answerabilities: dict[tuple[float, float | None, float | None], float] = {}
     for candidate in candidates:
         features = relevance_features(candidate.signals)
-        standing = model.standing(candidate.signals)
-        answerability = model.answerability(candidate.signals)
+        standing = model.standing_of(features)
+        signals = candidate.signals
+        best = (signals.best_cos_distillation, signals.best_cos_exchange, signals.best_cos_context)
+        if best not in answerabilities:
+            answerabilities[best] = model.answerability(signals)
+        answerability = answerabilities[best]
         if params.gate and not (answerability >= params.threshold - GATE_EPSILON and passes_tier_gate(
                 standing, params.threshold, candidate.tier, params.core_multiplier)):
             continue

@@ -288,14 +288,18 @@ def vector_search(
         # A user's own index holds more rows than an exact scan reads quickly, by construction.
         if own_index or _has_more_rows_than(conn, table=table, where=where, args=args,
                                             rows=max(EXACT_SCAN_MAX_ROWS, limit)):
-            set_beam(conn, beam_for(limit), iterative=not own_index)
             # The planner proves a partial index's predicate only from a literal (store.user_indexes).
             mine = sql.SQL(" AND t.user_id = {}").format(sql.Literal(user_id)) if own_index else sql.SQL("")
-            rows = conn.execute(
-                sql.SQL(f"SELECT t.id::text, 1 - (t.{column} <=> %(q)s) FROM {table} t WHERE {where}{{mine}} "  # noqa: S608
-                        f"ORDER BY t.{column} <=> %(q)s LIMIT %(n)s").format(mine=mine),
-                args,
-            ).fetchall()
+            # The beam and the search go in one round trip (a pipeline): a wait for the server's
+            # answer to set_config cost 0.5 ms p50, and more while other legs held the cores.
+            with conn.pipeline():
+                set_beam(conn, beam_for(limit), iterative=not own_index)
+                found = conn.execute(
+                    sql.SQL(f"SELECT t.id::text, 1 - (t.{column} <=> %(q)s) FROM {table} t WHERE {where}{{mine}} "  # noqa: S608
+                            f"ORDER BY t.{column} <=> %(q)s LIMIT %(n)s").format(mine=mine),
+                    args,
+                )
+            rows = found.fetchall()
             if len(rows) >= limit:
                 return [LegHit(id=str(r[0]), score=float(r[1])) for r in rows]
     # Ordering by the similarity expression (not by `embedding <=> q`) keeps the planner off the
@@ -333,12 +337,16 @@ def recallable_distillations(
     wanted = list(dict.fromkeys(memory_ids))
     if not wanted:
         return {}
+    # Each memory's distillations by their memory index, then the user checked on those rows: given
+    # `user_id = ` as an index condition, the planner also read the user's every entry in another
+    # index and intersected the two (10,000 entries: 2.4 ms of 3.6 at 100,000 rows).
     rows = conn.execute(
-        """SELECT memory_id::text, id::text, status, embedding_model FROM distillations
-           WHERE user_id = %s AND memory_id = ANY(%s::uuid[]) AND deleted_at IS NULL
-             AND status IN ('active', 'merged')
-           ORDER BY created_at, id""",
-        (user_id, wanted),
+        """SELECT d.memory_id::text, d.id::text, d.status, d.embedding_model
+           FROM unnest(%s::uuid[]) AS wanted(memory_id)
+           JOIN distillations d ON d.memory_id = wanted.memory_id
+           WHERE d.user_id = %s AND d.deleted_at IS NULL AND d.status IN ('active', 'merged')
+           ORDER BY d.created_at, d.id""",
+        (wanted, user_id),
     ).fetchall()
     result: dict[str, str] = {}
     # memory id -> the merged distillation it is waiting to resolve
