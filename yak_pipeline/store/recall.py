@@ -55,7 +55,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Final, Literal, NotRequired, TypedDict, TypeVar, Unpack
+from typing import Final, Generic, Literal, NotRequired, TypedDict, TypeVar, Unpack
 
 import numpy as np
 import psycopg
@@ -502,6 +502,21 @@ def _run_legs(conns: Sequence[psycopg.Connection], legs: Sequence[Callable[[psyc
     return results  # type: ignore[return-value] - every slot is filled once the workers are done
 
 
+class _Once(Generic[T]):
+    """A value computed on the connection of whichever leg asks first; the others wait for it."""
+
+    def __init__(self, compute: Callable[[psycopg.Connection], T]) -> None:
+        self._compute = compute
+        self._lock = threading.Lock()
+        self._done: list[T] = []
+
+    def __call__(self, conn: psycopg.Connection) -> T:
+        with self._lock:
+            if not self._done:
+                self._done.append(self._compute(conn))
+            return self._done[0]
+
+
 class CandidateQuery(TypedDict):
     """What the candidate legs are asked: a user's query, its vector, and how to search.
 
@@ -534,7 +549,18 @@ def recall_candidates(conn: psycopg.Connection, **ask: Unpack[CandidateQuery]) -
     # A stored context (words or vector) can hold what was said after ``as_of`` (the next
     # exchange's): as of a past moment each exchange is searched alone.
     use_context = params.exchange_context and as_of is None
-    own = user_indexes(conn, user_id) if not exact else frozenset()
+    own = _Once(lambda c: user_indexes(c, user_id) if not exact else frozenset())
+
+    def vector_leg(table: Literal["memories", "distillations"], context: bool = False) -> Callable[
+            [psycopg.Connection], list[LegHit]]:
+        def run(c: psycopg.Connection) -> list[LegHit]:
+            # Which own indexes the user has is asked first, while the query is still being embedded.
+            mine = (table, "context_embedding" if context else "embedding") in own(c)
+            return vector_search(c, table=table, user_id=user_id, query_embedding=vector(), context=context,
+                                 embedding_model=embedding_model, limit=size, exact=exact,
+                                 as_of=None if context else as_of, own_index=mine)
+        return run
+
     # The text legs first: they need no vector, so they run while the query's is still being
     # computed (services.recall); the slower of them (exchanges in context) before the other.
     m_text, d_text, d_vec, m_vec, c_vec = _run_legs([conn, *ask.get("spare", ())], [
@@ -542,15 +568,9 @@ def recall_candidates(conn: psycopg.Connection, **ask: Unpack[CandidateQuery]) -
                               context=use_context, as_of=as_of),
         lambda c: bm25_search(c, table="distillations", user_id=user_id, query=query, limit=size,
                               embedding_model=embedding_model, as_of=as_of),
-        lambda c: vector_search(c, table="distillations", user_id=user_id, query_embedding=vector(),
-                                embedding_model=embedding_model, limit=size, exact=exact, as_of=as_of,
-                                own_index=("distillations", "embedding") in own),
-        lambda c: vector_search(c, table="memories", user_id=user_id, query_embedding=vector(),
-                                embedding_model=embedding_model, limit=size, exact=exact, as_of=as_of,
-                                own_index=("memories", "embedding") in own),
-        lambda c: vector_search(c, table="memories", user_id=user_id, query_embedding=vector(), context=True,
-                                embedding_model=embedding_model, limit=size, exact=exact,
-                                own_index=("memories", "context_embedding") in own) if use_context else [],
+        vector_leg("distillations"),
+        vector_leg("memories"),
+        vector_leg("memories", context=True) if use_context else lambda c: [],
     ])
     held_by = recallable_distillations(conn, user_id=user_id, memory_ids=[h.id for h in m_text + m_vec + c_vec],
                                        embedding_model=embedding_model)
@@ -559,6 +579,10 @@ def recall_candidates(conn: psycopg.Connection, **ask: Unpack[CandidateQuery]) -
         return []
     rows = conn.execute(_CANDIDATE_ROWS_SQL, {"q": vector(), "ids": ids, "user": user_id, "model": embedding_model,
                                               "as_of": as_of, "context": use_context}).fetchall()
+    if not rows:
+        # As of a past moment an exchange can be held by a distillation it was merged into later,
+        # whose own exchange came after that moment: not a candidate then (found by hypothesis).
+        return []
 
     # An exchange's BM25 and cosine count for the distillation that holds it; a distillation
     # holding several (merges) keeps the best of each.
