@@ -10,7 +10,8 @@ the per-user indexes of ``recall_latency.build_user_indexes`` unless ``--no-user
 starts ``yak proxy`` as a real process (local all-MiniLM-L6-v2 query embedder,
 the recall engine, turns stored) in front of an upstream that answers at once (the tests'
 loopback OpenAI-protocol server, streaming word by word), and sends each of Q chats twice, to
-the upstream directly and through the proxy, in alternating order, streamed and not:
+the upstream directly and through the proxy, streamed and not, each pair's order and which kind
+goes first alternating:
 
 - **TTFT**: from sending the request to the first server-sent event;
 - **total**: to the end of the answer (through the proxy that includes storing the turn, which
@@ -97,6 +98,14 @@ def bench(url: str, queries: list, upstream: FakeOpenAIServer, *, recall: bool =
             return {"model": "fake-model", "user": user, "stream": stream,
                     "messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": text}]}
 
+        def streamed(user: str, text: str, order: list) -> dict:
+            return {name: _chat(client, f"{where}/chat/completions", headers, body(user, text, True))
+                    for name, where, headers in order}
+
+        def not_streamed(user: str, text: str, order: list) -> dict:
+            return {name: _whole(client, f"{where}/chat/completions", headers, body(user, f"{text} (whole)", False))
+                    for name, where, headers in order}
+
         for user, text, _ in queries[:20]:  # loads the query embedder, warms the pool and the caches
             _chat(client, f"{base}/chat/completions", proxy_headers, body(user, f"warm up: {text}", True))
         added_ttft, added_total, added_whole, direct_ttft, proxy_ttft = [], [], [], [], []
@@ -104,10 +113,12 @@ def bench(url: str, queries: list, upstream: FakeOpenAIServer, *, recall: bool =
             order = [("direct", upstream.base_url, direct_headers), ("proxy", base, proxy_headers)]
             if i % 2:
                 order.reverse()
-            timings = {name: _chat(client, f"{where}/chat/completions", headers, body(user, text, True))
-                       for name, where, headers in order}
-            whole = {name: _whole(client, f"{where}/chat/completions", headers, body(user, f"{text} (whole)", False))
-                     for name, where, headers in order}
+            # Which kind goes first alternates too: the second recalls for nearly the same words and
+            # finds the first one's pages in PostgreSQL's buffers.
+            if (i // 2) % 2:
+                whole, timings = not_streamed(user, text, order), streamed(user, text, order)
+            else:
+                timings, whole = streamed(user, text, order), not_streamed(user, text, order)
             added_ttft.append(timings["proxy"][0] - timings["direct"][0])
             added_total.append(timings["proxy"][1] - timings["direct"][1])
             added_whole.append(whole["proxy"] - whole["direct"])

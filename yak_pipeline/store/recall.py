@@ -502,6 +502,10 @@ def _run_legs(conns: Sequence[psycopg.Connection], legs: Sequence[Callable[[psyc
     return results  # type: ignore[return-value] - every slot is filled once the workers are done
 
 
+# One leg of recall: its query on the connection it is given.
+_Leg = Callable[[psycopg.Connection], list[LegHit]]
+
+
 class _Once(Generic[T]):
     """A value computed on the connection of whichever leg asks first; the others wait for it."""
 
@@ -551,8 +555,7 @@ def recall_candidates(conn: psycopg.Connection, **ask: Unpack[CandidateQuery]) -
     use_context = params.exchange_context and as_of is None
     own = _Once(lambda c: user_indexes(c, user_id) if not exact else frozenset())
 
-    def vector_leg(table: Literal["memories", "distillations"], context: bool = False) -> Callable[
-            [psycopg.Connection], list[LegHit]]:
+    def vector_leg(table: Literal["memories", "distillations"], context: bool = False) -> _Leg:
         def run(c: psycopg.Connection) -> list[LegHit]:
             # Which own indexes the user has is asked first, while the query is still being embedded.
             mine = (table, "context_embedding" if context else "embedding") in own(c)
