@@ -5,9 +5,9 @@ float32 when it loads (``Cast`` nodes that ONNX Runtime folds), so every query m
 matrices: 42 MB of weights read per query, 6–7 ms of CPU on the development machine's cores, the
 largest single cost of a recall (docs/BENCHMARKS.md §2g). Quantized *dynamically*, per output
 channel (``onnxruntime.quantization.quantize_dynamic``), the matrix products run on int8 weights
-and int8 activations: 3.1–3.3 ms p50, and a query's vector keeps a cosine of at least 0.987 (mean
-0.993) to the document model's vector of the same text, over 300 questions of the dev files.
-Quantized per tensor instead, the mean fell to 0.970 and the worst to 0.923.
+and int8 activations: 3.3 ms p50 instead of 6.4–6.8, and a query's vector keeps a cosine of at
+least 0.987 (mean 0.993) to the document model's vector of the same text, over 300 questions of
+the dev files. Quantized per tensor instead, the mean fell to 0.970 and the worst to 0.923.
 
 The file is built once per machine from the packaged model (about four seconds) and kept in the
 user's cache folder, named for what it was built from, so a new model, ONNX Runtime or recipe
