@@ -455,6 +455,7 @@ def bench_store(url: str, queries: list, limit: int, warmup: list) -> dict:
         legs_ms, one_by_one_ms, in_situ_ms, old_ms, new_ms = [], [], [], [], []
         sql_old_ms, sql_new_ms, counts = [], [], []
         same_new = same_old = same_recall = 0
+        measured = []
         for i, (user, text, vector) in enumerate(queries):
             now = datetime.now(timezone.utc)
             # The legs as recall runs them (side by side on spare connections), and one after
@@ -476,12 +477,16 @@ def bench_store(url: str, queries: list, limit: int, warmup: list) -> dict:
             began = time.perf_counter()
             new = rank_memories(candidates, model=model, params=params, now=now, about_present=asks_about_present(text))
             new_ms.append((time.perf_counter() - began) * 1000)
+            measured.append((now, old, new, conn.candidate_call))
 
-            # Untimed for the engines: the two candidate-row queries on the same ids, the exact
-            # reference, and recall() itself (it must be a then c).
+        # Untimed for the engines, in a pass of its own: the two candidate-row queries on the same
+        # ids, the exact reference, and recall() itself (it must be a then c). Between the timed
+        # recalls, the reference's exact scans (every vector of the user, per leg) would compete
+        # with them for shared_buffers, which do not hold the whole database at 100,000 rows.
+        for i, ((user, text, vector), (now, old, new, candidate_call)) in enumerate(zip(queries, measured)):
             with db.connection() as c:
-                if conn.candidate_call is not None:
-                    query, args = conn.candidate_call
+                if candidate_call is not None:
+                    query, args = candidate_call
                     old_args = (args["q"], args["ids"], MODEL)
                     if i % 2:
                         sql_new_ms.append(_timed_query(c, query, args))
