@@ -250,3 +250,26 @@ def test_recall_ignores_other_models_inactive_and_other_users_rows(conn: psycopg
     assert [r.id for r in got] == [ids[3]]
     assert recall(conn, user_id="nobody", query=query, query_embedding=EMBEDDER.embed_query(query),
                   embedding_model=MODEL, params=params, model=FITTED, now=NOW) == []
+
+
+def test_recall_as_of_before_a_merge_target_existed_finds_nothing_rather_than_failing(conn: psycopg.Connection) -> None:
+    """An exchange merged, later, into a distillation whose own exchange came after ``as_of``: the
+    exchange is found by its words, but what holds it now had not been said then. No candidate,
+    not a crash (hypothesis found this; ``max()`` of no candidate rows raised)."""
+    early, late = NOW - timedelta(days=20), NOW - timedelta(days=10)
+    _, source = seed_memory_with_distillation(conn, user_id="alice", exchange="User: my violin lesson.\nAssistant: ok",
+                                              distillation="User takes violin lessons.", occurred_at=early)
+    _, target = seed_memory_with_distillation(conn, user_id="alice", exchange="User: my garden.\nAssistant: ok",
+                                              distillation="User has a garden.", occurred_at=late)
+    content = "User has a garden. User takes violin lessons."
+    add_version(conn, str(target), content=content, embedding=EMBEDDER.embed_query(content), embedding_model=MODEL,
+                reason="merged", merged_from=[str(source)], refreshed_at=late)
+    set_distillation_status(conn, str(source), status="merged", action="merge")
+    query, params = "violin lesson", RecallParams(gate=False, limit=10)
+    ask = {"user_id": "alice", "query": query, "query_embedding": EMBEDDER.embed_query(query),
+           "embedding_model": MODEL, "params": params}
+    between = early + timedelta(days=5)
+    assert recall_candidates(conn, **ask, as_of=between) == []
+    assert recall(conn, **ask, as_of=between, model=FITTED, now=NOW) == []
+    # After the later exchange, the merged distillation holds the violin lesson and is found.
+    assert [c.id for c in recall_candidates(conn, **ask, as_of=NOW)] == [str(target)]
