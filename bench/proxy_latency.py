@@ -38,6 +38,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
     ROOT,
+    freeze_heap,
     latency_summary,
     print_table,
     progress,
@@ -154,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         user_indexes = build_user_indexes(url, drop=args.no_user_indexes)
         queries = (corpus.queries(args.users, args.queries + 20, args.seed) if corpus is not None
                    else _queries(loaded["rows"], args.queries + 20, args.seed))
+        freeze_heap()  # the client and the fake upstream run in this process, beside the corpus
         figures = bench(url, queries, upstream)
         plumbing = bench(url, queries, upstream, recall=False)
     result = {"n": args.n, "users": args.users, "queries": args.queries, "corpus": args.corpus,

@@ -54,7 +54,6 @@ and after: the figures are only as quiet as the machine was.
 from __future__ import annotations
 
 import argparse
-import gc
 import hashlib
 import os
 import secrets
@@ -69,6 +68,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
     ROOT,
+    freeze_heap,
     latency_summary,
     print_table,
     progress,
@@ -652,12 +652,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             queries = _queries(loaded["rows"], args.queries, args.seed)
             warmup = _queries(loaded["rows"], args.queries, args.seed + 1000)
-        # The corpus and the questions stay in this process's heap, which a server's does not hold:
-        # a full garbage collection over them paused a measured recall for up to 210 ms (8 of
-        # them in one run). Frozen, the collector leaves them alone; what recall allocates is
-        # collected as in a server.
-        gc.collect()
-        gc.freeze()
+        freeze_heap()
         load_average["store_start"] = _load()
         store = bench_store(url, queries, args.limit, warmup)
         load_average["store_end"] = _load()
