@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import select
+import time
 from collections import Counter
 from datetime import datetime, timedelta, timezone
 
@@ -17,7 +19,7 @@ from yak_pipeline.core.scoring import decay_factor
 from yak_pipeline.recall_models import RelevanceModelMissing, load_relevance_model
 from yak_pipeline.services.recall import embed_pending_exchanges, recall_params, relevance_model, search_memories
 from yak_pipeline.settings import Settings
-from yak_pipeline.store.database import Database
+from yak_pipeline.store.database import Database, check_idle_connection
 from yak_pipeline.store.distillations import add_version, mark_superseded_by_newer, set_distillation_status
 from yak_pipeline.store.recall import (
     BM25_B,
@@ -429,13 +431,54 @@ def test_idle_connections_lends_only_what_is_free_and_a_failing_leg_fails_the_re
         with db.connection() as conn:
             with db.idle_connections(3) as spare:
                 assert len(spare) == 1  # the pool holds two; the caller has one
-                with db.idle_connections(2) as none_left:
-                    assert none_left == []  # never waits for a connection in use
-                results = _run_legs([conn, *spare], [lambda c: c.execute("SELECT 1").fetchone()[0],
-                                                      lambda c: c.execute("SELECT 2").fetchone()[0],
-                                                      lambda c: c.execute("SELECT 3").fetchone()[0]])
+                with db.idle_connections(2) as none_left, db.idle_connection() as none:
+                    assert none_left == [] and none is None  # never waits for a connection in use
+                results = _run_legs(conn, [lambda c: c.execute("SELECT 1").fetchone()[0],
+                                           lambda c: c.execute("SELECT 2").fetchone()[0],
+                                           lambda c: c.execute("SELECT 3").fetchone()[0]], spare)
                 assert results == [1, 2, 3]  # in the legs' order, whichever connection ran each
         with db.connection() as conn, db.idle_connections(1) as spare:
             with pytest.raises(psycopg.errors.UndefinedColumn):
-                _run_legs([conn, *spare], [lambda c: c.execute("SELECT pg_sleep(0.05)"),
-                                           lambda c: c.execute("SELECT no_such_column")])
+                _run_legs(conn, [lambda c: c.execute("SELECT pg_sleep(0.05)"),
+                                 lambda c: c.execute("SELECT no_such_column")], spare)
+
+
+def test_helpers_borrow_their_own_connections_and_give_them_back(db_url: str) -> None:
+    """Lenders (``Database.idle_connection``): each helper thread borrows one if the pool has one free,
+    runs legs on it, and gives it back; a helper that finds none leaves its legs to the others."""
+    with Database(db_url, min_size=2, max_size=2) as db:
+        backend = "SELECT pg_backend_pid()"
+        with db.connection() as conn:
+            mine = conn.execute(backend).fetchone()[0]
+            # Two lenders, one connection free: the legs run on the caller's and at most one more.
+            pids = _run_legs(conn, [lambda c: (c.execute("SELECT pg_sleep(0.05)"), c.execute(backend).fetchone()[0])[1]
+                                    for _ in range(4)], [db.idle_connection] * 2)
+            assert len(pids) == 4 and mine in pids and len(set(pids)) <= 2
+            with pytest.raises(psycopg.errors.UndefinedColumn):
+                _run_legs(conn, [lambda c: c.execute("SELECT pg_sleep(0.05)"),
+                                 lambda c: c.execute("SELECT no_such_column")], [db.idle_connection])
+            conn.rollback()  # the failed leg may have run on this connection
+        # Every borrowed connection came back: the pool lends both again, at once.
+        deadline = time.monotonic() + 5
+        while db._pool.get_stats().get("pool_available", 0) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with db.connection() as conn, db.idle_connection() as other:
+            assert other is not None and other is not conn
+
+
+def test_a_pooled_connection_whose_server_went_away_is_not_handed_out(db_url: str) -> None:
+    """The pool's check skips the round trip for an idle connection with nothing to read, and
+    catches one the server closed (its goodbye makes the socket readable)."""
+    with Database(db_url, min_size=1, max_size=1) as db:
+        with db.connection() as pooled:
+            first = pooled.execute("SELECT pg_backend_pid()").fetchone()[0]
+        check_idle_connection(pooled)  # alive, back in the pool: no error
+        with psycopg.connect(db_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (first,))
+        goodbye = select.poll()
+        goodbye.register(pooled.fileno(), select.POLLIN)
+        assert goodbye.poll(5000)  # the server's goodbye has arrived (the backend ends asynchronously)
+        with pytest.raises(psycopg.OperationalError):
+            check_idle_connection(pooled)
+        with db.connection() as conn:  # the pool noticed and opened a new one
+            assert conn.execute("SELECT pg_backend_pid()").fetchone()[0] != first

@@ -188,9 +188,9 @@ def search_memories(db: Database, embedder: Embedder, *, judge: LLMRecallJudge |
     # The query's vector is computed while the text legs run (``store.recall.CandidateQuery``).
     vector = _QUERY_VECTORS.submit(embedder.embed_query, ask["query"])
     with db.connection() as conn:
-        with db.idle_connections(SPARE_LEG_CONNECTIONS) as spare:
-            ranked = recall(conn, query_embedding=vector.result, embedding_model=embedder.model_name, spare=spare,
-                            **ask)
+        # Each helper thread borrows its own spare connection (store.recall._run_legs).
+        ranked = recall(conn, query_embedding=vector.result, embedding_model=embedder.model_name,
+                        spare=[db.idle_connection] * SPARE_LEG_CONNECTIONS, **ask)
         if not ranked:
             return []
         by_id = recall_hit_rows(conn, [r.id for r in ranked])

@@ -18,7 +18,7 @@ from yak_pipeline.core.gates import confidence_gate
 from yak_pipeline.core.types import TIERS
 from yak_pipeline.store.audit import write_audit
 from yak_pipeline.store.locking import lock_live_row
-from yak_pipeline.store.rows import list_live_rows, live_row
+from yak_pipeline.store.rows import list_live_rows, live_row, uuid_array
 
 # The schema's CHECK on user_weight: (0, 10]. 1 is neutral; a pinned memory weighs more.
 MAX_USER_WEIGHT = 10.0
@@ -437,7 +437,7 @@ def recall_hit_rows(conn: psycopg.Connection, distillation_ids: Sequence[str]) -
                             AND (c.distillation_a = d.id OR c.distillation_b = d.id))
            FROM distillations d JOIN memories m ON m.id = d.memory_id
            WHERE d.id = ANY(%s::uuid[])""",
-        (list(distillation_ids),),
+        (uuid_array(distillation_ids),),
     ).fetchall()
     return {str(r[0]): r for r in rows}
 

@@ -49,10 +49,12 @@ the reference the benchmark and the tests compare the index paths with.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Final, Generic, Literal, NotRequired, TypedDict, TypeVar, Unpack
@@ -64,7 +66,10 @@ from psycopg import sql
 from yak_pipeline.core.query_intent import asks_about_present
 from yak_pipeline.core.recall import Candidate, Leg, RankedMemory, RecallParams, rank_memories
 from yak_pipeline.core.relevance import RelevanceModel, RelevanceSignals
+from yak_pipeline.store.rows import uuid_array
 from yak_pipeline.store.user_indexes import USER_INDEX_MIN_ROWS, user_indexes
+
+logger = logging.getLogger("yak.recall")
 
 T = TypeVar("T")
 
@@ -346,7 +351,7 @@ def recallable_distillations(
            JOIN distillations d ON d.memory_id = wanted.memory_id
            WHERE d.user_id = %s AND d.deleted_at IS NULL AND d.status IN ('active', 'merged')
            ORDER BY d.created_at, d.id""",
-        (wanted, user_id),
+        (uuid_array(wanted), user_id),
     ).fetchall()
     result: dict[str, str] = {}
     # memory id -> the merged distillation it is waiting to resolve
@@ -371,7 +376,7 @@ def recallable_distillations(
                JOIN distillation_versions v ON v.merged_from @> ARRAY[m.merged] AND v.deleted_at IS NULL
                JOIN distillations d ON d.id = v.distillation_id AND d.deleted_at IS NULL AND d.user_id = %s
                ORDER BY m.merged, v.created_at DESC""",
-            (merged_ids, user_id),
+            (uuid_array(merged_ids), user_id),
         ).fetchall()
         target_of = {str(r[0]): (str(r[1]), r[2], r[3]) for r in targets}
         still: dict[str, str] = {}
@@ -468,38 +473,88 @@ def _best_per_distillation(hits: Iterable[LegHit], held_by: Mapping[str, str]) -
 # The legs wait on PostgreSQL, not on Python: the threads only hold a connection each.
 _LEG_THREADS: Final[ThreadPoolExecutor] = ThreadPoolExecutor(max_workers=8, thread_name_prefix="yak-recall-leg")
 
+# A connection for one helper thread's legs: one the caller holds, or a call that lends one for
+# as long as the helper runs legs (None when there is none free: ``Database.idle_connection``).
+Spare = psycopg.Connection | Callable[[], AbstractContextManager[psycopg.Connection | None]]
 
-def _run_legs(conns: Sequence[psycopg.Connection], legs: Sequence[Callable[[psycopg.Connection], T]]) -> list[T]:
-    """Each leg's result, in order: one after another on a single connection, else side by side,
-    each connection taking the next leg not yet started until none is left.
+
+class _Legs(Generic[T]):
+    """One recall's legs, taken one at a time by the threads that run them, and their results."""
+
+    def __init__(self, legs: Sequence[Callable[[psycopg.Connection], T]]) -> None:
+        self._legs = legs
+        self._taken = 0
+        self._running = 0
+        self._results: list[T | None] = [None] * len(legs)
+        self._error: BaseException | None = None
+        self._changed = threading.Condition()
+
+    def run_on(self, conn: psycopg.Connection) -> None:
+        """Run the next leg not yet taken on ``conn``, until none is left (or one failed)."""
+        while True:
+            with self._changed:
+                if self._error is not None or self._taken == len(self._legs):
+                    return
+                index, self._taken, self._running = self._taken, self._taken + 1, self._running + 1
+            try:
+                value = self._legs[index](conn)
+            except BaseException as exc:
+                with self._changed:
+                    self._error = self._error or exc
+                    self._running -= 1
+                    self._changed.notify_all()
+                return
+            with self._changed:
+                self._results[index] = value
+                self._running -= 1
+                self._changed.notify_all()
+
+    def results(self) -> list[T]:
+        """Every leg's result in order, once no leg is running and none is left; raises what a leg raised."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._running == 0
+                                   and (self._error is not None or self._taken == len(self._legs)))
+        if self._error is not None:
+            raise self._error
+        return self._results  # type: ignore[return-value] - every slot is filled when none failed
+
+
+def _help(legs: _Legs, spare: Spare) -> None:
+    """A helper thread: borrow the spare connection, run legs on it, give it back."""
+    with nullcontext(spare) if isinstance(spare, psycopg.Connection) else spare() as conn:
+        if conn is not None:
+            legs.run_on(conn)
+
+
+def _log_helper_failure(done: Future) -> None:
+    # A helper's legs report their own errors; what is left is borrowing or giving back its
+    # connection (the pool replaces a broken one), which no recall waits for.
+    if not done.cancelled() and done.exception() is not None:
+        logger.warning("a recall helper could not borrow or give back its connection: %s", done.exception())
+
+
+def _run_legs(conn: psycopg.Connection, legs: Sequence[Callable[[psycopg.Connection], T]],
+              spare: Sequence[Spare] = ()) -> list[T]:
+    """Each leg's result, in order: one after another on ``conn``, or side by side with helper threads
+    on ``spare`` connections, each thread taking the next leg not yet started until none is left.
 
     Each leg is one query that PostgreSQL runs on one core; side by side they use the others
-    (docs/BENCHMARKS.md: the five legs at 100,000 rows, p50 78 → 48 ms on 2 cores).
+    (docs/BENCHMARKS.md: the five legs at 100,000 rows, p50 78 → 48 ms on 2 cores). A helper
+    borrows its connection itself, while the caller's thread runs the first leg, and gives it
+    back (a commit) after the last leg it ran has reported: neither waits in the recall.
     """
-    if len(conns) <= 1:
-        return [leg(conns[0]) for leg in legs]
-    results: list[T | None] = [None] * len(legs)
-    pending = iter(enumerate(legs))
-    lock = threading.Lock()
-
-    def work(conn: psycopg.Connection) -> None:
-        while True:
-            with lock:
-                item = next(pending, None)
-            if item is None:
-                return
-            index, leg = item
-            results[index] = leg(conn)
-
-    helpers = [_LEG_THREADS.submit(work, conn) for conn in conns[1:]]
-    try:
-        work(conns[0])
-    finally:
-        for helper in helpers:
-            # One still queued (the threads busy with other recalls) has nothing left to do.
-            if not helper.cancel():
-                helper.result()  # waits for its leg, and raises what the leg raised
-    return results  # type: ignore[return-value] - every slot is filled once the workers are done
+    if not spare:
+        return [leg(conn) for leg in legs]
+    shared = _Legs(legs)
+    helpers = [_LEG_THREADS.submit(_help, shared, s) for s in spare]
+    for helper in helpers:
+        helper.add_done_callback(_log_helper_failure)
+    shared.run_on(conn)
+    for helper in helpers:
+        # One still queued (the threads busy with other recalls) has nothing left to do.
+        helper.cancel()
+    # Every leg taken has reported: a helper may still be giving its connection back.
+    return shared.results()
 
 
 # One leg of recall: its query on the connection it is given.
@@ -527,8 +582,9 @@ class CandidateQuery(TypedDict):
     ``query_embedding`` is the query's vector, or a call that returns it (a ``Future``'s
     ``result``, the vector still being computed): the text legs need no vector and start at once,
     the vector legs wait for it. ``exact`` scans the vector legs exactly (the reference); ``as_of``
-    sees only what had happened by then. With ``spare`` connections (``Database.idle_connections``)
-    the legs run side by side, on the request's connection and on them (:func:`_run_legs`).
+    sees only what had happened by then. With ``spare`` connections — held ones, or calls that lend
+    one (``Database.idle_connection``) — the legs run side by side, on the request's connection
+    and on them (:func:`_run_legs`).
     """
 
     user_id: str
@@ -538,7 +594,65 @@ class CandidateQuery(TypedDict):
     params: RecallParams
     as_of: NotRequired[datetime | None]
     exact: NotRequired[bool]
-    spare: NotRequired[Sequence[psycopg.Connection]]
+    spare: NotRequired[Sequence[Spare]]
+
+
+def _candidates(rows: Sequence[tuple], held_by: Mapping[str, str], *, d_text: Sequence[LegHit],
+                d_vec: Sequence[LegHit], m_text: Sequence[LegHit], m_vec: Sequence[LegHit],
+                c_vec: Sequence[LegHit]) -> list[Candidate]:
+    """Each candidate row (:data:`_CANDIDATE_ROWS_SQL`) with its signals and ranks from the legs' hits
+    (the exchange legs' through ``held_by``, the distillation holding each exchange)."""
+    # An exchange's BM25 and cosine count for the distillation that holds it; a distillation
+    # holding several (merges) keeps the best of each.
+    bm25_exchange = _best_per_distillation(m_text, held_by)
+    cos_exchange = _best_per_distillation(m_vec, held_by)
+    cos_context = _best_per_distillation(c_vec, held_by)
+    bm25_distillation = {h.id: h.score for h in d_text}
+    # The row's own cosines, or an exchange leg's better one for another exchange it holds.
+    exchange_cos = {r[0]: _better(r[6], cos_exchange.get(r[0])) for r in rows}
+    context_cos = {r[0]: _better(r[8], cos_context.get(r[0])) for r in rows}
+    best_cos_d = max(float(r[5]) for r in rows)  # (rows: never empty here)
+    if d_vec:
+        best_cos_d = max(best_cos_d, d_vec[0].score)
+    best_cos_x = _best_of(exchange_cos.values(), m_vec[0].score if m_vec else None)
+    best_cos_c = _best_of(context_cos.values(), c_vec[0].score if c_vec else None)
+    best_bm25_d = d_text[0].score if d_text else 0.0
+    best_bm25_x = m_text[0].score if m_text else 0.0
+
+    # Each candidate's rank in every leg that proposed it, read once per leg.
+    ranks: dict[str, dict[Leg, int]] = {}
+    for leg, ids in (("distillation_text", (h.id for h in d_text)), ("distillation_vector", (h.id for h in d_vec)),
+                     ("exchange_text", (held_by[h.id] for h in m_text if h.id in held_by)),
+                     ("exchange_vector", (held_by[h.id] for h in m_vec if h.id in held_by)),
+                     ("context_vector", (held_by[h.id] for h in c_vec if h.id in held_by))):
+        for distillation_id, rank in _rank_leg(ids).items():
+            ranks.setdefault(distillation_id, {})[leg] = rank
+    candidates = []
+    for row in rows:
+        distillation_id = row[0]
+        signals = RelevanceSignals(
+            cos_distillation=float(row[5]), cos_exchange=exchange_cos[distillation_id],
+            bm25_distillation=bm25_distillation.get(distillation_id, 0.0),
+            bm25_exchange=bm25_exchange.get(distillation_id, 0.0),
+            best_cos_distillation=best_cos_d, best_cos_exchange=best_cos_x,
+            best_bm25_distillation=best_bm25_d, best_bm25_exchange=best_bm25_x,
+            cos_context=context_cos[distillation_id], best_cos_context=best_cos_c)
+        candidates.append(Candidate(
+            id=distillation_id, tier=row[1], warmth=float(row[2]), user_weight=float(row[3]), refreshed_at=row[4],
+            signals=signals, ranks=ranks.get(distillation_id, {}), superseded_by=row[7]))
+    return candidates
+
+
+def _better(value: float | None, other: float | None) -> float | None:
+    """The larger of two cosines either of which may be unknown (None)."""
+    if value is None:
+        return other
+    return float(value) if other is None else max(float(value), other)
+
+
+def _best_of(values: Iterable[float | None], other: float | None) -> float | None:
+    """The largest known value of ``values`` and ``other``; None when none is known."""
+    return max((v for v in (*values, other) if v is not None), default=None)
 
 
 def recall_candidates(conn: psycopg.Connection, **ask: Unpack[CandidateQuery]) -> list[Candidate]:
@@ -566,7 +680,7 @@ def recall_candidates(conn: psycopg.Connection, **ask: Unpack[CandidateQuery]) -
 
     # The text legs first: they need no vector, so they run while the query's is still being
     # computed (services.recall); the slower of them (exchanges in context) before the other.
-    m_text, d_text, d_vec, m_vec, c_vec = _run_legs([conn, *ask.get("spare", ())], [
+    m_text, d_text, d_vec, m_vec, c_vec = _run_legs(conn, [
         lambda c: bm25_search(c, table="memories", user_id=user_id, query=query, limit=size,
                               context=use_context, as_of=as_of),
         lambda c: bm25_search(c, table="distillations", user_id=user_id, query=query, limit=size,
@@ -574,61 +688,31 @@ def recall_candidates(conn: psycopg.Connection, **ask: Unpack[CandidateQuery]) -
         vector_leg("distillations"),
         vector_leg("memories"),
         vector_leg("memories", context=True) if use_context else lambda c: [],
-    ])
-    held_by = recallable_distillations(conn, user_id=user_id, memory_ids=[h.id for h in m_text + m_vec + c_vec],
-                                       embedding_model=embedding_model)
-    ids = sorted({h.id for h in d_text + d_vec} | set(held_by.values()))
-    if not ids:
-        return []
-    rows = conn.execute(_CANDIDATE_ROWS_SQL, {"q": vector(), "ids": ids, "user": user_id, "model": embedding_model,
-                                              "as_of": as_of, "context": use_context}).fetchall()
+    ], ask.get("spare", ()))
+    # What the distillation legs proposed is known now; what the exchange legs found must first be
+    # mapped to the distillations holding it. The rows of the former are read on a second
+    # connection while the mapping, then the rows of the distillations only it adds, run on this
+    # one: a tail that ran on one core while the other waited (about 130 rows, 40 of them added).
+    proposed = {h.id for h in d_text + d_vec}
+    row_args = {"q": vector(), "user": user_id, "model": embedding_model, "as_of": as_of, "context": use_context}
+
+    def rows_of(c: psycopg.Connection, ids: set[str]) -> list[tuple]:
+        return c.execute(_CANDIDATE_ROWS_SQL, {**row_args, "ids": uuid_array(sorted(ids))}).fetchall() if ids else []
+
+    def mapped(c: psycopg.Connection) -> tuple[dict[str, str], list[tuple]]:
+        held = recallable_distillations(c, user_id=user_id, memory_ids=[h.id for h in m_text + m_vec + c_vec],
+                                        embedding_model=embedding_model)
+        return held, rows_of(c, set(held.values()) - proposed)
+
+    (held_by, added_rows), proposed_rows = _run_legs(
+        conn, [mapped, lambda c: rows_of(c, proposed)], ask.get("spare", ())[:1])  # type: ignore[list-item]
+    rows = sorted(proposed_rows + added_rows, key=lambda r: r[0])
     if not rows:
         # As of a past moment an exchange can be held by a distillation it was merged into later,
         # whose own exchange came after that moment: not a candidate then (found by hypothesis).
         return []
 
-    # An exchange's BM25 and cosine count for the distillation that holds it; a distillation
-    # holding several (merges) keeps the best of each.
-    bm25_exchange = _best_per_distillation(m_text, held_by)
-    cos_exchange = _best_per_distillation(m_vec, held_by)
-    cos_context = _best_per_distillation(c_vec, held_by)
-    bm25_distillation = {h.id: h.score for h in d_text}
-
-    def best_known(*values: float | None) -> float | None:
-        known = [float(v) for v in values if v is not None]
-        return max(known) if known else None
-
-    exchange_cos = {str(r[0]): best_known(r[6], cos_exchange.get(str(r[0]))) for r in rows}
-    context_cos = {str(r[0]): best_known(r[8], cos_context.get(str(r[0]))) for r in rows}
-    best_cos_d = max(([d_vec[0].score] if d_vec else []) + [float(r[5]) for r in rows])
-    best_cos_x = best_known(*exchange_cos.values(), m_vec[0].score if m_vec else None)
-    best_cos_c = best_known(*context_cos.values(), c_vec[0].score if c_vec else None)
-    best_bm25_d = d_text[0].score if d_text else 0.0
-    best_bm25_x = m_text[0].score if m_text else 0.0
-
-    legs: dict[Leg, dict[str, int]] = {
-        "distillation_text": _rank_leg(h.id for h in d_text),
-        "distillation_vector": _rank_leg(h.id for h in d_vec),
-        "exchange_text": _rank_leg(held_by[h.id] for h in m_text if h.id in held_by),
-        "exchange_vector": _rank_leg(held_by[h.id] for h in m_vec if h.id in held_by),
-        "context_vector": _rank_leg(held_by[h.id] for h in c_vec if h.id in held_by),
-    }
-    candidates = []
-    for row in rows:
-        distillation_id = str(row[0])
-        signals = RelevanceSignals(
-            cos_distillation=float(row[5]), cos_exchange=exchange_cos[distillation_id],
-            bm25_distillation=bm25_distillation.get(distillation_id, 0.0),
-            bm25_exchange=bm25_exchange.get(distillation_id, 0.0),
-            best_cos_distillation=best_cos_d, best_cos_exchange=best_cos_x,
-            best_bm25_distillation=best_bm25_d, best_bm25_exchange=best_bm25_x,
-            cos_context=context_cos[distillation_id], best_cos_context=best_cos_c)
-        candidates.append(Candidate(
-            id=distillation_id, tier=row[1], warmth=float(row[2]), user_weight=float(row[3]), refreshed_at=row[4],
-            signals=signals, ranks={leg: ranked[distillation_id] for leg, ranked in legs.items()
-                                    if distillation_id in ranked},
-            superseded_by=str(row[7]) if row[7] is not None else None))
-    return candidates
+    return _candidates(rows, held_by, d_text=d_text, d_vec=d_vec, m_text=m_text, m_vec=m_vec, c_vec=c_vec)
 
 
 def recall(conn: psycopg.Connection, *, model: RelevanceModel, now: datetime | None = None,

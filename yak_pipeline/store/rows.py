@@ -7,7 +7,7 @@ Each store module owns its table and its column list; these only spell the state
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import date
 from typing import Any
 from uuid import UUID
@@ -15,6 +15,16 @@ from uuid import UUID
 import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
+
+
+def uuid_array(ids: Iterable[str]) -> str:
+    """Ids (uuids as text) as one array literal, for a ``%s::uuid[]`` parameter.
+
+    psycopg adapts a list element by element (a regular expression each, to quote it): 0.33 ms
+    for the 130 ids of a recall's candidates, half the time of the query they were sent with. A
+    uuid needs no quoting; anything that is not one fails the cast.
+    """
+    return "{" + ",".join(ids) + "}"
 
 
 def live_row(conn: psycopg.Connection, table: str, columns: str, row_id: UUID | str, *,
