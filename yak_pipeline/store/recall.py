@@ -214,7 +214,11 @@ def bm25_search(
 # BM25 of one leg of one user from its postings (sql/013) and statistics (sql/014): the same
 # formula as _BM25_SQL, with the corpus size and mean length, and each word's document frequency,
 # summed from the statistics' deltas instead of counted from the rows and the postings. The mean
-# length is numeric sum / count, as avg() computes it, so the scores are the rows' to the last bit.
+# length is numeric sum / count, as avg() computes it, so the scores are the rows' but for the order
+# of each row's sum (the last bits). The postings are read once per word of the query, by the join
+# alone: a second condition on the words (`lexeme = ANY(...)`) made the planner expect one posting,
+# sort the few thousand by row and aggregate them in order, where it now hashes them (the contexts
+# leg at 100,000 rows, 100 questions: 4.92 -> 3.80 ms p50, 13.31 -> 9.68 p95).
 _BM25_POSTINGS_SQL: Final[str] = """
 WITH corpus AS MATERIALIZED (
     SELECT sum(s.df)::float8 AS n, (sum(s.dl_sum)::numeric / nullif(sum(s.dl_rows), 0))::float8 AS avgdl
@@ -233,7 +237,6 @@ SELECT p.row_id::text,
            * p.tf * (%(k1)s + 1) / (p.tf + %(k1)s * (1 - %(b)s + %(b)s * p.dl / greatest(c.avgdl, 1)))) AS score
 FROM bm25_postings p JOIN df f ON f.lexeme = p.lexeme CROSS JOIN corpus c
 WHERE p.leg = %(leg)s AND p.user_id = %(user)s AND p.scope = %(scope)s
-  AND p.lexeme = ANY(array(SELECT lexeme FROM df))
 GROUP BY p.row_id
 ORDER BY score DESC, p.row_id
 LIMIT %(limit)s
