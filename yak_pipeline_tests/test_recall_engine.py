@@ -29,6 +29,7 @@ from yak_pipeline.store.recall import (
     recall,
     recall_candidates,
     recallable_distillations,
+    set_beam,
     source_memories,
     vector_search,
 )
@@ -482,3 +483,25 @@ def test_a_pooled_connection_whose_server_went_away_is_not_handed_out(db_url: st
             check_idle_connection(pooled)
         with db.connection() as conn:  # the pool noticed and opened a new one
             assert conn.execute("SELECT pg_backend_pid()").fetchone()[0] != first
+
+
+def test_recall_connections_in_autocommit_still_set_the_beam_and_go_back_transactional(db_url: str) -> None:
+    """Recall reads in autocommit mode (no BEGIN, no COMMIT): the beam set in a pipeline holds for the
+    search sent with it, and only for it, and the pool lends the connection back in transactions."""
+    with Database(db_url, min_size=1, max_size=1) as db:
+        with db.connection(autocommit=True) as conn:
+            assert conn.autocommit
+            with conn.pipeline():
+                set_beam(conn, 123, iterative=False)
+                inside = conn.execute("SELECT current_setting('hnsw.ef_search'), current_setting('hnsw.iterative_scan')")
+            assert inside.fetchone() == ("123", "off")
+            assert conn.execute("SHOW hnsw.ef_search").fetchone()[0] != "123"  # that transaction has ended
+            same = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+        with db.connection() as conn:
+            assert not conn.autocommit and conn.execute("SELECT pg_backend_pid()").fetchone()[0] == same
+            conn.execute("SELECT 1")
+            assert conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+        with db.idle_connection(autocommit=True) as lent:
+            assert lent is not None and lent.autocommit
+        with db.connection() as conn:
+            assert not conn.autocommit

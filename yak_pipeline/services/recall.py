@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import NotRequired, TypedDict, Unpack
 
@@ -187,10 +187,11 @@ def search_memories(db: Database, embedder: Embedder, *, judge: LLMRecallJudge |
     With a ``judge`` (:func:`recall_judge`), the LLM's judgement then drops what it finds irrelevant."""
     # The query's vector is computed while the text legs run (``store.recall.CandidateQuery``).
     vector = _QUERY_VECTORS.submit(embedder.embed_query, ask["query"])
-    with db.connection() as conn:
+    # Recall only reads, on several connections at once: no transactions (``Database.connection``).
+    with db.connection(autocommit=True) as conn:
         # Each helper thread borrows its own spare connection (store.recall._run_legs).
         ranked = recall(conn, query_embedding=vector.result, embedding_model=embedder.model_name,
-                        spare=[db.idle_connection] * SPARE_LEG_CONNECTIONS, **ask)
+                        spare=[partial(db.idle_connection, autocommit=True)] * SPARE_LEG_CONNECTIONS, **ask)
         if not ranked:
             return []
         by_id = recall_hit_rows(conn, [r.id for r in ranked])

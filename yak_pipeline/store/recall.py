@@ -144,7 +144,9 @@ WITH q AS MATERIALIZED (
 
 def set_beam(conn: psycopg.Connection, ef_search: int, *, iterative: bool = True) -> None:
     """HNSW ``ef_search``, and whether the scan goes on past the beam (``hnsw.iterative_scan``), for the
-    rest of this transaction (``set_config(..., true)``).
+    rest of this transaction (``set_config(..., true)``). On a connection in autocommit mode that is
+    the implicit transaction the statements of one pipeline share until it syncs: send the search
+    in the same pipeline (:func:`vector_search` does).
 
     The iterative scan is for the shared index, whose beam is mostly other users' rows. A user's
     own index holds only theirs: the beam is enough, and keeping the scan resumable cost 1 ms of
