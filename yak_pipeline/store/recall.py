@@ -305,15 +305,15 @@ def vector_search(
             with conn.pipeline():
                 set_beam(conn, beam_for(limit), iterative=not own_index)
                 if own_index:
-                    # Planned once per connection and user (psycopg prepares a statement it has run five
-                    # times): planning it again weighed every user's partial index against the query,
-                    # 0.2-0.7 ms of a 2-3 ms leg at ten users, and PostgreSQL's own choice kept
-                    # replanning it. The plan is the same index scan (same rows, 100 of 100 questions).
+                    # Planned once per connection and user, at its first run: planning it each time
+                    # weighed every user's partial index against the query, 0.2-0.7 ms of a 2-3 ms leg
+                    # at ten users, and PostgreSQL's own choice kept replanning a prepared one. The
+                    # plan is the same index scan (same rows, 100 of 100 questions).
                     conn.execute("SELECT set_config('plan_cache_mode', 'force_generic_plan', true)")
                 found = conn.execute(
                     sql.SQL(f"SELECT t.id::text, 1 - (t.{column} <=> %(q)s) FROM {table} t WHERE {where}{{mine}} "  # noqa: S608
                             f"ORDER BY t.{column} <=> %(q)s LIMIT %(n)s").format(mine=mine),
-                    args,
+                    args, prepare=True if own_index else None,
                 )
                 if own_index:
                     conn.execute("RESET plan_cache_mode")
