@@ -163,14 +163,15 @@ def rules_replier(request: dict[str, Any]) -> Reply:
     return Reply.json(answer).usage(prompt_tokens, len(json.dumps(answer).split()))
 
 
-def chat_replier(request: dict[str, Any]) -> Reply:
-    """Answer any chat: ``You said: <the last user message's text>`` (so tests can tell answers apart)."""
+def chat_replier(request: dict[str, Any], *, tag: str = "") -> Reply:
+    """Answer any chat: ``You said: <the last user message's text>`` (so tests can tell answers apart),
+    then `` (<tag>)`` when given (a benchmark's run: its turns are new, not ones stored before)."""
     messages = [m for m in request.get("messages") or [] if isinstance(m, dict)]
     last = next((m.get("content") for m in reversed(messages) if m.get("role") == "user"), "")
     if isinstance(last, list):
         last = " ".join(p["text"] for p in last if isinstance(p, dict) and p.get("type") == "text")
     prompt_tokens = sum(len(str(m.get("content", "")).split()) for m in messages)
-    answer = f"You said: {last}"
+    answer = f"You said: {last}" + (f" ({tag})" if tag else "")
     return Reply.text(answer).usage(prompt_tokens, len(answer.split()))
 
 
