@@ -17,14 +17,14 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 
-def uuid_array(ids: Iterable[str]) -> str:
+def uuid_array(ids: Iterable[str | UUID]) -> str:
     """Ids (uuids as text) as one array literal, for a ``%s::uuid[]`` parameter.
 
     psycopg adapts a list element by element (a regular expression each, to quote it): 0.33 ms
     for the 130 ids of a recall's candidates, half the time of the query they were sent with. A
     uuid needs no quoting; anything that is not one fails the cast.
     """
-    return "{" + ",".join(ids) + "}"
+    return "{" + ",".join(map(str, ids)) + "}"
 
 
 def live_row(conn: psycopg.Connection, table: str, columns: str, row_id: UUID | str, *,
