@@ -340,7 +340,7 @@ def old_fuse(candidates: list, params, now: datetime) -> list[tuple[str, float, 
 
 
 class _TimedConnection:
-    """A connection that times its candidate-row query (the one selecting ``cos_exchange``), in place."""
+    """A connection that times the candidate-row queries it runs (the ones selecting ``cos_exchange``), in place."""
 
     def __init__(self, conn) -> None:
         self._conn = conn
@@ -434,9 +434,10 @@ def bench_store(url: str, queries: list, limit: int, warmup: list) -> dict:
     from yak_pipeline.core.query_intent import asks_about_present
     from yak_pipeline.core.recall import rank_memories
     from yak_pipeline.recall_models import load_relevance_model
-    from yak_pipeline.services.recall import SPARE_LEG_CONNECTIONS, recall_params
+    from yak_pipeline.services.recall import SPARE_LEG_CONNECTIONS, recall_params, spare_connections
     from yak_pipeline.store.database import Database
     from yak_pipeline.store.recall import recall, recall_candidates
+    from yak_pipeline.store.rows import uuid_array
 
     params = recall_params(get_settings(), threshold=0.7, limit=limit)
     model = load_relevance_model(MODEL)
@@ -445,10 +446,10 @@ def bench_store(url: str, queries: list, limit: int, warmup: list) -> dict:
     with Database(url, max_size=2 + SPARE_LEG_CONNECTIONS) as db:
         first = []
         for user, text, vector in warmup:
-            with db.connection() as conn, db.idle_connections(SPARE_LEG_CONNECTIONS) as spare:
+            with db.connection(autocommit=True) as conn:
                 began = time.perf_counter()
                 recall(conn, user_id=user, query=text, query_embedding=vector, embedding_model=MODEL,
-                       params=params, model=model, spare=spare)
+                       params=params, model=model, spare=spare_connections(db))
                 first.append((time.perf_counter() - began) * 1000)
         progress(f"  store: {len(warmup)} warm-up queries, p95 {latency_summary(first)['p95']} ms")
 
@@ -458,15 +459,16 @@ def bench_store(url: str, queries: list, limit: int, warmup: list) -> dict:
         measured = []
         for i, (user, text, vector) in enumerate(queries):
             now = datetime.now(timezone.utc)
-            # The legs as recall runs them (side by side on spare connections), and one after
-            # another on one connection; in alternating order, so that neither always finds the
-            # other's pages in the buffers.
+            # The legs as recall runs them (side by side on spare connections that helper threads
+            # borrow, services.recall), and one after another on one connection; in alternating
+            # order, so that neither always finds the other's pages in the buffers.
             for side_by_side in ((True, False) if i % 2 else (False, True)):
-                with db.connection() as raw, db.idle_connections(SPARE_LEG_CONNECTIONS if side_by_side else 0) as spare:
+                with db.connection(autocommit=True) as raw:
                     conn = _TimedConnection(raw)
                     began = time.perf_counter()
                     candidates = recall_candidates(conn, user_id=user, query=text, query_embedding=vector,  # type: ignore[arg-type]
-                                                   embedding_model=MODEL, params=params, spare=spare)
+                                                   embedding_model=MODEL, params=params,
+                                                   spare=spare_connections(db) if side_by_side else [])
                     (legs_ms if side_by_side else one_by_one_ms).append((time.perf_counter() - began) * 1000)
                     if side_by_side:
                         in_situ_ms.append(conn.candidate_ms)
@@ -477,7 +479,11 @@ def bench_store(url: str, queries: list, limit: int, warmup: list) -> dict:
             began = time.perf_counter()
             new = rank_memories(candidates, model=model, params=params, now=now, about_present=asks_about_present(text))
             new_ms.append((time.perf_counter() - began) * 1000)
-            measured.append((now, old, new, conn.candidate_call))
+            # Recall reads the candidate rows in two parts, the second beside the first on a spare
+            # connection: the re-runs below read them all at once, on the same arguments.
+            call = conn.candidate_call
+            measured.append((now, old, new, None if call is None else
+                             (call[0], {**call[1], "ids": uuid_array(sorted(c.id for c in candidates))})))
 
         # Untimed for the engines, in a pass of its own: the two candidate-row queries on the same
         # ids, the exact reference, and recall() itself (it must be a then c). Between the timed
@@ -682,7 +688,7 @@ def main(argv: list[str] | None = None) -> int:
     ab = [
         ("(a) legs + candidates: recall_candidates", _pcts(store["legs_and_candidates_ms"]), "", ""),
         ("    the same, legs one after another (no spare connection)", _pcts(store["legs_one_after_another_ms"]), "", ""),
-        ("    of which the candidate-row query (in situ)", _pcts(store["candidate_row_query_in_situ_ms"]), "", ""),
+        ("    of which the candidate-row queries on the request's connection", _pcts(store["candidate_row_query_in_situ_ms"]), "", ""),
         *((f"    leg alone: {leg}", _pcts(lat) if isinstance(lat, dict) else str(lat), "", "")
           for leg, lat in store["legs_ms"].items()),
         ("(b) old fusion: weighted RRF (Python)", _pcts(store["old_fusion_ms"]), "", ""),

@@ -34,6 +34,7 @@ from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database, connect
 from yak_pipeline.store.distillations import recall_hit_rows
 from yak_pipeline.store.recall import (
+    Spare,
     exchanges_without_embedding,
     fold_bm25_statistics,
     recall,
@@ -145,6 +146,12 @@ SPARE_LEG_CONNECTIONS = min(4, os.cpu_count() or 1)
 _QUERY_VECTORS = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="yak-query-vector")
 
 
+def spare_connections(db: Database) -> list[Spare]:
+    """What recall's helper threads borrow their connections from (``store.recall._run_legs``): up to
+    :data:`SPARE_LEG_CONNECTIONS` of the pool's free ones, in autocommit mode like the request's own."""
+    return [partial(db.idle_connection, autocommit=True)] * SPARE_LEG_CONNECTIONS
+
+
 def recall_params(settings: Settings, *, threshold: float = 0.7, limit: int = 5) -> RecallParams:
     """Recall parameters: the request's threshold and limit, the configured scoring and search."""
     return RecallParams(threshold=threshold, limit=limit, half_life_days=settings.half_life_days,
@@ -189,9 +196,8 @@ def search_memories(db: Database, embedder: Embedder, *, judge: LLMRecallJudge |
     vector = _QUERY_VECTORS.submit(embedder.embed_query, ask["query"])
     # Recall only reads, on several connections at once: no transactions (``Database.connection``).
     with db.connection(autocommit=True) as conn:
-        # Each helper thread borrows its own spare connection (store.recall._run_legs).
         ranked = recall(conn, query_embedding=vector.result, embedding_model=embedder.model_name,
-                        spare=[partial(db.idle_connection, autocommit=True)] * SPARE_LEG_CONNECTIONS, **ask)
+                        spare=spare_connections(db), **ask)
         if not ranked:
             return []
         by_id = recall_hit_rows(conn, [r.id for r in ranked])

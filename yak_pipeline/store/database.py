@@ -18,7 +18,7 @@ from yak_pipeline.store.errors import DatabaseUnavailable, PgvectorMissing
 
 CONNECT_TIMEOUT_SECONDS = 5
 POOL_WAIT_SECONDS = 10
-# How long idle_connections waits for each connection: long enough for a free one, not for one in use.
+# How long idle_connection waits for a connection: long enough for a free one, not for one in use.
 _IDLE_WAIT_SECONDS = 0.002
 
 
@@ -239,8 +239,8 @@ class Database:
         with ExitStack() as stack:
             spare: list[psycopg.Connection] = []
             for _ in range(max(wanted, 0)):
-                try:
-                    spare.append(stack.enter_context(self._pool.connection(timeout=_IDLE_WAIT_SECONDS)))
-                except PoolTimeout:
+                conn = stack.enter_context(self.idle_connection())
+                if conn is None:
                     break
+                spare.append(conn)
             yield spare
