@@ -14,9 +14,10 @@ the upstream directly and through the proxy, streamed and not, each pair's order
 goes first alternating:
 
 - **TTFT**: from sending the request to the first server-sent event;
-- **total**: to the end of the answer (through the proxy that includes storing the turn, which
-  happens before ``[DONE]`` is passed on; the upstream tags its answers with the run, so each
-  stored turn is a new exchange).
+- **total**: to the end of the answer. The proxy stores the turn just after the response
+  (``services.turn_writer``), so the total leaves that out, but the store runs while the next chat
+  is served, as it would for a client that asks again at once; the upstream tags its answers
+  with the run, so each stored turn is a new exchange.
 
 The figures are the per-chat differences (proxy − direct). The same chats are then sent through
 a proxy with ``YAK_PROXY_RECALL_LIMIT=0`` (no recall, everything else the same), which splits the

@@ -11,8 +11,10 @@ import logging
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,6 +22,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from fastapi import FastAPI
 from hypothesis import HealthCheck, given, settings as hypothesis_settings, strategies as st
 from pydantic import SecretStr
 
@@ -27,6 +30,7 @@ from yak_pipeline.api.app import create_app
 from yak_pipeline.core.memory_block import BLOCK_OPEN
 from yak_pipeline.defs.scores.assets import warmth
 from yak_pipeline.embeddings.hashing import HashingEmbedder
+from yak_pipeline.services.turn_writer import TurnWriter
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
 from yak_pipeline_tests.api_fixtures import (  # noqa: F401
@@ -62,9 +66,15 @@ def proxy_settings(api_settings: Settings, upstream: FakeOpenAIServer) -> Settin
 
 
 @pytest.fixture
-def yak_url(proxy_settings: Settings, database: Database) -> Iterator[str]:
-    """A live Yak (API and proxy) on the test's database."""
-    with serve_in_thread(create_app(proxy_settings, database=database)) as url:
+def yak_app(proxy_settings: Settings, database: Database) -> FastAPI:
+    """Yak (API and proxy) on the test's database."""
+    return create_app(proxy_settings, database=database)
+
+
+@pytest.fixture
+def yak_url(yak_app: FastAPI) -> Iterator[str]:
+    """``yak_app`` live under uvicorn."""
+    with serve_in_thread(yak_app) as url:
         yield url
 
 
@@ -79,8 +89,19 @@ def chat(system: str = "You are terse.") -> list[dict]:
             {"role": "assistant", "content": "hello"}, {"role": "user", "content": QUESTION}]
 
 
-def turns(database: Database, user_id: str) -> list[tuple]:
-    """The user's turns: user message, assistant message, recalled ids (as text)."""
+def settle(app: FastAPI) -> None:
+    """Wait until ``app``'s proxy has stored every turn it answered (it stores them after the response)."""
+    assert app.state.services.proxy.turns.wait(timeout=15), "the proxy's turns were not stored in 15 s"
+
+
+def turns(app: FastAPI, database: Database, user_id: str) -> list[tuple]:
+    """The user's turns once ``app`` has stored all it answered: user message, assistant message, recalled ids."""
+    settle(app)
+    return stored_turns(database, user_id)
+
+
+def stored_turns(database: Database, user_id: str) -> list[tuple]:
+    """The user's turns in the database now: user message, assistant message, recalled ids (as text)."""
     return fetch_all(database, """SELECT user_message, assistant_message, recalled_ids::text[] FROM turns
                                   WHERE user_id = %s ORDER BY created_at""", (user_id,))
 
@@ -98,7 +119,8 @@ def sample(text: str, line_start: str) -> float:
 # --- the loop ---------------------------------------------------------------------------------
 
 def test_block_sits_before_the_last_user_message_and_the_turn_is_stored(
-        yak_url: str, upstream: FakeOpenAIServer, seeded: Seeded, database: Database) -> None:  # noqa: F811
+        yak_url: str, yak_app: FastAPI, upstream: FakeOpenAIServer, seeded: Seeded,  # noqa: F811
+        database: Database) -> None:
     sent = chat()
     answer = client(yak_url, seeded.alice_key).chat.completions.create(model="fake-model", messages=sent)
     assert answer.choices[0].message.content == f"You said: {QUESTION}"
@@ -116,7 +138,7 @@ def test_block_sits_before_the_last_user_message_and_the_turn_is_stored(
     assert received.headers["authorization"] == f"Bearer {UPSTREAM_KEY}"
     assert seeded.alice_key not in json.dumps(received.headers)
 
-    ((user_message, assistant_message, recalled),) = turns(database, "alice")[-1:]
+    ((user_message, assistant_message, recalled),) = turns(yak_app, database, "alice")[-1:]
     assert (user_message, assistant_message) == (QUESTION, f"You said: {QUESTION}")
     assert seeded.alice.distillation_id in recalled
     memory = fetch_one(database, "SELECT content, status FROM memories WHERE content LIKE %s", (f"User: {QUESTION}%",))
@@ -150,7 +172,8 @@ def test_a_short_follow_up_is_recalled_for_with_the_message_before_it(
 
 
 def test_a_stream_is_relayed_byte_for_byte_and_its_full_answer_stored(
-        yak_url: str, upstream: FakeOpenAIServer, seeded: Seeded, database: Database) -> None:  # noqa: F811
+        yak_url: str, yak_app: FastAPI, upstream: FakeOpenAIServer, seeded: Seeded,  # noqa: F811
+        database: Database) -> None:
     raw = httpx.post(f"{yak_url}/v1/chat/completions", headers={"Authorization": f"Bearer {seeded.alice_key}"},
                      json={"model": "fake-model", "messages": chat(), "stream": True,
                            "stream_options": {"include_usage": True}}, timeout=15)
@@ -166,12 +189,13 @@ def test_a_stream_is_relayed_byte_for_byte_and_its_full_answer_stored(
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == len(text.split())
     assert BLOCK_OPEN in json.dumps(upstream.chat_requests[-1].body["messages"][-2])
     # Both streams were complete: the turn is stored once (the same exchange twice is one memory).
-    assert turns(database, "alice")[-1][:2] == (QUESTION, text)
+    assert turns(yak_app, database, "alice")[-1][:2] == (QUESTION, text)
     assert sample(scrape(yak_url), 'yak_proxy_requests_total{outcome="answered",stream="true"}') == 2
 
 
 def test_an_upstream_that_ignores_stream_has_its_whole_answer_passed_on_and_stored(
-        yak_url: str, upstream: FakeOpenAIServer, seeded: Seeded, database: Database) -> None:  # noqa: F811
+        yak_url: str, yak_app: FastAPI, upstream: FakeOpenAIServer, seeded: Seeded,  # noqa: F811
+        database: Database) -> None:
     completion = {"id": "chatcmpl-whole", "object": "chat.completion", "created": 0, "model": "fake-model",
                   "choices": [{"index": 0, "message": {"role": "assistant", "content": "All at once."},
                                "finish_reason": "stop"}]}
@@ -179,11 +203,12 @@ def test_an_upstream_that_ignores_stream_has_its_whole_answer_passed_on_and_stor
     response = httpx.post(f"{yak_url}/v1/chat/completions", headers={"Authorization": f"Bearer {seeded.alice_key}"},
                           json={"model": "fake-model", "messages": chat(), "stream": True}, timeout=15)
     assert response.status_code == 200 and response.json() == completion
-    assert turns(database, "alice")[-1][:2] == (QUESTION, "All at once.")
+    assert turns(yak_app, database, "alice")[-1][:2] == (QUESTION, "All at once.")
 
 
 def test_concurrent_streams_each_get_and_store_their_own_answer(
-        yak_url: str, upstream: FakeOpenAIServer, seeded: Seeded, database: Database) -> None:  # noqa: F811
+        yak_url: str, yak_app: FastAPI, upstream: FakeOpenAIServer, seeded: Seeded,  # noqa: F811
+        database: Database) -> None:
     def ask(number: int) -> str:
         stream = client(yak_url, seeded.alice_key).chat.completions.create(
             model="fake-model", stream=True, messages=[{"role": "user", "content": f"question number {number}"}])
@@ -192,15 +217,64 @@ def test_concurrent_streams_each_get_and_store_their_own_answer(
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(ask, range(8)))
     assert answers == [f"You said: question number {n}" for n in range(8)]
-    stored = {u: a for u, a, _ in turns(database, "alice")}
+    stored = {u: a for u, a, _ in turns(yak_app, database, "alice")}
     assert all(stored[f"question number {n}"] == answers[n] for n in range(8))
 
 
+def test_the_answer_does_not_wait_for_its_turn_to_be_stored_but_shutting_down_does(
+        proxy_settings: Settings, database: Database, upstream: FakeOpenAIServer, seeded: Seeded) -> None:  # noqa: F811
+    """A turn is stored after its response has gone out, one after another in the order answered;
+    a server stopping first stores every turn it answered."""
+    app = create_app(proxy_settings, database=database)
+    writer = app.state.services.proxy.turns
+    with ExitStack() as server, database.connection() as blocker:
+        url = server.enter_context(serve_in_thread(app))
+        blocker.execute("LOCK TABLE turns IN EXCLUSIVE MODE")  # no turn can be written until this commits
+        alice = client(url, seeded.alice_key)
+        streamed = "".join(c.choices[0].delta.content or "" for c in alice.chat.completions.create(
+            model="fake-model", messages=chat(), stream=True) if c.choices)
+        whole = alice.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": "and then?"}])
+        assert (streamed, whole.choices[0].message.content) == (f"You said: {QUESTION}", "You said: and then?")
+        assert writer.waiting == 2 and not writer.wait(timeout=0.2)  # both answered, neither stored
+        stopping = threading.Thread(target=server.close)  # closing it again on the way out does nothing
+        stopping.start()
+        stopping.join(timeout=1)
+        assert stopping.is_alive()  # the server waits for the turns it answered
+        blocker.commit()
+        stopping.join(timeout=15)
+    assert not stopping.is_alive() and writer.waiting == 0
+    assert [t[:2] for t in stored_turns(database, "alice")[-2:]] == [(QUESTION, streamed),
+                                                                     ("and then?", "You said: and then?")]
+
+
+def test_a_full_store_queue_makes_the_chat_store_its_own_turn_before_answering(
+        yak_url: str, yak_app: FastAPI, upstream: FakeOpenAIServer, seeded: Seeded,  # noqa: F811
+        database: Database) -> None:
+    yak_app.state.services.proxy.turns.max_waiting = 0  # as if 256 turns were queued already
+    answer = client(yak_url, seeded.alice_key).chat.completions.create(model="fake-model", messages=chat())
+    # Read without waiting for the writer: the turn was stored before the response went out.
+    assert stored_turns(database, "alice")[-1][:2] == (QUESTION, answer.choices[0].message.content)
+
+
+def test_the_turn_writer_keeps_order_bounds_its_queue_and_outlives_a_failed_store() -> None:
+    writer = TurnWriter(max_waiting=2)
+    gate, done = threading.Event(), []
+    assert writer.submit(lambda: (gate.wait(10), done.append(1)))
+    assert writer.submit(lambda: done.append(2))
+    assert not writer.submit(lambda: done.append(3))  # full: the caller stores it itself
+    assert writer.waiting == 2 and not writer.wait(timeout=0.1)
+    gate.set()
+    assert writer.wait(timeout=10) and done == [1, 2] and writer.waiting == 0
+    assert writer.submit(lambda: 1 / 0) and writer.submit(lambda: done.append(4))
+    assert writer.wait(timeout=10) and done == [1, 2, 4]
+
+
 def test_warmth_changes_after_the_pipeline_evaluates_a_proxied_turn(
-        yak_url: str, upstream: FakeOpenAIServer, seeded: Seeded, database: Database,  # noqa: F811
+        yak_url: str, yak_app: FastAPI, upstream: FakeOpenAIServer, seeded: Seeded, database: Database,  # noqa: F811
         settings: Settings) -> None:
     upstream.script(Reply.text(f"Your locker code is {seeded.alice.secret}."))
     client(yak_url, seeded.alice_key).chat.completions.create(model="fake-model", messages=chat())
+    settle(yak_app)
     before = fetch_one(database, "SELECT warmth FROM distillations WHERE id = %s", (seeded.alice.distillation_id,))[0]
     today = datetime.now(timezone.utc).date()
     result = run_partition(new_instance("alice"), pipeline_resources(settings), "alice", today, assets=[warmth])
@@ -215,7 +289,8 @@ def test_warmth_changes_after_the_pipeline_evaluates_a_proxied_turn(
 # --- forget through chat ----------------------------------------------------------------------
 
 def test_forget_by_phrase_asks_then_deletes_and_never_goes_upstream(
-        yak_url: str, upstream: FakeOpenAIServer, seeded: Seeded, database: Database) -> None:  # noqa: F811
+        yak_url: str, yak_app: FastAPI, upstream: FakeOpenAIServer, seeded: Seeded,  # noqa: F811
+        database: Database) -> None:
     alice = client(yak_url, seeded.alice_key)
     listed = alice.chat.completions.create(
         model="fake-model", messages=[{"role": "user", "content": f"/forget {seeded.alice.secret}"}])
@@ -233,7 +308,8 @@ def test_forget_by_phrase_asks_then_deletes_and_never_goes_upstream(
         assert set(rows_mentioning(conn, seeded.alice.secret)) <= {"audit_log"}
         assert rows_mentioning(conn, seeded.bob.secret)  # bob's are untouched
     assert upstream.chat_requests == []
-    assert not [t for t in turns(database, "alice") if t[0].startswith("/forget")]  # commands are not remembered
+    # Commands are not remembered.
+    assert not [t for t in turns(yak_app, database, "alice") if t[0].startswith("/forget")]
 
     again = alice.chat.completions.create(model="fake-model",
                                           messages=[{"role": "user", "content": f"/forget confirm {token}"}])
@@ -260,14 +336,15 @@ def test_forget_by_id_only_reaches_the_keys_own_memories(
 # --- who is asking ----------------------------------------------------------------------------
 
 def test_a_user_key_reaches_only_its_own_memories_whatever_the_body_says(
-        yak_url: str, upstream: FakeOpenAIServer, seeded: Seeded, database: Database) -> None:  # noqa: F811
+        yak_url: str, yak_app: FastAPI, upstream: FakeOpenAIServer, seeded: Seeded,  # noqa: F811
+        database: Database) -> None:
     client(yak_url, seeded.alice_key).chat.completions.create(model="fake-model", messages=chat(), user="bob")
     client(yak_url, seeded.bob_key).chat.completions.create(model="fake-model", messages=chat())
     alice_block, bob_block = (r.body["messages"][-2]["content"] for r in upstream.chat_requests)
     assert seeded.alice.secret in alice_block and seeded.bob.secret not in alice_block
     assert seeded.bob.secret in bob_block and seeded.alice.secret not in bob_block
-    assert turns(database, "alice")[-1][0] == QUESTION and turns(database, "bob")[-1][0] == QUESTION
-    assert len(turns(database, "bob")) == 2  # the seeded turn and bob's own; alice's "user" did not land there
+    assert turns(yak_app, database, "alice")[-1][0] == QUESTION and turns(yak_app, database, "bob")[-1][0] == QUESTION
+    assert len(turns(yak_app, database, "bob")) == 2  # the seeded turn and bob's own; alice's "user" did not land there
 
 
 def test_an_admin_key_must_name_the_user_and_no_key_gets_no_memory(
@@ -296,9 +373,10 @@ def test_models_are_passed_through(yak_url: str, upstream: FakeOpenAIServer, see
 # --- failures ---------------------------------------------------------------------------------
 
 def test_upstream_errors_reach_the_client_with_their_status_and_nothing_is_stored(
-        yak_url: str, upstream: FakeOpenAIServer, seeded: Seeded, database: Database) -> None:  # noqa: F811
+        yak_url: str, yak_app: FastAPI, upstream: FakeOpenAIServer, seeded: Seeded,  # noqa: F811
+        database: Database) -> None:
     alice = client(yak_url, seeded.alice_key)
-    stored_before = len(turns(database, "alice"))
+    stored_before = len(turns(yak_app, database, "alice"))
     upstream.script(Reply.status(500), Reply.status(404, {"error": {"message": "model 'nope' not found",
                                                                      "type": "not_found_error"}}),
                     Reply.status(429), Reply.raw({"hello": "world"}), Reply.delay(5))
@@ -315,7 +393,7 @@ def test_upstream_errors_reach_the_client_with_their_status_and_nothing_is_store
     with pytest.raises(openai.APIStatusError, match="did not answer in time") as slow:
         alice.chat.completions.create(model="fake-model", messages=chat())
     assert slow.value.status_code == 504
-    assert len(turns(database, "alice")) == stored_before
+    assert len(turns(yak_app, database, "alice")) == stored_before
     assert sample(scrape(yak_url), 'yak_proxy_requests_total{outcome="upstream_error",stream="false"}') == 4
 
 
@@ -331,8 +409,9 @@ def test_an_unreachable_upstream_is_a_502(proxy_settings: Settings, database: Da
 
 
 def test_a_stream_killed_midway_ends_in_an_error_and_stores_no_turn(
-        yak_url: str, upstream: FakeOpenAIServer, seeded: Seeded, database: Database) -> None:  # noqa: F811
-    stored_before = len(turns(database, "alice"))
+        yak_url: str, yak_app: FastAPI, upstream: FakeOpenAIServer, seeded: Seeded,  # noqa: F811
+        database: Database) -> None:
+    stored_before = len(turns(yak_app, database, "alice"))
     upstream.script(Reply.cut("one two three four five six", after=3))
     stream = client(yak_url, seeded.alice_key).chat.completions.create(model="fake-model", messages=chat(), stream=True)
     received = []
@@ -340,18 +419,19 @@ def test_a_stream_killed_midway_ends_in_an_error_and_stores_no_turn(
         for chunk in stream:
             received.append(chunk.choices[0].delta.content or "")
     assert "".join(received) == "one two "  # what came before the cut was relayed as it came
-    assert len(turns(database, "alice")) == stored_before
+    assert len(turns(yak_app, database, "alice")) == stored_before
     metrics = scrape(yak_url)
     assert sample(metrics, 'yak_proxy_degradations_total{reason="upstream_cut"}') == 1
     assert sample(metrics, 'yak_proxy_requests_total{outcome="upstream_cut",stream="true"}') == 1
 
 
 def test_a_client_that_hangs_up_mid_stream_stops_the_upstream_and_stores_no_turn(
-        yak_url: str, upstream: FakeOpenAIServer, seeded: Seeded, database: Database) -> None:  # noqa: F811
+        yak_url: str, yak_app: FastAPI, upstream: FakeOpenAIServer, seeded: Seeded,  # noqa: F811
+        database: Database) -> None:
     """The user closed the chat while the model was still writing: the proxy stops reading the
     upstream (its connection is closed, not drained to the end), stores nothing, counts it, and
     goes on serving."""
-    stored_before = len(turns(database, "alice"))
+    stored_before = len(turns(yak_app, database, "alice"))
     words = " ".join(f"word{i}" for i in range(60))
     upstream.script(Reply.text(words).slowly(0.05))  # three seconds of answer, one word at a time
     body = {"model": "fake-model", "messages": chat(), "stream": True}
@@ -366,7 +446,7 @@ def test_a_client_that_hangs_up_mid_stream_stops_the_upstream_and_stores_no_turn
     while upstream.streams_dropped_by_the_client == 0:
         assert time.monotonic() < deadline, "the proxy kept reading the upstream after its client had gone"
         time.sleep(0.05)
-    assert len(turns(database, "alice")) == stored_before
+    assert len(turns(yak_app, database, "alice")) == stored_before
     deadline = time.monotonic() + 5
     while 'yak_proxy_requests_total{outcome="client_gone",stream="true"}' not in scrape(yak_url):
         assert time.monotonic() < deadline, "the hang-up was not counted"
@@ -375,7 +455,7 @@ def test_a_client_that_hangs_up_mid_stream_stops_the_upstream_and_stores_no_turn
     # The next chat is served as usual, and stored.
     answer = client(yak_url, seeded.alice_key).chat.completions.create(model="fake-model", messages=chat())
     assert answer.choices[0].message.content.startswith("You said:")
-    assert len(turns(database, "alice")) == stored_before + 1
+    assert len(turns(yak_app, database, "alice")) == stored_before + 1
 
 
 def test_recall_failing_still_answers_without_a_block_and_counts_it(
@@ -388,7 +468,7 @@ def test_recall_failing_still_answers_without_a_block_and_counts_it(
     assert answer.choices[0].message.content == f"You said: {QUESTION}"
     assert upstream.chat_requests[-1].body["messages"] == chat()  # forwarded exactly as sent
     assert sample(metrics, 'yak_proxy_degradations_total{reason="recall_failed"}') == 1
-    assert turns(database, "alice")[-1][:3] == (QUESTION, f"You said: {QUESTION}", [])
+    assert turns(app, database, "alice")[-1][:3] == (QUESTION, f"You said: {QUESTION}", [])
 
 
 # --- bad input --------------------------------------------------------------------------------
@@ -425,12 +505,12 @@ _BODY = st.fixed_dictionaries({}, optional={
                      suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(body=_BODY | _JSON)
 def test_fuzzed_bodies_never_get_a_5xx_and_store_only_finished_text_turns(
-        yak_url: str, seeded: Seeded, database: Database, body: object) -> None:  # noqa: F811
-    before = len(turns(database, "alice"))
+        yak_url: str, yak_app: FastAPI, seeded: Seeded, database: Database, body: object) -> None:  # noqa: F811
+    before = len(turns(yak_app, database, "alice"))
     response = httpx.post(f"{yak_url}/v1/chat/completions", json=body, timeout=15,
                           headers={"Authorization": f"Bearer {seeded.alice_key}"})
     assert response.status_code in (200, 400), response.text
-    stored = turns(database, "alice")[before:]
+    stored = turns(yak_app, database, "alice")[before:]
     if response.status_code == 400:
         assert response.json()["error"]["message"] and not stored
     for user_message, assistant_message, _ in stored:
@@ -439,12 +519,13 @@ def test_fuzzed_bodies_never_get_a_5xx_and_store_only_finished_text_turns(
 
 
 def test_chats_get_16_mib_and_a_bigger_body_is_refused_with_413(
-        yak_url: str, upstream: FakeOpenAIServer, seeded: Seeded, database: Database) -> None:  # noqa: F811
+        yak_url: str, yak_app: FastAPI, upstream: FakeOpenAIServer, seeded: Seeded,  # noqa: F811
+        database: Database) -> None:
     headers = {"Authorization": f"Bearer {seeded.alice_key}", "Content-Type": "application/json"}
     long_chat = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x " * (1024 * 1024)}]})
     assert httpx.post(f"{yak_url}/v1/chat/completions", content=long_chat, headers=headers, timeout=30).status_code == 200
     # Answered, but longer than POST /api/turns takes: not stored, and counted.
-    assert len(turns(database, "alice")) == 1
+    assert len(turns(yak_app, database, "alice")) == 1
     assert sample(scrape(yak_url), 'yak_proxy_degradations_total{reason="turn_not_stored"}') == 1
     huge = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * (17 * 1024 * 1024)}]})
     response = httpx.post(f"{yak_url}/v1/chat/completions", content=huge, headers=headers, timeout=30)
@@ -453,9 +534,10 @@ def test_chats_get_16_mib_and_a_bigger_body_is_refused_with_413(
 
 
 def test_multimodal_parts_and_tool_calls_pass_through_and_store_nothing(
-        yak_url: str, upstream: FakeOpenAIServer, seeded: Seeded, database: Database) -> None:  # noqa: F811
+        yak_url: str, yak_app: FastAPI, upstream: FakeOpenAIServer, seeded: Seeded,  # noqa: F811
+        database: Database) -> None:
     alice = client(yak_url, seeded.alice_key)
-    stored_before = len(turns(database, "alice"))
+    stored_before = len(turns(yak_app, database, "alice"))
     parts = [{"type": "text", "text": QUESTION},
              {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]
     answer = alice.chat.completions.create(model="fake-model", messages=[{"role": "user", "content": parts}])
@@ -476,7 +558,7 @@ def test_multimodal_parts_and_tool_calls_pass_through_and_store_nothing(
     upstream.script(Reply.text("Opened it."))
     alice.chat.completions.create(model="fake-model", messages=follow_up, tools=tools)
     assert upstream.chat_requests[-1].body["messages"] == follow_up
-    assert len(turns(database, "alice")) == stored_before
+    assert len(turns(yak_app, database, "alice")) == stored_before
 
 
 def test_no_secret_reaches_the_logs(yak_url: str, upstream: FakeOpenAIServer, seeded: Seeded,  # noqa: F811
@@ -527,5 +609,5 @@ def test_yak_proxy_serves_the_proxy_alone(db_url: str, upstream: FakeOpenAIServe
         process.wait(timeout=10)
     assert json.loads(out.read_text().splitlines()[0]) == {"url": f"{url}/v1", "upstream": upstream.base_url,
                                                            "warnings": []}
-    assert turns(database, "alice")[-1][0] == QUESTION
+    assert stored_turns(database, "alice")[-1][0] == QUESTION
     assert UPSTREAM_KEY not in out.read_text() + err.read_text()

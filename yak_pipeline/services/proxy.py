@@ -16,7 +16,8 @@ A client points its OpenAI base URL at Yak and its API key at a Yak key. For eac
    server-sent events with their finish reasons and usage;
 5. a complete answer is stored exactly as ``POST /api/turns`` stores it
    (``store_exchange_turn``): the exchange becomes a memory, the turn is queued with the recalled
-   ids for warmth.
+   ids for warmth. The store is handed to :class:`~yak_pipeline.services.turn_writer.TurnWriter`
+   as the answer ends and runs after the response is sent: the client does not wait for it.
 
 What is stored is a finished exchange or nothing ("nothing half-stored"): a stream that breaks
 off (the upstream dies, or never sends a finish reason) stores no turn, because its truncated
@@ -38,6 +39,8 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from functools import partial
 from typing import Any, Final, Protocol
 
 import anyio.to_thread
@@ -52,6 +55,7 @@ from yak_pipeline.embeddings import Embedder
 from yak_pipeline.llm.errors import one_line
 from yak_pipeline.services.forget import ForgetOutcome, confirm_forget, run_forget_command
 from yak_pipeline.services.recall import LLMRecallJudge, build_context, recall_params, relevance_model
+from yak_pipeline.services.turn_writer import TurnWriter
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.errors import DatabaseUnavailable
@@ -65,6 +69,8 @@ PROXY_MAX_BODY_BYTES: Final = 16 * 1024 * 1024
 PROXY_PREFIX: Final = "/v1"
 _MAX_MESSAGE_CHARS: Final = 300
 _CONNECT_TIMEOUT_SECONDS: Final = 10.0
+# How long shutting down waits for turns answered but not yet stored (each store is bounded by the pool's timeout).
+_SHUTDOWN_STORE_WAIT_SECONDS: Final = 60.0
 _DONE_RE: Final = re.compile(rb"data:[ \t]*\[DONE\]")
 
 
@@ -365,6 +371,7 @@ class MemoryProxy:
         self.metrics = metrics
         self._client: httpx.AsyncClient | None = None
         self._client_loop: object | None = None
+        self.turns = TurnWriter()
 
     # -- upstream plumbing
 
@@ -388,10 +395,12 @@ class MemoryProxy:
         return self._client
 
     async def aclose(self) -> None:
-        """Close the upstream connections (at shutdown)."""
+        """Close the upstream connections and wait for the turns not yet stored (at shutdown)."""
         if self._client is not None:
             await self._client.aclose()
             self._client = None
+        if not await anyio.to_thread.run_sync(self.turns.wait, _SHUTDOWN_STORE_WAIT_SECONDS):
+            logger.warning("%d proxied turns were still being stored at shutdown", self.turns.waiting)
 
     @staticmethod
     def _transport_error(exc: httpx.HTTPError) -> ProxyError:
@@ -439,7 +448,8 @@ class MemoryProxy:
         self.metrics.count_injected_memories(len(built.recalled_ids))
         return block, built.recalled_ids
 
-    def _store_turn(self, *, user_id: str, user_text: str, answer: str, recalled_ids: list[str], actor: str) -> bool:
+    def _store_turn(self, *, user_id: str, user_text: str, answer: str, recalled_ids: list[str], actor: str,
+                    occurred_at: datetime) -> bool:
         """Store the finished turn as ``POST /api/turns`` does; False (counted, logged) when that would refuse
         it (too long, NUL characters) or the database fails."""
         refusal = turn_refusal(user_text, answer)
@@ -450,7 +460,7 @@ class MemoryProxy:
         try:
             with self._database().connection() as conn:
                 store_exchange_turn(conn, user_id=user_id, user_message=user_text, assistant_message=answer,
-                                    recalled_ids=recalled_ids, actor=actor)
+                                    recalled_ids=recalled_ids, occurred_at=occurred_at, actor=actor)
         except Exception as exc:  # noqa: BLE001 - the client has its answer already; the turn is lost, said so
             self.metrics.count_proxy_degradation("turn_not_stored")
             logger.warning("the proxied turn of %s was not stored: %s", user_id, type(exc).__name__)
@@ -511,11 +521,14 @@ class MemoryProxy:
             return None
         user_text = chat.user_text
 
-        async def store(answer: str | None) -> bool:
+        async def store(answer: str | None) -> None:
             if not answer:
-                return False  # tool calls or an empty answer: no exchange to remember
-            return await anyio.to_thread.run_sync(lambda: self._store_turn(
-                user_id=user_id, user_text=user_text, answer=answer, recalled_ids=recalled_ids, actor=actor))
+                return  # tool calls or an empty answer: no exchange to remember
+            # The turn happened now, whenever the writer gets to it.
+            write = partial(self._store_turn, user_id=user_id, user_text=user_text, answer=answer,
+                            recalled_ids=recalled_ids, actor=actor, occurred_at=datetime.now(timezone.utc))
+            if not self.turns.submit(write):
+                await anyio.to_thread.run_sync(write)  # the writer's queue is full: this chat waits for its store
 
         return store
 
@@ -568,8 +581,9 @@ class MemoryProxy:
                            response.headers.get("content-type", "text/event-stream"))
 
     async def _relay(self, response: httpx.Response, store: Callable[[str | None], Any] | None) -> AsyncIterator[bytes]:
-        """The upstream's bytes as they come; the turn is stored once the stream finished, before its
-        ``[DONE]`` is passed on, so a client that has read the whole stream finds its turn stored."""
+        """The upstream's bytes as they come; the turn goes to the writer once the stream finished,
+        before its ``[DONE]`` is passed on, so a client that has read the whole stream finds its turn
+        stored or queued (``turns.wait()`` sees it)."""
         answer = StreamedAnswer()
         outcome = "client_gone"  # until the loop below ends: a client that hangs up stops the relay
         stored = store is None
