@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import datetime, timezone
 from uuid import UUID
 
 import psycopg
 
 from yak_pipeline.embeddings.hashing import HashingEmbedder
+from yak_pipeline.store.database import Database
 from yak_pipeline.store.distillations import NewDistillation, insert_distillation
 from yak_pipeline.store.memories import insert_memory
 
@@ -68,3 +69,17 @@ def recorded_statements(conn: psycopg.Connection) -> Iterator[list[tuple[str, ob
         yield sent
     finally:
         conn.cursor_factory = psycopg.Cursor
+
+
+@contextmanager
+def idle_connections(db: Database, wanted: int) -> Iterator[list[psycopg.Connection]]:
+    """Up to ``wanted`` pooled connections free now (``Database.idle_connection`` each), held until
+    the block ends: recall's legs on held connections instead of lenders."""
+    with ExitStack() as stack:
+        spare: list[psycopg.Connection] = []
+        for _ in range(max(wanted, 0)):
+            conn = stack.enter_context(db.idle_connection())
+            if conn is None:
+                break
+            spare.append(conn)
+        yield spare

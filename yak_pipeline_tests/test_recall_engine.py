@@ -33,7 +33,12 @@ from yak_pipeline.store.recall import (
     source_memories,
     vector_search,
 )
-from yak_pipeline_tests.store_helpers import EMBEDDER, recorded_statements, seed_memory_with_distillation
+from yak_pipeline_tests.store_helpers import (
+    EMBEDDER,
+    idle_connections,
+    recorded_statements,
+    seed_memory_with_distillation,
+)
 
 NOW = datetime(2026, 6, 1, tzinfo=timezone.utc)
 MODEL = EMBEDDER.model_name
@@ -389,7 +394,7 @@ def test_legs_side_by_side_give_what_one_after_another_gives(db_url: str) -> Non
         query = "Which pet did I adopt, and what is my sister's job?"
         vector = EMBEDDER.embed_query(query)
         params = RecallParams(threshold=0.5, limit=4)
-        with db.connection() as conn, db.idle_connections(4) as spare:
+        with db.connection() as conn, idle_connections(db, 4) as spare:
             assert len(spare) == 4 and all(c is not conn for c in spare)
             side_by_side = recall_candidates(conn, user_id="alice", query=query, query_embedding=vector,
                                              embedding_model=MODEL, params=params, spare=spare)
@@ -427,18 +432,18 @@ def test_the_text_legs_run_while_the_query_vector_is_still_coming(conn: psycopg.
                                                 embedding_model=MODEL, params=params)
 
 
-def test_idle_connections_lends_only_what_is_free_and_a_failing_leg_fails_the_recall(db_url: str) -> None:
+def test_idle_connection_lends_only_what_is_free_and_a_failing_leg_fails_the_recall(db_url: str) -> None:
     with Database(db_url, min_size=2, max_size=2) as db:
         with db.connection() as conn:
-            with db.idle_connections(3) as spare:
+            with idle_connections(db, 3) as spare:
                 assert len(spare) == 1  # the pool holds two; the caller has one
-                with db.idle_connections(2) as none_left, db.idle_connection() as none:
+                with idle_connections(db, 2) as none_left, db.idle_connection() as none:
                     assert none_left == [] and none is None  # never waits for a connection in use
                 results = _run_legs(conn, [lambda c: c.execute("SELECT 1").fetchone()[0],
                                            lambda c: c.execute("SELECT 2").fetchone()[0],
                                            lambda c: c.execute("SELECT 3").fetchone()[0]], spare)
                 assert results == [1, 2, 3]  # in the legs' order, whichever connection ran each
-        with db.connection() as conn, db.idle_connections(1) as spare:
+        with db.connection() as conn, idle_connections(db, 1) as spare:
             with pytest.raises(psycopg.errors.UndefinedColumn):
                 _run_legs(conn, [lambda c: c.execute("SELECT pg_sleep(0.05)"),
                                  lambda c: c.execute("SELECT no_such_column")], spare)

@@ -226,21 +226,3 @@ class Database:
             if conn is not None and autocommit:
                 stack.enter_context(_autocommit(conn))
             yield conn
-
-    @contextmanager
-    def idle_connections(self, wanted: int) -> Iterator[list[psycopg.Connection]]:
-        """Up to ``wanted`` more pooled connections that are free now: fewer, or none, when the pool is busy.
-
-        For work that can use more connections but needs none (recall's legs side by side): it
-        never waits for a connection another caller will give back, so a busy pool only makes it
-        run on the one it has. Each asks the pool with a very short timeout, which also lets a
-        pool below its maximum open another connection for the next caller.
-        """
-        with ExitStack() as stack:
-            spare: list[psycopg.Connection] = []
-            for _ in range(max(wanted, 0)):
-                conn = stack.enter_context(self.idle_connection())
-                if conn is None:
-                    break
-                spare.append(conn)
-            yield spare
