@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path
 
@@ -89,8 +90,6 @@ def test_schema_constraints_refuse_bad_states(conn: psycopg.Connection) -> None:
 
 def test_the_embedded_server_gets_a_quarter_of_the_ram_for_shared_buffers_within_bounds(
         pg_server_url: str) -> None:
-    import os
-
     from yak_pipeline.store.embedded import shared_buffers_mb
 
     assert shared_buffers_mb(8 * 2**30) == 1024  # capped: a quarter of 8 GB would be 2 GB
@@ -131,6 +130,30 @@ def test_a_new_embedded_server_is_configured_and_still_stopped_at_exit() -> None
 
             stop_embedded_server(pgdata)
         subprocess.run(["rm", "-rf", str(pgdata)], check=False)
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="only root creates the server's system user")
+def test_processes_starting_at_once_create_the_system_user_once() -> None:
+    """The first start on a new machine creates the system user; four processes at once (the
+    suite's workers in CI) all see one user id. Unlocked, concurrent ``useradd`` runs sometimes
+    failed ("already in use") or replaced the id another process had just chowned a folder to."""
+    import pwd
+    import subprocess
+    import sys
+
+    name = f"yak_test_{uuid.uuid4().hex[:8]}"  # a throwaway user: the real one exists after the first test
+    script = ("import pwd, sys, time; from yak_pipeline.store.embedded import _ensure_system_user; "
+              "_ensure_system_user(sys.argv[1]); first = pwd.getpwnam(sys.argv[1]).pw_uid; time.sleep(0.5); "
+              "print(first, pwd.getpwnam(sys.argv[1]).pw_uid)")
+    try:
+        starts = [subprocess.Popen([sys.executable, "-c", script, name], stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True) for _ in range(4)]
+        seen = [start.communicate(timeout=60) for start in starts]
+        assert all(start.returncode == 0 for start in starts), [err[-500:] for _, err in seen]
+        ids = {uid for out, _ in seen for uid in out.split()}
+        assert ids == {str(pwd.getpwnam(name).pw_uid)}
+    finally:
+        subprocess.run(["userdel", "--remove", name], check=False, capture_output=True)
 
 
 def test_vectors_are_kept_in_their_row_and_older_rows_are_moved_there(conn: psycopg.Connection) -> None:

