@@ -96,7 +96,7 @@ def _ensure_system_user(name: str = _SYSTEM_USER) -> None:
     ``useradd`` then replaced, and its ``initdb`` failed ("could not change permissions"). A
     lock file in the runtime folder makes the second process wait and find the user made.
     """
-    if os.geteuid() != 0:
+    if run_as_user() is None:  # not root: the server runs as this process's own user
         return
     import fcntl
 
