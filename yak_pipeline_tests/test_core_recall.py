@@ -276,7 +276,7 @@ def test_features_are_cosines_gaps_to_the_best_and_bm25_relative_to_the_best() -
     # No context vectors: the context features read the exchange's (the best stand-in).
     assert features == pytest.approx({"cos_distillation": 0.6, "cos_exchange": 0.5, "cos_context": 0.5,
                                       "gap_distillation": -0.2, "gap_exchange": -0.4, "gap_context": -0.4,
-                                      "text_distillation": 0.5, "text_exchange": 0.0})
+                                      "text_distillation": 0.5, "text_exchange": 0.0, "raw_exchange": 0.0})
     # The best memory of a leg has gap 0 and text ratio 1; a leg nobody matched gives 0.
     best = relevance_features(_signals(0.8, cos_x=0.9, bm25_d=6.0, best_cos=0.8, best_cos_x=0.9, best_bm25_d=6.0))
     assert best["gap_distillation"] == 0.0 and best["gap_exchange"] == 0.0

@@ -21,7 +21,7 @@ from yak_pipeline.core.recall import Candidate, RecallParams, rank_memories
 from yak_pipeline.core.relevance import FEATURES, NON_NEGATIVE_FEATURES, RelevanceModel
 from yak_pipeline.store.distillations import add_version, mark_superseded_by_newer, set_distillation_status
 from yak_pipeline.store.forget import forget_memories
-from yak_pipeline.store.recall import recall, recall_candidates
+from yak_pipeline.store.recall import UNKNOWN_COSINE, recall, recall_candidates
 from yak_pipeline_tests.store_helpers import EMBEDDER, seed_memory_with_distillation
 from yak_pipeline_tests.test_recall_engine import FITTED, reference_bm25
 
@@ -150,9 +150,27 @@ def reference_candidates(conn: psycopg.Connection, history: History, *, user_id:
                                                                           default=0.0),
             "superseded_by": newer if newer in history.held and visible(history.memory_of[newer]) else None,
         }
+    # Every exchange no active distillation holds, found by a leg (its vector or its words), is a raw
+    # candidate: the user's words, its own cosine standing in for a distillation's.
+    held_anywhere = set().union(*history.held.values())
+    live = conn.execute("SELECT id::text, occurred_at FROM memories WHERE user_id = %s AND deleted_at IS NULL",
+                        (user_id,)).fetchall()
+    raw = {m: occurred for m, occurred in live
+           if m not in held_anywhere and visible(m) and (m in exchange_cos or m in m_bm25)}
+    known_d = [e["cos_distillation"] for e in expected.values()] + [exchange_cos[m] for m in raw if m in exchange_cos]
+    best_d = max(known_d, default=None)
+    best_x = max(exchange_cos.values(), default=None)
+    # An exchange not embedded yet reads as the best known cosine (UNKNOWN_COSINE when none is known).
+    stand_in = max((v for v in (best_d, best_x) if v is not None), default=UNKNOWN_COSINE)
+    for m, occurred in raw.items():
+        expected[m] = {
+            "tier": "medium", "warmth": 0.5, "user_weight": 1.0, "refreshed_at": occurred,
+            "cos_distillation": exchange_cos.get(m, stand_in), "cos_exchange": exchange_cos.get(m),
+            "bm25_distillation": 0.0, "bm25_exchange": m_bm25.get(m, 0.0), "superseded_by": None, "raw": True,
+        }
     best = {
-        "best_cos_distillation": max((e["cos_distillation"] for e in expected.values()), default=None),
-        "best_cos_exchange": max(exchange_cos.values(), default=None),
+        "best_cos_distillation": stand_in if best_d is None else best_d,
+        "best_cos_exchange": best_x,
         "best_bm25_distillation": max(d_bm25.values(), default=0.0),
         "best_bm25_exchange": max(m_bm25.values(), default=0.0),
     }
@@ -167,6 +185,7 @@ def _check_signals(got: list[Candidate], expected: dict[str, dict[str, object]])
         e = expected[c.id]
         assert (c.tier, c.warmth, c.user_weight, c.refreshed_at, c.superseded_by) == (
             e["tier"], e["warmth"], e["user_weight"], e["refreshed_at"], e["superseded_by"])
+        assert c.kind == ("raw" if e.get("raw") else "distilled") and c.signals.raw == bool(e.get("raw"))
         s = c.signals
         for name in ("cos_distillation", "cos_exchange", "best_cos_distillation", "best_cos_exchange"):
             value, want = getattr(s, name), e[name]
@@ -231,7 +250,10 @@ def test_sql_recall_equals_the_reference_ranking_of_the_exact_candidates(
         conn.rollback()  # each example starts from an empty database
 
 
-def test_recall_ignores_other_models_inactive_and_other_users_rows(conn: psycopg.Connection) -> None:
+def test_recall_ignores_other_models_and_other_users_rows_and_recalls_unheld_exchanges_as_said(
+        conn: psycopg.Connection) -> None:
+    """Distillations in review, rejected or of another embedder are never recalled; the exchanges
+    they came from are, as the user's own words (raw hits whose id is the exchange's)."""
     ids = []
     for i, word in enumerate(("kitten", "violin", "garden", "coffee")):
         _, d = seed_memory_with_distillation(conn, user_id="alice", exchange=f"User: my {word}.\nAssistant: ok",
@@ -247,7 +269,9 @@ def test_recall_ignores_other_models_inactive_and_other_users_rows(conn: psycopg
     params = RecallParams(gate=False, limit=50)
     got = recall(conn, user_id="alice", query=query, query_embedding=EMBEDDER.embed_query(query),
                  embedding_model=MODEL, params=params, model=FITTED, now=NOW)
-    assert [r.id for r in got] == [ids[3]]
+    memory_of = {str(d): str(m) for d, m in conn.execute(
+        "SELECT id, memory_id FROM distillations WHERE id = ANY(%s::uuid[])", (ids,)).fetchall()}
+    assert {r.id: r.kind for r in got} == {ids[3]: "distilled", **{memory_of[d]: "raw" for d in ids[:3]}}
     assert recall(conn, user_id="nobody", query=query, query_embedding=EMBEDDER.embed_query(query),
                   embedding_model=MODEL, params=params, model=FITTED, now=NOW) == []
 

@@ -90,7 +90,8 @@ class YakMemoryTools:
                                params=recall_params(settings, threshold=threshold, limit=limit),
                                model=relevance_model(settings, embedder), judge=self.services.recall_judge)
         return _plain({"memories": [{
-            "id": h.id, "memory_id": h.memory_id, "content": h.content, "tier": h.tier, "said_at": h.occurred_at,
+            "id": h.id, "kind": h.kind, "memory_id": h.memory_id, "content": h.content, "tier": h.tier,
+            "said_at": h.occurred_at, **({"reply": h.reply} if h.reply else {}),
             "relevance": round(h.relevance, 4), "score": h.score, "superseded": h.superseded_by is not None,
             "in_conflict": h.in_conflict, **({"explain": h.explain()} if explain else {})} for h in hits]})
 
@@ -99,7 +100,8 @@ class YakMemoryTools:
         created, row = store_memory(self.services.database, user_id=user_id, content=content, source="api",
                                     occurred_at=None, actor=actor)
         return {"memory_id": str(row["id"]), "stored": created,
-                "note": "stored; the pipeline distils it shortly" if created else "already stored"}
+                "note": "stored and recallable now (as your own words); the pipeline distils it when it runs"
+                if created else "already stored"}
 
     def forget(self, user_id: str, target: str | None, token: str | None, actor: str) -> dict[str, Any]:
         """Forget by id at once, list a phrase's candidates with a token, or confirm a token."""

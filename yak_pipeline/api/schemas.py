@@ -122,12 +122,16 @@ class SearchRequest(RequestBody):
 
 
 class SearchHit(BaseModel):
-    """One recalled distillation, ranked by ``score``."""
+    """One recalled memory, ranked by ``score``: a distillation, or what the user said (``kind`` raw)."""
 
     id: UUID
+    kind: Literal["distilled", "raw"] = Field(
+        default="distilled", description="distilled: a distillation (id is its id); raw: an exchange no active "
+                                         "distillation holds, recalled as the user's own words (id is the memory's).")
     memory_id: UUID
-    content: str
-    confidence: float
+    content: str = Field(description="The distillation, or for a raw hit what the user said.")
+    reply: str | None = Field(default=None, description="A raw hit's assistant reply: context, not a fact about the user.")
+    confidence: float | None = Field(description="The distiller's confidence; null for a raw hit.")
     tier: str
     warmth: float
     similarity: float = Field(description="The best raw cosine of the query to the memory or its exchange.")

@@ -103,11 +103,12 @@ def search_command(
         if not hits:
             console.print("no memory is relevant enough (threshold %.2f)" % threshold)
             return
-        grid = table("score", "relevance", "tier", "date", "warmth", "id", "content")
+        grid = table("score", "relevance", "kind", "date", "warmth", "id", "content")
         for h in hits:
             marks = " (superseded)" if h.get("superseded_by") else ""
             marks += " (in conflict)" if h.get("in_conflict") else ""
-            grid.add_row(f"{h['score']:.3f}", f"{h['relevance']:.3f}", h["tier"], str(h["occurred_at"])[:10],
+            kind = "your words" if h.get("kind") == "raw" else h["tier"]
+            grid.add_row(f"{h['score']:.3f}", f"{h['relevance']:.3f}", kind, str(h["occurred_at"])[:10],
                          f"{h['warmth']:.2f}", h["id"], short(h["content"], 60) + marks)
         console.print(grid)
         if explain:

@@ -64,3 +64,13 @@ def parse_exchange(content: str) -> tuple[str, str] | None:
     if match is None:
         return None
     return match.group("user"), match.group("assistant")
+
+
+def users_words(content: str) -> tuple[str, str | None]:
+    """What the user said in an exchange, and the assistant's reply (None when the text is not
+    in :func:`format_exchange` form: then all of it is taken as said)."""
+    parsed = parse_exchange(content)
+    if parsed is None:
+        return content.strip(), None
+    user, assistant = parsed
+    return user.strip(), assistant.strip() or None

@@ -36,6 +36,8 @@ class BlockMemory:
     superseded: bool = False
     # It contradicts another memory and nobody has resolved which is right yet.
     in_conflict: bool = False
+    # "distilled" (a distillation) or "raw" (what the user said, no distillation stands for it yet).
+    kind: str = "distilled"
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,7 @@ def neutralise_memory_text(text: str) -> str:
 
 
 def _label(memory: BlockMemory) -> str:
-    parts = [memory.tier]
+    parts = ["the user's own words" if memory.kind == "raw" else memory.tier]
     if memory.occurred_at is not None:
         parts.append(memory.occurred_at.date().isoformat())
     if memory.superseded:
@@ -68,6 +70,9 @@ def _label(memory: BlockMemory) -> str:
 
 def render_memory_block(memories: Sequence[BlockMemory]) -> str:
     """``<memories>`` with one ``- [tier, date, status] text`` line per memory, or "" when there are none.
+
+    A raw memory (what the user said, which no distillation stands for yet) says so in place of
+    the tier: ``- [the user's own words, 2026-11-27] …``.
 
     The date (when it was said) and the status marks (superseded, in conflict) let the model
     reading the block tell what is current.

@@ -47,6 +47,11 @@ from yak_pipeline.core.relevance import RelevanceModel, RelevanceSignals, releva
 from yak_pipeline.core.scoring import DEFAULT_CORE_MULTIPLIER, GATE_EPSILON, decay_factor, gravity, passes_tier_gate
 from yak_pipeline.core.types import TIERS, Tier
 
+# What a recalled memory is: a distillation (the LLM's refinement of an exchange, gated by its
+# confidence), or an exchange no active distillation holds, recalled as the user's own words
+# (pending, in review, rejected by the gate, failed, or never distilled: DESIGN §4).
+MemoryKind = Literal["distilled", "raw"]
+MEMORY_KINDS: Final[tuple[MemoryKind, ...]] = ("distilled", "raw")
 Leg = Literal["distillation_text", "distillation_vector", "exchange_text", "exchange_vector", "context_vector"]
 LEGS: Final[tuple[Leg, ...]] = ("distillation_text", "distillation_vector", "exchange_text", "exchange_vector",
                                 "context_vector")
@@ -94,7 +99,11 @@ class RecallParams:
 
 @dataclass(frozen=True)
 class Candidate:
-    """An active distillation some leg proposed, with its signals and what the score needs."""
+    """A memory some leg proposed, with its signals and what the score needs.
+
+    ``kind`` "distilled": ``id`` is an active distillation's; "raw": ``id`` is the exchange's
+    (``memories.id``), an exchange no active distillation holds, recalled as the user's words.
+    """
 
     id: str
     tier: Tier
@@ -104,8 +113,13 @@ class Candidate:
     signals: RelevanceSignals
     ranks: Mapping[Leg, int] = field(default_factory=dict)
     superseded_by: str | None = None
+    kind: MemoryKind = "distilled"
 
     def __post_init__(self) -> None:
+        if self.kind not in MEMORY_KINDS:
+            raise ValueError(f"unknown memory kind {self.kind!r}: use one of {', '.join(MEMORY_KINDS)}")
+        if self.signals.raw != (self.kind == "raw"):
+            raise ValueError(f"candidate {self.id}: its signals must say raw exactly when its kind is raw")
         if self.tier not in TIERS:
             raise ValueError(f"unknown tier {self.tier!r}: use one of {', '.join(TIERS)}")
         # A naive timestamp would make the age depend on the server's local time zone.
@@ -115,7 +129,10 @@ class Candidate:
 
 @dataclass(frozen=True)
 class RankedMemory:
-    """A recalled distillation with its score and every factor of it (the ``explain`` breakdown)."""
+    """A recalled memory with its score and every factor of it (the ``explain`` breakdown).
+
+    ``kind`` says what ``id`` names (:class:`Candidate`): a distillation, or a raw exchange.
+    """
 
     id: str
     tier: Tier
@@ -133,6 +150,7 @@ class RankedMemory:
     ranks: Mapping[Leg, int]
     # True when this memory's place was set by recency (a question about the present, step 5).
     newest_first: bool = False
+    kind: MemoryKind = "distilled"
 
     @property
     def similarity(self) -> float:
@@ -142,6 +160,7 @@ class RankedMemory:
     def explain(self) -> dict[str, object]:
         """The score breakdown as plain data: relevance and its legs, decay, warmth, gravity."""
         return {
+            "kind": self.kind,
             "score": self.score,
             "relevance": self.relevance,
             "standing": self.standing,
@@ -218,7 +237,7 @@ def rank_memories(
         RankedMemory(
             id=c.id, tier=c.tier, warmth=c.warmth, user_weight=c.user_weight, refreshed_at=c.refreshed_at,
             relevance=relevance, standing=standing, answerability=answerability, decay=decay, gravity=weight,
-            superseded_by=c.superseded_by, score=score, features=features, ranks=dict(c.ranks))
+            superseded_by=c.superseded_by, score=score, features=features, ranks=dict(c.ranks), kind=c.kind)
         for score, relevance, c, features, standing, answerability, decay, weight in scored[:params.limit]
     ]
     return newest_first(ranked) if about_present and params.present_newest_first else ranked

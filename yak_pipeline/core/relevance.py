@@ -35,6 +35,10 @@ Features (all pure functions of :class:`RelevanceSignals`):
   are fitted with a lower bound of 0: sharing the query's words is evidence *for* a memory,
   never against it (a data set whose questions avoid the memory's words must not teach the
   opposite).
+- ``raw_exchange`` — 1 for a raw exchange that no active distillation holds (the user's own
+  words, recalled as said), 0 for a distillation. Such a candidate has no distillation: its
+  ``cos_distillation`` is its exchange's cosine, and the fit learns how much a distillation's
+  refinement is worth against the words themselves.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ FEATURES: Final[tuple[str, ...]] = (
     "gap_context",
     "text_distillation",
     "text_exchange",
+    "raw_exchange",
 )
 # Lexical features may only add evidence (see the module docstring); the fit respects this.
 NON_NEGATIVE_FEATURES: Final[frozenset[str]] = frozenset({"text_distillation", "text_exchange"})
@@ -83,6 +88,8 @@ class RelevanceSignals:
     best_bm25_exchange: float
     cos_context: float | None = None
     best_cos_context: float | None = None
+    # A raw exchange no active distillation holds (``core.recall.Candidate.kind == "raw"``).
+    raw: bool = False
 
 
 def _ratio(value: float, best: float) -> float:
@@ -106,6 +113,7 @@ def relevance_features(signals: RelevanceSignals) -> dict[str, float]:
         "gap_context": min(0.0, cos_c - max(best_c, cos_c)),
         "text_distillation": _ratio(signals.bm25_distillation, signals.best_bm25_distillation),
         "text_exchange": _ratio(signals.bm25_exchange, signals.best_bm25_exchange),
+        "raw_exchange": 1.0 if signals.raw else 0.0,
     }
 
 

@@ -23,6 +23,7 @@ from typing import NotRequired, TypedDict, Unpack
 
 import psycopg
 
+from yak_pipeline.core.exchanges import users_words
 from yak_pipeline.core.memory_block import BlockMemory, PromptBuild, build_prompt_messages
 from yak_pipeline.core.recall import RankedMemory, RecallParams
 from yak_pipeline.core.relevance import RelevanceModel, RelevanceSignals
@@ -33,6 +34,7 @@ from yak_pipeline.recall_models import load_relevance_model
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database, connect
 from yak_pipeline.store.distillations import recall_hit_rows
+from yak_pipeline.store.memories import raw_hit_rows
 from yak_pipeline.store.recall import (
     Spare,
     exchanges_without_embedding,
@@ -49,19 +51,27 @@ logger = logging.getLogger("yak.recall")
 
 @dataclass(frozen=True)
 class RecallHit:
-    """One recalled distillation: what it says, its date, and its score with every factor."""
+    """One recalled memory: what it says, its date, and its score with every factor.
+
+    A distilled hit's ``content`` is the distillation; a raw hit's (``kind == "raw"``, an exchange
+    no active distillation holds) is what the user said, and ``reply`` the assistant's side of
+    that exchange, context only, never a fact about the user. A raw hit has no ``confidence``
+    (no LLM wrote it).
+    """
 
     ranked: RankedMemory
     memory_id: str
     content: str
-    confidence: float
+    confidence: float | None
     occurred_at: datetime
     in_conflict: bool
     # The LLM's judgement of this memory for the query (:class:`LLMRecallJudge`), when one judged it.
     judgement: float | None = None
+    reply: str | None = None
 
     # The ranking's own values, read through (one copy of each).
     id = property(lambda self: self.ranked.id)
+    kind = property(lambda self: self.ranked.kind)
     tier = property(lambda self: self.ranked.tier)
     warmth = property(lambda self: self.ranked.warmth)
     similarity = property(lambda self: self.ranked.similarity)
@@ -189,7 +199,8 @@ class RecallRequest(TypedDict):
 
 def search_memories(db: Database, embedder: Embedder, *, judge: LLMRecallJudge | None = None,
                     **ask: Unpack[RecallRequest]) -> list[RecallHit]:
-    """The user's best distillations for ``query``, best first; empty when nothing is relevant.
+    """The user's best memories for ``query`` (distillations, and exchanges no active distillation
+    holds, as the user's words), best first; empty when nothing is relevant.
 
     With a ``judge`` (:func:`recall_judge`), the LLM's judgement then drops what it finds irrelevant."""
     # The query's vector is computed while the text legs run (``store.recall.CandidateQuery``).
@@ -200,13 +211,25 @@ def search_memories(db: Database, embedder: Embedder, *, judge: LLMRecallJudge |
                         spare=spare_connections(db), **ask)
         if not ranked:
             return []
-        by_id = recall_hit_rows(conn, [r.id for r in ranked])
-    hits = [
-        RecallHit(ranked=r, memory_id=str(by_id[r.id][1]), content=by_id[r.id][2], confidence=by_id[r.id][3],
-                  occurred_at=by_id[r.id][4], in_conflict=bool(by_id[r.id][5]))
-        for r in ranked if r.id in by_id
-    ]
+        hits = recall_hits(conn, ranked)
     return judge.judge(ask["query"], hits) if judge is not None else hits
+
+
+def recall_hits(conn: psycopg.Connection, ranked: Sequence[RankedMemory]) -> list[RecallHit]:
+    """The ranked memories with what each shows (a row forgotten meanwhile is left out), in order."""
+    distilled = recall_hit_rows(conn, [r.id for r in ranked if r.kind == "distilled"])
+    raw = raw_hit_rows(conn, [r.id for r in ranked if r.kind == "raw"])
+    hits = []
+    for r in ranked:
+        if r.kind == "raw" and r.id in raw:
+            said, reply = users_words(raw[r.id][1])
+            hits.append(RecallHit(ranked=r, memory_id=r.id, content=said, confidence=None,
+                                  occurred_at=raw[r.id][2], in_conflict=False, reply=reply))
+        elif r.kind == "distilled" and r.id in distilled:
+            row = distilled[r.id]
+            hits.append(RecallHit(ranked=r, memory_id=str(row[1]), content=row[2], confidence=row[3],
+                                  occurred_at=row[4], in_conflict=bool(row[5])))
+    return hits
 
 
 def signals_for_text(
@@ -258,7 +281,8 @@ def build_context(
                     added[hit.id] = hit
         hits += sorted(added.values(), key=lambda h: h.score, reverse=True)[:max(limit - len(hits), 0)]
         return [BlockMemory(id=h.id, content=h.content, tier=h.tier, occurred_at=h.occurred_at,
-                            superseded=h.superseded_by is not None, in_conflict=h.in_conflict) for h in hits]
+                            superseded=h.superseded_by is not None, in_conflict=h.in_conflict, kind=h.kind)
+                for h in hits]
 
     built = build_prompt_messages(system_prompt, ask["query"], _recall)
     return built.block, built

@@ -94,6 +94,18 @@ def list_memories(
                           order_by="occurred_at DESC, id", limit=limit, offset=offset)
 
 
+def raw_hit_rows(conn: psycopg.Connection, memory_ids: Sequence[UUID | str]) -> dict[str, tuple]:
+    """What a raw recall hit (an exchange recalled as the user's words) shows, by id:
+    ``(id, content, occurred_at)`` of each live exchange."""
+    if not memory_ids:
+        return {}
+    rows = conn.execute(
+        "SELECT id::text, content, occurred_at FROM memories WHERE id = ANY(%s::uuid[]) AND deleted_at IS NULL",
+        ([str(i) for i in memory_ids],),
+    ).fetchall()
+    return {r[0]: r for r in rows}
+
+
 def user_has_memories(conn: psycopg.Connection, user_id: str) -> bool:
     """Whether ``user_id`` has any live memory: Yak has no user registry, a user is their memories."""
     row = conn.execute("SELECT EXISTS (SELECT 1 FROM memories WHERE user_id = %s AND deleted_at IS NULL)",

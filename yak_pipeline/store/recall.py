@@ -12,10 +12,14 @@ One query makes five ranked candidate lists ("legs"), each over the user's rows 
   read with its neighbours in the conversation (sql/008; off with ``exchange_context``, and as
   of a past moment, since a context can hold later words).
 
-What is recalled is an *active distillation of the active embedding model*: an exchange
-candidate stands for the distillation it became, following merges to the distillation that
-absorbed it; an exchange with no recallable distillation (pending, in review, rejected) is
-dropped, so the confidence gate keeps its meaning. For the union of the legs' rows,
+What is recalled is of two kinds (``core.recall.MemoryKind``). An *active distillation of the
+active embedding model*: an exchange candidate stands for the distillation it became, following
+merges to the distillation that absorbed it. And the user's own words: an exchange that no
+active distillation holds (pending, in review, rejected by the confidence gate, failed, never
+distilled) is a candidate of its own, ``kind="raw"``, its id the exchange's. The raw layer is
+the floor of recall (DESIGN §4): what was said is recallable as soon as it is stored, by its
+words at once and by its meaning once it has a vector; the confidence gate still keeps a
+low-confidence *distillation* out, never the words it came from. For the union of the legs' rows,
 :func:`recall_candidates` reads what the relevance model needs (both cosines, both BM25 scores,
 the best of each leg) and what the score needs (tier, warmth, weight, age, supersession); there
 is no similarity pre-gate here. Relevance, the gate and the order are ``core.recall``'s:
@@ -472,6 +476,29 @@ WHERE d.id = ANY(%(ids)s::uuid[]) AND d.user_id = %(user)s AND d.status = 'activ
 """
 
 
+# Per raw candidate (an exchange no active distillation holds): its time and its cosines (its own
+# vector's, and its context's when ``context``); None until the vector of the active model exists.
+_RAW_ROWS_SQL: Final[str] = """
+SELECT m.id::text, m.occurred_at,
+       CASE WHEN m.embedding_model = %(model)s THEN 1 - (m.embedding <=> %(q)s) END AS cos_exchange,
+       CASE WHEN %(context)s AND m.context_embedding_model = %(model)s
+            THEN 1 - (m.context_embedding <=> %(q)s) END AS cos_context
+FROM memories m
+WHERE m.id = ANY(%(ids)s::uuid[]) AND m.user_id = %(user)s AND m.deleted_at IS NULL
+  AND (%(as_of)s::timestamptz IS NULL OR m.occurred_at <= %(as_of)s)
+"""
+# What a raw exchange is scored as: no tier, warmth or weight of its own yet (a distillation
+# brings them), so the defaults a new distillation starts with (DESIGN §3).
+RAW_TIER: Final = "medium"
+RAW_WARMTH: Final[float] = 0.5
+RAW_USER_WEIGHT: Final[float] = 1.0
+# The cosine an exchange not yet embedded is read with when no candidate of the query has one
+# either (a bulk import's first seconds): only its words brought it, and a typical question
+# scores its answer 0.3-0.55 with all-MiniLM-L6-v2 (docs/RECALL.md). With any cosine known, the
+# best known one stands in instead (its words made it a candidate as the best did by meaning).
+UNKNOWN_COSINE: Final[float] = 0.5
+
+
 def _best_per_distillation(hits: Iterable[LegHit], held_by: Mapping[str, str]) -> dict[str, float]:
     """The best score of an exchange leg for each distillation holding one of its exchanges."""
     best: dict[str, float] = {}
@@ -610,36 +637,46 @@ class CandidateQuery(TypedDict):
     spare: NotRequired[Sequence[Spare]]
 
 
-def _candidates(rows: Sequence[tuple], held_by: Mapping[str, str], *, d_text: Sequence[LegHit],
-                d_vec: Sequence[LegHit], m_text: Sequence[LegHit], m_vec: Sequence[LegHit],
-                c_vec: Sequence[LegHit]) -> list[Candidate]:
+def _candidates(rows: Sequence[tuple], raw_rows: Sequence[tuple], held_by: Mapping[str, str], *,
+                d_text: Sequence[LegHit], d_vec: Sequence[LegHit], m_text: Sequence[LegHit],
+                m_vec: Sequence[LegHit], c_vec: Sequence[LegHit]) -> list[Candidate]:
     """Each candidate row (:data:`_CANDIDATE_ROWS_SQL`) with its signals and ranks from the legs' hits
-    (the exchange legs' through ``held_by``, the distillation holding each exchange)."""
+    (the exchange legs' through ``held_by``, the distillation holding each exchange), and each raw
+    row (:data:`_RAW_ROWS_SQL`, an exchange no active distillation holds) as a raw candidate."""
     # An exchange's BM25 and cosine count for the distillation that holds it; a distillation
-    # holding several (merges) keeps the best of each.
-    bm25_exchange = _best_per_distillation(m_text, held_by)
-    cos_exchange = _best_per_distillation(m_vec, held_by)
-    cos_context = _best_per_distillation(c_vec, held_by)
+    # holding several (merges) keeps the best of each. A raw exchange stands for itself.
+    itself = {row[0]: row[0] for row in raw_rows}
+    targets = {**held_by, **itself}
+    bm25_exchange = _best_per_distillation(m_text, targets)
+    cos_exchange = _best_per_distillation(m_vec, targets)
+    cos_context = _best_per_distillation(c_vec, targets)
     bm25_distillation = {h.id: h.score for h in d_text}
     # The row's own cosines, or an exchange leg's better one for another exchange it holds.
     exchange_cos = {r[0]: _better(r[6], cos_exchange.get(r[0])) for r in rows}
     context_cos = {r[0]: _better(r[8], cos_context.get(r[0])) for r in rows}
-    best_cos_d = max(float(r[5]) for r in rows)  # (rows: never empty here)
-    if d_vec:
-        best_cos_d = max(best_cos_d, d_vec[0].score)
-    best_cos_x = _best_of(exchange_cos.values(), m_vec[0].score if m_vec else None)
-    best_cos_c = _best_of(context_cos.values(), c_vec[0].score if c_vec else None)
+    raw_cos = {r[0]: _better(r[2], cos_exchange.get(r[0])) for r in raw_rows}
+    raw_context_cos = {r[0]: _better(r[3], cos_context.get(r[0])) for r in raw_rows}
+    # A raw exchange's own text is what a distillation would be: its cosine counts in both places.
+    best_cos_d = _best_of([*(float(r[5]) for r in rows), *raw_cos.values()], d_vec[0].score if d_vec else None)
+    best_cos_x = _best_of([*exchange_cos.values(), *raw_cos.values()], m_vec[0].score if m_vec else None)
+    best_cos_c = _best_of([*context_cos.values(), *raw_context_cos.values()], c_vec[0].score if c_vec else None)
+    # An exchange not yet embedded (just stored) is read as close as the best known one
+    # (:data:`UNKNOWN_COSINE` when none is known): its words made it a candidate.
+    stand_in = _best_of((best_cos_x, best_cos_d), None)
+    stand_in = UNKNOWN_COSINE if stand_in is None else stand_in
+    if best_cos_d is None:
+        best_cos_d = stand_in
     best_bm25_d = d_text[0].score if d_text else 0.0
     best_bm25_x = m_text[0].score if m_text else 0.0
 
     # Each candidate's rank in every leg that proposed it, read once per leg.
     ranks: dict[str, dict[Leg, int]] = {}
     for leg, ids in (("distillation_text", (h.id for h in d_text)), ("distillation_vector", (h.id for h in d_vec)),
-                     ("exchange_text", (held_by[h.id] for h in m_text if h.id in held_by)),
-                     ("exchange_vector", (held_by[h.id] for h in m_vec if h.id in held_by)),
-                     ("context_vector", (held_by[h.id] for h in c_vec if h.id in held_by))):
-        for distillation_id, rank in _rank_leg(ids).items():
-            ranks.setdefault(distillation_id, {})[leg] = rank
+                     ("exchange_text", (targets[h.id] for h in m_text if h.id in targets)),
+                     ("exchange_vector", (targets[h.id] for h in m_vec if h.id in targets)),
+                     ("context_vector", (targets[h.id] for h in c_vec if h.id in targets))):
+        for memory_id, rank in _rank_leg(ids).items():
+            ranks.setdefault(memory_id, {})[leg] = rank
     candidates = []
     for row in rows:
         distillation_id = row[0]
@@ -653,6 +690,17 @@ def _candidates(rows: Sequence[tuple], held_by: Mapping[str, str], *, d_text: Se
         candidates.append(Candidate(
             id=distillation_id, tier=row[1], warmth=float(row[2]), user_weight=float(row[3]), refreshed_at=row[4],
             signals=signals, ranks=ranks.get(distillation_id, {}), superseded_by=row[7]))
+    for memory_id, occurred_at, _, _ in raw_rows:
+        own = raw_cos[memory_id]
+        signals = RelevanceSignals(
+            cos_distillation=stand_in if own is None else own, cos_exchange=own,
+            bm25_distillation=0.0, bm25_exchange=bm25_exchange.get(memory_id, 0.0),
+            best_cos_distillation=best_cos_d, best_cos_exchange=best_cos_x,
+            best_bm25_distillation=best_bm25_d, best_bm25_exchange=best_bm25_x,
+            cos_context=raw_context_cos[memory_id], best_cos_context=best_cos_c, raw=True)
+        candidates.append(Candidate(
+            id=memory_id, tier=RAW_TIER, warmth=RAW_WARMTH, user_weight=RAW_USER_WEIGHT, refreshed_at=occurred_at,
+            signals=signals, ranks=ranks.get(memory_id, {}), kind="raw"))
     return candidates
 
 
@@ -669,7 +717,8 @@ def _best_of(values: Iterable[float | None], other: float | None) -> float | Non
 
 
 def recall_candidates(conn: psycopg.Connection, **ask: Unpack[CandidateQuery]) -> list[Candidate]:
-    """Run the five legs and return, per active distillation any of them proposed, its signals
+    """Run the five legs and return, per active distillation any of them proposed, and per exchange
+    they proposed that no active distillation holds (a raw candidate), its signals
     (:class:`CandidateQuery` says what each argument does)."""
     user_id, query, embedding_model, params = ask["user_id"], ask["query"], ask["embedding_model"], ask["params"]
     as_of, exact = ask.get("as_of"), ask.get("exact", False)
@@ -712,20 +761,25 @@ def recall_candidates(conn: psycopg.Connection, **ask: Unpack[CandidateQuery]) -
     def rows_of(c: psycopg.Connection, ids: set[str]) -> list[tuple]:
         return c.execute(_CANDIDATE_ROWS_SQL, {**row_args, "ids": uuid_array(sorted(ids))}).fetchall() if ids else []
 
-    def mapped(c: psycopg.Connection) -> tuple[dict[str, str], list[tuple]]:
-        held = recallable_distillations(c, user_id=user_id, memory_ids=[h.id for h in m_text + m_vec + c_vec],
-                                        embedding_model=embedding_model)
-        return held, rows_of(c, set(held.values()) - proposed)
+    def mapped(c: psycopg.Connection) -> tuple[dict[str, str], list[tuple], list[tuple]]:
+        found = [h.id for h in m_text + m_vec + c_vec]
+        held = recallable_distillations(c, user_id=user_id, memory_ids=found, embedding_model=embedding_model)
+        # What no active distillation holds is recalled as the user's own words.
+        raw = set(found) - held.keys()
+        raw_rows = c.execute(_RAW_ROWS_SQL, {**row_args, "ids": uuid_array(sorted(raw))}).fetchall() if raw else []
+        return held, rows_of(c, set(held.values()) - proposed), raw_rows
 
-    (held_by, added_rows), proposed_rows = _run_legs(
+    (held_by, added_rows, raw_rows), proposed_rows = _run_legs(
         conn, [mapped, lambda c: rows_of(c, proposed)], ask.get("spare", ())[:1])  # type: ignore[list-item]
     rows = sorted(proposed_rows + added_rows, key=lambda r: r[0])
-    if not rows:
+    raw_rows = sorted(raw_rows, key=lambda r: r[0])
+    if not rows and not raw_rows:
         # As of a past moment an exchange can be held by a distillation it was merged into later,
         # whose own exchange came after that moment: not a candidate then (found by hypothesis).
         return []
 
-    return _candidates(rows, held_by, d_text=d_text, d_vec=d_vec, m_text=m_text, m_vec=m_vec, c_vec=c_vec)
+    return _candidates(rows, raw_rows, held_by, d_text=d_text, d_vec=d_vec, m_text=m_text, m_vec=m_vec,
+                       c_vec=c_vec)
 
 
 def recall(conn: psycopg.Connection, *, model: RelevanceModel, now: datetime | None = None,
