@@ -125,9 +125,12 @@ def test_yak_import_reads_every_format_and_importing_again_adds_nothing(db_url: 
         ("chatgpt", 6, 1, 0), ("claude", 3, 1, 0), ("claude_code", 2, 1, 0)]
     assert report["totals"] | {} == {"exchanges": 11, "already_stored": 0, "skipped": 3, "quarantined": 0,
                                      "failed_files": 0, "users": ["maria"], "first": "2024-10-05T09:00:00+00:00",
-                                     "last": "2025-03-10T14:05:00+00:00"}
+                                     "last": "2025-03-10T14:05:00+00:00", "embedded": 11}
     with connect(db_url) as conn:
         rows = conn.execute("SELECT source, status, source_ref, occurred_at FROM memories ORDER BY occurred_at").fetchall()
+        # Embedded by the import itself: recallable by meaning before any distillation has run.
+        assert conn.execute("SELECT count(*) FROM memories WHERE embedding IS NULL OR context_embedding IS NULL"
+                            ).fetchone()[0] == 0
     assert {(r[0], r[1]) for r in rows} == {("import", "pending")}
     assert rows[0][2] == "claude_conversations.json#claude:a3f1c2d4-0000-4000-8000-00000000c001:m-c1-1"
     text = "\n".join(contents(db_url))

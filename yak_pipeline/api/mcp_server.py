@@ -98,7 +98,7 @@ class YakMemoryTools:
     def save(self, user_id: str, content: str, actor: str) -> dict[str, Any]:
         """Store ``content`` as a pending memory, like ``POST /api/memories`` (the same text once)."""
         created, row = store_memory(self.services.database, user_id=user_id, content=content, source="api",
-                                    occurred_at=None, actor=actor)
+                                    occurred_at=None, actor=actor, embedder=self.services.embedder)
         return {"memory_id": str(row["id"]), "stored": created,
                 "note": "stored and recallable now (as your own words); the pipeline distils it when it runs"
                 if created else "already stored"}

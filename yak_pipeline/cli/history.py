@@ -81,15 +81,36 @@ def import_command(
                 bars.remove_task(task)
                 quarantine_import(outcome, settings.resolved_drop_dir)
                 results.append(outcome.summary() | {"file": str(path)})
+            totals = _import_totals(results)
+            if totals["exchanges"]:
+                # Recallable by their words already; their vectors make them recallable by meaning
+                # before distillation has run (batches commit: an interrupted run keeps its part).
+                totals["embedded"] = _embed_imported(db, settings, totals["users"], bars)
     finally:
         db.close()
-    report = {"files": results, "totals": _import_totals(results)}
+    report = {"files": results, "totals": totals}
     if as_json:
         print(json.dumps(report))
     else:
         _print_import(report)
     if any(r.get("error") for r in results):
         raise typer.Exit(FAILURE_EXIT)
+
+
+def _embed_imported(db, settings, users: list[str], bars: Progress) -> int:  # noqa: ANN001 - Database, Settings
+    """Embed the imported users' exchanges that have no vector yet, with a progress bar; how many."""
+    from yak_pipeline.embeddings import get_embedder
+    from yak_pipeline.services.recall import embed_pending_exchanges
+
+    embedder = get_embedder(settings)
+    task = bars.add_task("embedding for recall", total=None)
+    done = 0
+    for user_id in users:
+        done += embed_pending_exchanges(
+            db, embedder, user_id=user_id,
+            on_progress=lambda n, base=done: bars.update(task, completed=base + n))
+    bars.remove_task(task)
+    return done
 
 
 def _import_totals(results: list[dict]) -> dict:
@@ -123,7 +144,8 @@ def _print_import(report: dict) -> None:
         if r.get("quarantined_to"):
             console.print(f"quarantined: {r['quarantined_to']} (reasons beside it)", highlight=False)
     if totals["exchanges"]:
-        console.print("next: `yak process` distils them (a running `yak up` does it by itself)")
+        console.print("recallable now as your own words; `yak process` distils them (a running `yak up` does it "
+                      "by itself)")
 
 
 def export_command(

@@ -74,3 +74,10 @@ def users_words(content: str) -> tuple[str, str | None]:
         return content.strip(), None
     user, assistant = parsed
     return user.strip(), assistant.strip() or None
+
+
+def same_words(a: str, b: str) -> bool:
+    """Whether two texts say the same words (case, spacing and end punctuation aside)."""
+    def words(text: str) -> str:
+        return " ".join(text.casefold().split()).strip(" .!?…")
+    return words(a) == words(b)

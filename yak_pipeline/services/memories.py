@@ -11,6 +11,8 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from yak_pipeline.embeddings import Embedder
+from yak_pipeline.services.recall import embed_exchanges_now
 from yak_pipeline.store import memories as memories_store
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.distillations import list_distillations
@@ -25,12 +27,18 @@ def user_has_memories(db: Database, user_id: str) -> bool:
 
 
 def store_memory(db: Database, *, user_id: str, content: str, source: str, occurred_at: datetime | None,
-                 actor: str) -> tuple[bool, dict[str, Any]]:
-    """Store one exchange as a pending memory (once per user and text): ``(created, row)``."""
+                 actor: str, embedder: Embedder | None = None) -> tuple[bool, dict[str, Any]]:
+    """Store one exchange as a pending memory (once per user and text): ``(created, row)``.
+
+    It is recallable as soon as this returns, by its words; with ``embedder`` also by its meaning
+    (its vectors are made here, after the commit: ``services.recall.embed_exchanges_now``)."""
     with db.connection() as conn:
         stored = memories_store.insert_memory(conn, user_id=user_id, content=content, source=source,
                                               occurred_at=occurred_at, actor=actor)
-        return stored.created, memories_store.get_memory(conn, stored.id)
+        row = memories_store.get_memory(conn, stored.id)
+    if stored.created and embedder is not None:
+        embed_exchanges_now(db, embedder, [str(stored.id)])
+    return stored.created, row
 
 
 def list_memories(db: Database, **filters: Any) -> list[dict[str, Any]]:
@@ -67,13 +75,17 @@ def forget_memory(db: Database, memory_id: UUID | str, *, user_id: str | None, a
 
 def record_turn(db: Database, *, user_id: str, user_message: str, assistant_message: str,
                 recalled_ids: Sequence[UUID | str], occurred_at: datetime | None,
-                actor: str) -> tuple[bool, StoredTurn]:
-    """Store a finished turn's exchange and queue the turn: ``(user was known before, stored turn)``."""
+                actor: str, embedder: Embedder | None = None) -> tuple[bool, StoredTurn]:
+    """Store a finished turn's exchange and queue the turn: ``(user was known before, stored turn)``.
+
+    With ``embedder`` the new exchange gets its vectors at once (as :func:`store_memory`)."""
     with db.connection() as conn:
         known = memories_store.user_has_memories(conn, user_id)
         stored = store_exchange_turn(conn, user_id=user_id, user_message=user_message,
                                      assistant_message=assistant_message, recalled_ids=recalled_ids,
                                      occurred_at=occurred_at, actor=actor)
+    if stored.created and embedder is not None:
+        embed_exchanges_now(db, embedder, [str(stored.memory_id)])
     return known, stored
 
 

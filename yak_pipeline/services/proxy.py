@@ -54,7 +54,13 @@ from yak_pipeline.core.types import InvalidUserId, validate_user_id
 from yak_pipeline.embeddings import Embedder
 from yak_pipeline.llm.errors import one_line
 from yak_pipeline.services.forget import ForgetOutcome, confirm_forget, run_forget_command
-from yak_pipeline.services.recall import LLMRecallJudge, build_context, recall_params, relevance_model
+from yak_pipeline.services.recall import (
+    LLMRecallJudge,
+    build_context,
+    embed_exchanges_now,
+    recall_params,
+    relevance_model,
+)
 from yak_pipeline.services.turn_writer import TurnWriter
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
@@ -458,9 +464,14 @@ class MemoryProxy:
             logger.warning("the proxied turn of %s was not stored: %s", user_id, refusal)
             return False
         try:
-            with self._database().connection() as conn:
-                store_exchange_turn(conn, user_id=user_id, user_message=user_text, assistant_message=answer,
-                                    recalled_ids=recalled_ids, occurred_at=occurred_at, actor=actor)
+            database = self._database()
+            with database.connection() as conn:
+                stored = store_exchange_turn(conn, user_id=user_id, user_message=user_text, assistant_message=answer,
+                                             recalled_ids=recalled_ids, occurred_at=occurred_at, actor=actor)
+            if stored.created:
+                # Recallable by meaning at the next turn, not only after the pipeline has run; this
+                # runs after the answer has gone out (the turn writer), never in the chat's way.
+                embed_exchanges_now(database, self._embedder(), [str(stored.memory_id)])
         except Exception as exc:  # noqa: BLE001 - the client has its answer already; the turn is lost, said so
             self.metrics.count_proxy_degradation("turn_not_stored")
             logger.warning("the proxied turn of %s was not stored: %s", user_id, type(exc).__name__)

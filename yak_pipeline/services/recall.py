@@ -240,13 +240,14 @@ def signals_for_text(
     text: str,
     params: RecallParams,
 ) -> dict[str, RelevanceSignals]:
-    """The signals of each of the user's memories that recall would gather for ``text``, by id.
+    """The signals of each of the user's distillations that recall would gather for ``text``, by id.
 
-    A memory seen here has its gaps measured to the user's best memories for ``text``; one that
-    no leg proposes is absent (it is unrelated).
+    A memory seen here has its gaps measured to the user's best distillations for ``text``; one
+    that no leg proposes is absent (it is unrelated). Raw exchanges are left out: the turn being
+    judged is itself one, and would stand out as the best match of its own text.
     """
     candidates = recall_candidates(conn, user_id=user_id, query=text, query_embedding=embedder.embed_query(text),
-                                   embedding_model=embedder.model_name, params=params)
+                                   embedding_model=embedder.model_name, params=params, raw=False)
     return {c.id: c.signals for c in candidates}
 
 
@@ -336,6 +337,34 @@ def embed_pending_exchanges(
         store=lambda conn, vectors: set_exchange_embeddings(conn, embedding_model=model, vectors=vectors))
     if contexts:
         embed_pending_contexts(db, embedder, user_id=user_id, batch_size=batch_size)
+    return done
+
+
+def embed_exchanges_now(db: Database, embedder: Embedder, memory_ids: Sequence[str]) -> int:
+    """Give just-written exchanges their vectors (their own and in context) now, so recall finds them
+    by meaning at once, not only by their words; how many vectors were stored.
+
+    For single writes (the API, MCP, the proxy's turns), in the request or right after it: a
+    failing embedder only logs, the write stands and the pipeline embeds the exchange later
+    (:func:`embed_pending_exchanges`). A neighbour whose context the new exchange changed waits
+    for the pipeline too.
+    """
+    ids = [str(i) for i in memory_ids]
+    if not ids:
+        return 0
+    model = embedder.model_name
+    done = 0
+    try:
+        for context in (False, True):
+            done += embed_in_batches(
+                db, embedder, batch_size=max(len(ids), 1),
+                pending=lambda conn, n, context=context: exchanges_without_embedding(
+                    conn, embedding_model=model, limit=n, context=context, ids=ids),
+                store=lambda conn, vectors, context=context: set_exchange_embeddings(
+                    conn, embedding_model=model, vectors=vectors, context=context))
+    except Exception as exc:  # noqa: BLE001 - the write stands; the pipeline embeds it later
+        logger.warning("could not embed %d new exchange(s) at once; the pipeline will: %s", len(ids),
+                       " ".join(str(exc).split())[:200] or type(exc).__name__)
     return done
 
 

@@ -67,6 +67,7 @@ import numpy as np
 import psycopg
 from psycopg import sql
 
+from yak_pipeline.core.exchanges import same_words, users_words
 from yak_pipeline.core.query_intent import asks_about_present
 from yak_pipeline.core.recall import Candidate, Leg, RankedMemory, RecallParams, rank_memories
 from yak_pipeline.core.relevance import RelevanceModel, RelevanceSignals
@@ -479,7 +480,7 @@ WHERE d.id = ANY(%(ids)s::uuid[]) AND d.user_id = %(user)s AND d.status = 'activ
 # Per raw candidate (an exchange no active distillation holds): its time and its cosines (its own
 # vector's, and its context's when ``context``); None until the vector of the active model exists.
 _RAW_ROWS_SQL: Final[str] = """
-SELECT m.id::text, m.occurred_at,
+SELECT m.id::text, m.occurred_at, m.content,
        CASE WHEN m.embedding_model = %(model)s THEN 1 - (m.embedding <=> %(q)s) END AS cos_exchange,
        CASE WHEN %(context)s AND m.context_embedding_model = %(model)s
             THEN 1 - (m.context_embedding <=> %(q)s) END AS cos_context
@@ -624,7 +625,9 @@ class CandidateQuery(TypedDict):
     the vector legs wait for it. ``exact`` scans the vector legs exactly (the reference); ``as_of``
     sees only what had happened by then. With ``spare`` connections — held ones, or calls that lend
     one (``Database.idle_connection``) — the legs run side by side, on the request's connection
-    and on them (:func:`_run_legs`).
+    and on them (:func:`_run_legs`). ``raw`` (default True) adds the exchanges no active
+    distillation holds as raw candidates; off, only distillations are candidates (the offline
+    warmth judge, which scores distillations against a turn whose own exchange must not compete).
     """
 
     user_id: str
@@ -635,6 +638,7 @@ class CandidateQuery(TypedDict):
     as_of: NotRequired[datetime | None]
     exact: NotRequired[bool]
     spare: NotRequired[Sequence[Spare]]
+    raw: NotRequired[bool]
 
 
 def _candidates(rows: Sequence[tuple], raw_rows: Sequence[tuple], held_by: Mapping[str, str], *,
@@ -765,14 +769,20 @@ def recall_candidates(conn: psycopg.Connection, **ask: Unpack[CandidateQuery]) -
         found = [h.id for h in m_text + m_vec + c_vec]
         held = recallable_distillations(c, user_id=user_id, memory_ids=found, embedding_model=embedding_model)
         # What no active distillation holds is recalled as the user's own words.
-        raw = set(found) - held.keys()
+        raw = set(found) - held.keys() if ask.get("raw", True) else set()
         raw_rows = c.execute(_RAW_ROWS_SQL, {**row_args, "ids": uuid_array(sorted(raw))}).fetchall() if raw else []
         return held, rows_of(c, set(held.values()) - proposed), raw_rows
 
     (held_by, added_rows, raw_rows), proposed_rows = _run_legs(
         conn, [mapped, lambda c: rows_of(c, proposed)], ask.get("spare", ())[:1])  # type: ignore[list-item]
     rows = sorted(proposed_rows + added_rows, key=lambda r: r[0])
-    raw_rows = sorted(raw_rows, key=lambda r: r[0])
+    # An exchange whose words are the query's own (the same question asked before, its turn stored)
+    # is no evidence of an answer: it would only stand out as the best match of its own text, and
+    # make the query look answerable. It leaves every leg.
+    echoes = {r[0] for r in raw_rows if same_words(users_words(r[2])[0], query)}
+    if echoes:
+        m_text, m_vec, c_vec = ([h for h in hits if h.id not in echoes] for hits in (m_text, m_vec, c_vec))
+    raw_rows = sorted(((r[0], r[1], r[3], r[4]) for r in raw_rows if r[0] not in echoes), key=lambda r: r[0])
     if not rows and not raw_rows:
         # As of a past moment an exchange can be held by a distillation it was merged into later,
         # whose own exchange came after that moment: not a candidate then (found by hypothesis).
@@ -804,9 +814,11 @@ def recall(conn: psycopg.Connection, *, model: RelevanceModel, now: datetime | N
 
 
 def exchanges_without_embedding(conn: psycopg.Connection, *, embedding_model: str, user_id: str | None = None,
-                                limit: int = 256, context: bool = False) -> list[tuple[str, str]]:
+                                limit: int = 256, context: bool = False,
+                                ids: Sequence[str] | None = None) -> list[tuple[str, str]]:
     """Up to ``limit`` live exchanges with no vector of ``embedding_model``: (id, text to embed), locked.
 
+    ``ids``: only these exchanges (a write that has just stored them embeds them at once).
     With ``context``, the vector of the exchange read with its neighbours (sql/008), whose text
     is the exchange between its neighbours (``yak_exchange_context_text``). ``FOR UPDATE SKIP
     LOCKED`` lets several workers fill vectors at once without doing the same row twice.
@@ -815,11 +827,12 @@ def exchanges_without_embedding(conn: psycopg.Connection, *, embedding_model: st
     rows = conn.execute(
         f"""SELECT id, {text} FROM memories
             WHERE deleted_at IS NULL AND (%(user)s::text IS NULL OR user_id = %(user)s)
+              AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
               AND ({column} IS NULL OR {column}_model IS DISTINCT FROM %(model)s)
             ORDER BY occurred_at, id
             LIMIT %(limit)s
             FOR UPDATE SKIP LOCKED""",  # noqa: S608 - fixed column names
-        {"user": user_id, "model": embedding_model, "limit": limit},
+        {"user": user_id, "model": embedding_model, "limit": limit, "ids": None if ids is None else uuid_array(ids)},
     ).fetchall()
     return [(str(r[0]), r[1]) for r in rows]
 

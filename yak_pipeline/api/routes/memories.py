@@ -27,14 +27,15 @@ router = APIRouter(prefix="/api/memories", tags=["memories"])
              responses={200: {"description": "The same exchange was already stored; that memory is returned.",
                               "model": MemoryOut}})
 def create_memory(body: MemoryCreate, caller: Caller, services: Services, response: Response) -> MemoryOut:
-    """Store one exchange as a ``pending`` memory; the pipeline's inbox sensor distils it.
+    """Store one exchange as a ``pending`` memory, recallable at once as the user's words (its
+    vectors are made before the answer); the pipeline's inbox sensor distils it.
 
     The same text for the same user is stored once: posting it again answers 200 with the
     memory already stored.
     """
     user_id = caller.acting_for(body.user_id)
     created, row = store_memory(services.database, user_id=user_id, content=body.content, source="api",
-                                occurred_at=body.occurred_at, actor=caller.actor)
+                                occurred_at=body.occurred_at, actor=caller.actor, embedder=services.embedder)
     if not created:
         response.status_code = status.HTTP_200_OK
     return MemoryOut.model_validate(row)

@@ -23,7 +23,7 @@ def post_turn(body: TurnCreate, caller: Caller, services: Services) -> TurnAccep
     user_id = caller.acting_for(body.user_id)
     known, stored = record_turn(services.database, user_id=user_id, user_message=body.user_message,
                                 assistant_message=body.assistant_message, recalled_ids=body.recalled_ids,
-                                occurred_at=body.occurred_at, actor=caller.actor)
+                                occurred_at=body.occurred_at, actor=caller.actor, embedder=services.embedder)
     return TurnAccepted(turn_id=stored.turn_id, memory_id=stored.memory_id, queued=stored.created,
                         new_user=not known)
 
