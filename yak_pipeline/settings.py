@@ -111,6 +111,10 @@ class Settings(BaseSettings):
         default=True,
         description="Recall reads each exchange together with the exchanges just before and after it in the same conversation, by its words and by its meaning (true/false).",
     )
+    recall_raw_exchanges: bool = Field(
+        default=True,
+        description="Recall an exchange that no active distillation holds (not distilled yet, in review, rejected, failed) as the user's own words; false recalls distillations only (true/false).",
+    )
     recall_present_newest_first: bool = Field(
         default=True,
         description="A question about the present (\"where do I live now?\") gets its first five recalled memories newest first, so the current value leads the block (true/false).",

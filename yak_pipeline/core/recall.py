@@ -83,6 +83,9 @@ class RecallParams:
     gate: bool = True
     # A question about the present gets its first PRESENT_WINDOW memories newest first (step 5).
     present_newest_first: bool = True
+    # Exchanges no active distillation holds are candidates too, as the user's own words (kind
+    # "raw"); False: distillations only (the offline warmth judge, ablations).
+    raw_exchanges: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.threshold <= 1.0:

@@ -169,7 +169,8 @@ def recall_params(settings: Settings, *, threshold: float = 0.7, limit: int = 5)
                         relevance_exponent=settings.recall_relevance_exponent,
                         superseded_factor=settings.recall_superseded_factor,
                         leg_size=settings.recall_leg_size, exchange_context=settings.recall_exchange_context,
-                        present_newest_first=settings.recall_present_newest_first)
+                        present_newest_first=settings.recall_present_newest_first,
+                        raw_exchanges=settings.recall_raw_exchanges)
 
 
 @lru_cache(maxsize=16)
@@ -247,7 +248,8 @@ def signals_for_text(
     judged is itself one, and would stand out as the best match of its own text.
     """
     candidates = recall_candidates(conn, user_id=user_id, query=text, query_embedding=embedder.embed_query(text),
-                                   embedding_model=embedder.model_name, params=params, raw=False)
+                                   embedding_model=embedder.model_name,
+                                   params=replace(params, raw_exchanges=False))
     return {c.id: c.signals for c in candidates}
 
 

@@ -625,9 +625,7 @@ class CandidateQuery(TypedDict):
     the vector legs wait for it. ``exact`` scans the vector legs exactly (the reference); ``as_of``
     sees only what had happened by then. With ``spare`` connections — held ones, or calls that lend
     one (``Database.idle_connection``) — the legs run side by side, on the request's connection
-    and on them (:func:`_run_legs`). ``raw`` (default True) adds the exchanges no active
-    distillation holds as raw candidates; off, only distillations are candidates (the offline
-    warmth judge, which scores distillations against a turn whose own exchange must not compete).
+    and on them (:func:`_run_legs`).
     """
 
     user_id: str
@@ -638,7 +636,6 @@ class CandidateQuery(TypedDict):
     as_of: NotRequired[datetime | None]
     exact: NotRequired[bool]
     spare: NotRequired[Sequence[Spare]]
-    raw: NotRequired[bool]
 
 
 def _candidates(rows: Sequence[tuple], raw_rows: Sequence[tuple], held_by: Mapping[str, str], *,
@@ -769,7 +766,7 @@ def recall_candidates(conn: psycopg.Connection, **ask: Unpack[CandidateQuery]) -
         found = [h.id for h in m_text + m_vec + c_vec]
         held = recallable_distillations(c, user_id=user_id, memory_ids=found, embedding_model=embedding_model)
         # What no active distillation holds is recalled as the user's own words.
-        raw = set(found) - held.keys() if ask.get("raw", True) else set()
+        raw = set(found) - held.keys() if params.raw_exchanges else set()
         raw_rows = c.execute(_RAW_ROWS_SQL, {**row_args, "ids": uuid_array(sorted(raw))}).fetchall() if raw else []
         return held, rows_of(c, set(held.values()) - proposed), raw_rows
 
