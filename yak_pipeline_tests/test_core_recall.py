@@ -11,7 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from yak_pipeline.core.query_intent import asks_about_present
-from yak_pipeline.core.recall import PRESENT_WINDOW, Candidate, RankedMemory, RecallParams, rank_memories, relevance_odds
+from yak_pipeline.core.recall import (
+    PRESENT_WINDOW,
+    Candidate,
+    RankedMemory,
+    RecallParams,
+    rank_memories,
+    readable_score,
+    relevance_odds,
+)
 from yak_pipeline.core.relevance import (
     FEATURES,
     NON_NEGATIVE_FEATURES,
@@ -38,10 +46,10 @@ def _odds(p: float) -> float:
 
 def _signals(cos: float = 0.5, *, cos_x: float | None = None, bm25_d: float = 0.0, bm25_x: float = 0.0,
              best_cos: float | None = None, best_cos_x: float | None = None, best_bm25_d: float = 0.0,
-             best_bm25_x: float = 0.0) -> RelevanceSignals:
+             best_bm25_x: float = 0.0, raw: bool = False) -> RelevanceSignals:
     return RelevanceSignals(cos_distillation=cos, cos_exchange=cos_x, bm25_distillation=bm25_d, bm25_exchange=bm25_x,
                             best_cos_distillation=cos if best_cos is None else best_cos, best_cos_exchange=best_cos_x,
-                            best_bm25_distillation=best_bm25_d, best_bm25_exchange=best_bm25_x)
+                            best_bm25_distillation=best_bm25_d, best_bm25_exchange=best_bm25_x, raw=raw)
 
 
 def _candidate(id: str, *, relevance: float | None = None, tier: str = "medium", warmth: float = 0.0,
@@ -108,7 +116,7 @@ def test_the_score_multiplies_the_odds_to_the_exponent_decay_warmth_gravity_and_
     assert r.relevance == pytest.approx(0.9)
     assert r.decay == pytest.approx(0.5)
     assert r.gravity == pytest.approx(TIER_GRAVITY["core"] * 1.5)
-    assert r.score == pytest.approx(_odds(0.9) ** 6 * 0.5 * 1.5 * 3.0 * 0.5)
+    assert r.rank_odds == pytest.approx(_odds(0.9) ** 6 * 0.5 * 1.5 * 3.0 * 0.5)
     undecayed = rank_memories([c], model=STEEP, params=RecallParams(threshold=0.0, decay_enabled=False), now=NOW)
     assert undecayed[0].decay == 1.0
 
@@ -122,7 +130,7 @@ def test_the_relevance_exponent_lets_relevance_outweigh_the_priors() -> None:
     assert [r.id for r in linear] == ["fresh", "top"]  # 7/3 > 3 × 0.5
     steep = rank_memories([top, fresh], model=STEEP, params=RecallParams(relevance_exponent=10.0), now=NOW)
     assert [r.id for r in steep] == ["top", "fresh"]  # 3^10 × 0.5 > (7/3)^10
-    assert steep[0].score / steep[1].score == pytest.approx((3 / (7 / 3)) ** 10 * 0.5)
+    assert steep[0].rank_odds / steep[1].rank_odds == pytest.approx((3 / (7 / 3)) ** 10 * 0.5)
 
 
 def test_the_odds_keep_growing_near_certainty_and_stay_finite() -> None:
@@ -131,7 +139,7 @@ def test_the_odds_keep_growing_near_certainty_and_stay_finite() -> None:
     assert math.isfinite(relevance_odds(1.0)) and relevance_odds(1.0) > relevance_odds(1 - 1e-9)
     certain = RelevanceModel(embedding_model="test", version="sure", bias=100.0, weights={})
     [r] = rank_memories([_candidate("x")], model=certain, params=RecallParams(relevance_exponent=20.0), now=NOW)
-    assert r.relevance == 1.0 and math.isfinite(r.score)
+    assert r.relevance == 1.0 and math.isfinite(r.rank_odds)
 
 
 def test_a_superseded_memory_ranks_below_the_one_that_replaced_it_at_equal_relevance() -> None:
@@ -140,7 +148,7 @@ def test_a_superseded_memory_ranks_below_the_one_that_replaced_it_at_equal_relev
     new = _candidate("b-new", relevance=0.8)
     ranked = rank_memories([old, new], model=STEEP, params=RecallParams(), now=NOW)
     assert [r.id for r in ranked] == ["b-new", "a-old"]
-    assert ranked[1].score == pytest.approx(0.5 * ranked[0].score)
+    assert ranked[1].rank_odds == pytest.approx(0.5 * ranked[0].rank_odds)
     assert ranked[1].superseded_by == "b-new" and ranked[0].superseded_by is None
     # Still recalled (a question about the past may need it), and with factor 1 only the id decides.
     even = rank_memories([old, new], model=STEEP, params=RecallParams(superseded_factor=1.0), now=NOW)
@@ -156,7 +164,7 @@ def test_ties_break_by_relevance_then_id_and_the_limit_keeps_the_best() -> None:
     # Equal score, different relevance: odds(0.5) = 1 = odds(0.2) × 2 (core) × 2 (warmth 1):
     # the more relevant first.
     pair = [_candidate("z", relevance=0.5), _candidate("y", relevance=0.2, tier="core", warmth=1.0)]
-    assert len({r.score for r in rank_memories(pair, model=STEEP, params=params, now=NOW)}) == 1
+    assert len({r.rank_odds for r in rank_memories(pair, model=STEEP, params=params, now=NOW)}) == 1
     assert [r.id for r in rank_memories(pair, model=STEEP, params=params, now=NOW)] == ["z", "y"]
     many = [_candidate(f"m{i}", relevance=0.5 + i / 100) for i in range(10)]
     top = rank_memories(many, model=STEEP, params=RecallParams(threshold=0.0, limit=3), now=NOW)
@@ -205,11 +213,49 @@ def test_explain_carries_every_factor_of_the_score() -> None:
     assert explained["warmth_factor"] == pytest.approx(1.25)
     assert explained["gravity"] == pytest.approx(4.0)
     assert explained["superseded_by"] == "n"
-    assert explained["score"] == pytest.approx(_odds(r.standing) ** 6 * 2 ** -0.5 * 1.25 * 4.0 * 0.5)
+    assert explained["rank_odds"] == pytest.approx(_odds(r.standing) ** 6 * 2 ** -0.5 * 1.25 * 4.0 * 0.5)
     legs = explained["legs"]
     assert legs["ranks"] == {"exchange_text": 1, "distillation_vector": 3}  # type: ignore[index]
     assert legs["features"] == relevance_features(signals)  # type: ignore[index]
     assert r.similarity == pytest.approx(0.3)  # the better of the two cosines
+
+
+def test_the_shown_score_is_in_0_1_keeps_the_order_and_is_the_relevance_with_neutral_priors() -> None:
+    """The internal odds span orders of magnitude (1e29 was printed as a score); the shown score is
+    the same order on the relevance scale."""
+    candidates = [Candidate(id=f"m{i}", tier=tier, warmth=warmth, user_weight=weight,
+                            refreshed_at=NOW - timedelta(days=days), signals=_signals(cos))
+                  for i, (cos, tier, warmth, weight, days) in enumerate(
+                      [(0.9, "core", 1.0, 3.0, 0), (0.8, "medium", 0.5, 1.0, 40), (0.3, "low", 0.0, 0.5, 400),
+                       (0.95, "medium", 0.0, 1.0, 0)])]
+    ranked = rank_memories(candidates, model=STEEP, params=RecallParams(threshold=0.0, limit=10, gate=False), now=NOW)
+    assert all(0.0 <= r.score <= 1.0 for r in ranked)
+    assert [r.score for r in ranked] == sorted((r.score for r in ranked), reverse=True)
+    assert max(r.rank_odds for r in ranked) > 1e6  # what used to be shown
+    [neutral] = rank_memories([Candidate(id="n", tier="medium", warmth=0.0, user_weight=1.0, refreshed_at=NOW,
+                                         signals=_signals(0.6))],
+                              model=STEEP, params=RecallParams(threshold=0.0, decay_enabled=False), now=NOW)
+    assert neutral.score == pytest.approx(neutral.relevance)
+    assert readable_score(0.0, 1.0, 9.0) == 0.0 and readable_score(float("inf"), 0.8, 9.0) == 0.8
+
+
+def test_reasons_say_in_plain_words_why_a_memory_ranked() -> None:
+    c = Candidate(id="x", tier="core", warmth=0.9, user_weight=2.0, refreshed_at=NOW - timedelta(days=45),
+                  signals=_signals(0.8, cos_x=0.7, bm25_x=4.0, best_cos=0.8, best_bm25_x=4.0), superseded_by="n")
+    [r] = rank_memories([c], model=STEEP, params=RecallParams(threshold=0.0), now=NOW)
+    why = r.reasons(NOW)
+    assert why[0] == "a distilled memory"
+    assert "the closest in meaning of all your memories (similarity 0.80)" in why
+    assert "shares the most words with the question" in why
+    assert "said 45 days ago, so it counts for less" in why
+    assert {"it helped in earlier answers", "pinned by you (weight 2)", "a core memory: counts double",
+            "a newer memory replaced it"} <= set(why)
+    assert r.explain(NOW)["why"] == why
+    raw = Candidate(id="r", tier="medium", warmth=0.5, user_weight=1.0, refreshed_at=NOW,
+                    signals=_signals(0.5, best_cos=0.8, raw=True), kind="raw")
+    [r] = rank_memories([raw], model=STEEP, params=RecallParams(threshold=0.0), now=NOW)
+    assert r.reasons(NOW)[:3] == ["what you said yourself (no distilled memory stands for it yet)",
+                                  "close in meaning (similarity 0.50)", "said today"]
 
 
 def test_params_candidates_and_now_are_validated() -> None:
@@ -263,7 +309,7 @@ def test_rank_memories_equals_brute_force(candidates: list[Candidate], threshold
     expected.sort()
     ranked = rank_memories(candidates, model=STEEP, params=params, now=NOW)
     assert [m.id for m in ranked] == [e[2] for e in expected[:limit]]
-    assert all(m.score == pytest.approx(-e[0]) for m, e in zip(ranked, expected))
+    assert all(m.rank_odds == pytest.approx(-e[0]) for m, e in zip(ranked, expected))
 
 
 # --- relevance features ---------------------------------------------------------------------------

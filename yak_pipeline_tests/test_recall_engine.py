@@ -297,7 +297,8 @@ def test_production_recall_is_the_one_engine(settings: Settings, database: Datab
                           embedding_model=MODEL, params=params, model=model, now=NOW)
     assert [h.id for h in hits] == [r.id for r in expected]
     assert [h.score for h in hits] == [r.score for r in expected]
-    assert hits[0].explain() == expected[0].explain() and hits[0].relevance >= 0.7
+    assert hits[0].explain() == {"why": list(hits[0].why), **expected[0].explain()} and hits[0].relevance >= 0.7
+    assert list(hits[0].why[:-1]) == expected[0].reasons(NOW) and hits[0].why[-1] == "matched words: leeds"
 
 
 # --- as_of ------------------------------------------------------------------------------------------
@@ -348,7 +349,7 @@ def test_supersession_counts_only_once_the_newer_memory_had_happened(conn: psyco
     # As of a day when only Lisbon had been said, Lisbon was current: not marked, not halved.
     [before] = _recall_as_of(conn, NOW - timedelta(days=10))
     assert before.id == lisbon and before.superseded_by is None
-    assert before.score == pytest.approx(relevance_odds(before.standing) ** RecallParams().relevance_exponent
+    assert before.rank_odds == pytest.approx(relevance_odds(before.standing) ** RecallParams().relevance_exponent
                                          * before.decay * (1 + before.warmth) * before.gravity)
 
 

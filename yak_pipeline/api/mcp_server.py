@@ -92,7 +92,7 @@ class YakMemoryTools:
         return _plain({"memories": [{
             "id": h.id, "kind": h.kind, "memory_id": h.memory_id, "content": h.content, "tier": h.tier,
             "said_at": h.occurred_at, **({"reply": h.reply} if h.reply else {}),
-            "relevance": round(h.relevance, 4), "score": h.score, "superseded": h.superseded_by is not None,
+            "relevance": round(h.relevance, 2), "score": round(h.score, 2), "superseded": h.superseded_by is not None,
             "in_conflict": h.in_conflict, **({"explain": h.explain()} if explain else {})} for h in hits]})
 
     def save(self, user_id: str, content: str, actor: str) -> dict[str, Any]:

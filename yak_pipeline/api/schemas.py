@@ -136,13 +136,17 @@ class SearchHit(BaseModel):
     warmth: float
     similarity: float = Field(description="The best raw cosine of the query to the memory or its exchange.")
     relevance: float = Field(description="Calibrated relevance in [0, 1] that the gate applies to.")
-    score: float
+    score: float = Field(description="The recall order on the relevance scale, in [0, 1]: the relevance with "
+                                     "recency, warmth and weight folded in (higher first).")
+    rank_odds: float = Field(description="What recall orders by internally: odds(standing)^e × decay × "
+                                         "(1 + warmth) × gravity (spans many orders of magnitude).")
     is_core: bool
     occurred_at: datetime
     superseded_by: UUID | None = Field(default=None, description="The newer memory that replaced this one.")
     in_conflict: bool = False
     explain: dict[str, Any] | None = Field(
-        default=None, description="With explain: relevance and its legs, decay, warmth factor, gravity.")
+        default=None, description="With explain: why in plain words, relevance and its legs, decay, warmth "
+                                  "factor, gravity.")
 
 
 class ContextRequest(SearchRequest):

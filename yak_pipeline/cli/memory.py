@@ -93,9 +93,10 @@ def search_command(
     threshold: Annotated[float, typer.Option("--threshold", min=0.0, max=1.0,
                                              help="Relevance threshold t (calibrated relevance, docs/RECALL.md).")] = 0.7,
     as_of: Annotated[str | None, typer.Option("--as-of", help="Recall as of this ISO-8601 moment, e.g. 2026-03-01T00:00:00Z.")] = None,
-    explain: Annotated[bool, typer.Option("--explain", help="Show each hit's score breakdown.")] = False,
+    explain: Annotated[bool, typer.Option("--explain", help="Say why each hit ranked, in plain words (--json: the whole breakdown).")] = False,
 ) -> ApiCall:
-    """Recall a user's best distillations for a query, with their scores (nothing when nothing is relevant)."""
+    """Recall a user's best memories for a query (distillations, and what they said that no
+    distillation holds yet), with scores in [0, 1] (nothing when nothing is relevant)."""
     body: dict = {"query": query, "user_id": user, "limit": limit, "threshold": threshold, "explain": explain}
     if as_of is not None:
         body["as_of"] = as_of
@@ -108,19 +109,13 @@ def search_command(
             marks = " (superseded)" if h.get("superseded_by") else ""
             marks += " (in conflict)" if h.get("in_conflict") else ""
             kind = "your words" if h.get("kind") == "raw" else h["tier"]
-            grid.add_row(f"{h['score']:.3f}", f"{h['relevance']:.3f}", kind, str(h["occurred_at"])[:10],
+            grid.add_row(f"{h['score']:.2f}", f"{h['relevance']:.2f}", kind, str(h["occurred_at"])[:10],
                          f"{h['warmth']:.2f}", h["id"], short(h["content"], 60) + marks)
         console.print(grid)
         if explain:
             for h in hits:
                 e = h["explain"]
-                legs = ", ".join(f"{k} {v:.3f}" for k, v in e["legs"]["features"].items())
-                ranks = ", ".join(f"{k} #{v}" for k, v in e["legs"]["ranks"].items()) or "none"
-                console.print(f"{h['id']}: relevance {e['relevance']:.3f} = standing {e['standing']:.3f} × "
-                              f"answerability {e['answerability']:.3f}; score {e['score']:.4g} = odds(standing)^e × "
-                              f"decay {e['decay']:.3f} × warmth {e['warmth_factor']:.2f} × gravity {e['gravity']:.2f}"
-                              f"{' × superseded' if e['superseded_by'] else ''}; legs: {ranks}; signals: {legs}"
-                              f"{'; placed newest first (a question about the present)' if e.get('newest_first') else ''}",
-                              highlight=False, markup=False)
+                console.print(f"{h['id']} (score {h['score']:.2f}, relevance {h['relevance']:.2f}): "
+                              + "; ".join(e.get("why") or []), highlight=False, markup=False)
 
     return ApiCall("POST", "/api/distillations/search", render, json_body=body)

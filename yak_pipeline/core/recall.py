@@ -148,9 +148,14 @@ class RankedMemory:
     decay: float
     gravity: float
     superseded_by: str | None
-    score: float
+    # What recall orders by: odds(standing)^e × decay × (1 + warmth) × gravity × f_superseded. It
+    # spans many orders of magnitude (1e29 and 1e-5 in one recall), so it is no number to show.
+    rank_odds: float
     features: Mapping[str, float]
     ranks: Mapping[Leg, int]
+    # The same order on the relevance scale, in [0, 1] (:func:`readable_score`): what every
+    # surface shows as "score".
+    score: float = 0.0
     # True when this memory's place was set by recency (a question about the present, step 5).
     newest_first: bool = False
     kind: MemoryKind = "distilled"
@@ -160,11 +165,47 @@ class RankedMemory:
         """The best raw cosine of the query to the memory or its exchange (for display)."""
         return max(self.features["cos_distillation"], self.features["cos_exchange"])
 
-    def explain(self) -> dict[str, object]:
-        """The score breakdown as plain data: relevance and its legs, decay, warmth, gravity."""
+    def reasons(self, now: datetime) -> list[str]:
+        """Why this memory ranked where it did, in plain words (``explain``'s ``why``)."""
+        f = self.features
+        why = ["what you said yourself (no distilled memory stands for it yet)" if self.kind == "raw"
+               else "a distilled memory"]
+        closest = any(f.get(name, -1.0) >= 0.0 for name in ("gap_distillation", "gap_exchange", "gap_context"))
+        why.append(f"{'the closest in meaning of all your memories' if closest else 'close in meaning'}"
+                   f" (similarity {self.similarity:.2f})")
+        text = max(f.get("text_distillation", 0.0), f.get("text_exchange", 0.0))
+        if text >= 1.0:
+            why.append("shares the most words with the question")
+        elif text > 0.0:
+            why.append("shares words with the question")
+        days = max((now - self.refreshed_at).total_seconds() / _SECONDS_PER_DAY, 0.0)
+        said = "today" if days < 1 else "yesterday" if days < 2 else f"{days:.0f} days ago"
+        why.append(f"said {said}" + (", so it counts for less" if self.decay < 0.9 else ""))
+        if self.kind == "distilled":
+            if self.warmth > 0.6:
+                why.append("it helped in earlier answers")
+            elif self.warmth < 0.4:
+                why.append("it did not help in earlier answers")
+            if self.user_weight > 1.0:
+                why.append(f"pinned by you (weight {self.user_weight:g})")
+            elif self.user_weight < 1.0:
+                why.append(f"weighted down by you (weight {self.user_weight:g})")
+            if self.tier != "medium":
+                why.append("a core memory: counts double" if self.tier == "core" else "a passing detail: counts half")
+        if self.superseded_by is not None:
+            why.append("a newer memory replaced it")
+        if self.newest_first:
+            why.append("put first as the newest, since the question asks about now")
+        return why
+
+    def explain(self, now: datetime | None = None) -> dict[str, object]:
+        """The score breakdown as plain data: relevance and its legs, decay, warmth, gravity, and
+        (given ``now``) the reasons in plain words."""
         return {
             "kind": self.kind,
+            **({"why": self.reasons(now)} if now is not None else {}),
             "score": self.score,
+            "rank_odds": self.rank_odds,
             "relevance": self.relevance,
             "standing": self.standing,
             "answerability": self.answerability,
@@ -185,6 +226,21 @@ def relevance_odds(relevance: float) -> float:
     """``r / (1 − r)``: the relevance as odds, the scale on which the priors multiply it."""
     r = min(max(relevance, 0.0), _MAX_RELEVANCE)
     return r / (1.0 - r)
+
+
+def readable_score(rank_odds: float, answerability: float, exponent: float) -> float:
+    """The recall order's value on the relevance scale, in [0, 1]: ``answerability × sigmoid(ln(rank_odds) / e)``.
+
+    With neutral priors (no decay, warmth 0, gravity 1) it is the relevance itself; decay,
+    warmth and gravity move it as they move the order (the e-th root undoes the exponent), and
+    within one query it orders memories exactly as ``rank_odds`` does.
+    """
+    if rank_odds <= 0.0:
+        return 0.0
+    if math.isinf(rank_odds):
+        return answerability
+    x = math.log(rank_odds) / exponent
+    return answerability * (1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x)))
 
 
 def newest_first(ranked: list[RankedMemory], window: int = PRESENT_WINDOW) -> list[RankedMemory]:
@@ -240,7 +296,8 @@ def rank_memories(
         RankedMemory(
             id=c.id, tier=c.tier, warmth=c.warmth, user_weight=c.user_weight, refreshed_at=c.refreshed_at,
             relevance=relevance, standing=standing, answerability=answerability, decay=decay, gravity=weight,
-            superseded_by=c.superseded_by, score=score, features=features, ranks=dict(c.ranks), kind=c.kind)
+            superseded_by=c.superseded_by, rank_odds=score, features=features, ranks=dict(c.ranks), kind=c.kind,
+            score=readable_score(score, answerability, params.relevance_exponent))
         for score, relevance, c, features, standing, answerability, decay, weight in scored[:params.limit]
     ]
     return newest_first(ranked) if about_present and params.present_newest_first else ranked

@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timezone
 from functools import lru_cache, partial
 from pathlib import Path
 from typing import NotRequired, TypedDict, Unpack
@@ -29,6 +29,7 @@ from yak_pipeline.core.recall import RankedMemory, RecallParams
 from yak_pipeline.core.relevance import RelevanceModel, RelevanceSignals
 from yak_pipeline.embeddings import Embedder
 from yak_pipeline.llm.errors import LLMError
+from yak_pipeline.llm.rules.words import STOP_WORDS, words_of
 from yak_pipeline.llm.provider import LLMProvider
 from yak_pipeline.recall_models import load_relevance_model
 from yak_pipeline.settings import Settings
@@ -68,6 +69,8 @@ class RecallHit:
     # The LLM's judgement of this memory for the query (:class:`LLMRecallJudge`), when one judged it.
     judgement: float | None = None
     reply: str | None = None
+    # Why it ranked, in plain words (``RankedMemory.reasons`` and the words it shares with the query).
+    why: tuple[str, ...] = ()
 
     # The ranking's own values, read through (one copy of each).
     id = property(lambda self: self.ranked.id)
@@ -77,6 +80,7 @@ class RecallHit:
     similarity = property(lambda self: self.ranked.similarity)
     relevance = property(lambda self: self.ranked.relevance)
     score = property(lambda self: self.ranked.score)
+    rank_odds = property(lambda self: self.ranked.rank_odds)
     superseded_by = property(lambda self: self.ranked.superseded_by)
 
     @property
@@ -87,7 +91,7 @@ class RecallHit:
     def explain(self) -> dict[str, object]:
         """The score breakdown (relevance and its legs, decay, warmth, gravity, supersession), and
         the LLM's judgement when one judged the memory."""
-        breakdown = self.ranked.explain()
+        breakdown = {"why": list(self.why), **self.ranked.explain()}
         if self.judgement is not None:
             breakdown["llm_judgement"] = self.judgement
         return breakdown
@@ -212,12 +216,29 @@ def search_memories(db: Database, embedder: Embedder, *, judge: LLMRecallJudge |
                         spare=spare_connections(db), **ask)
         if not ranked:
             return []
-        hits = recall_hits(conn, ranked)
+        hits = recall_hits(conn, ranked, query=ask["query"],
+                           now=ask.get("as_of") or ask.get("now") or datetime.now(timezone.utc))
     return judge.judge(ask["query"], hits) if judge is not None else hits
 
 
-def recall_hits(conn: psycopg.Connection, ranked: Sequence[RankedMemory]) -> list[RecallHit]:
-    """The ranked memories with what each shows (a row forgotten meanwhile is left out), in order."""
+def shared_words(query: str, text: str) -> list[str]:
+    """The query's content words that ``text`` also has (case aside), in the query's order."""
+    have = set(words_of(text))
+    return list(dict.fromkeys(w for w in words_of(query) if w in have and w not in STOP_WORDS and len(w) > 1))
+
+
+def _why(ranked: RankedMemory, query: str, content: str, now: datetime) -> tuple[str, ...]:
+    reasons = ranked.reasons(now)
+    matched = shared_words(query, content)
+    if matched:
+        reasons.append("matched words: " + ", ".join(matched[:8]))
+    return tuple(reasons)
+
+
+def recall_hits(conn: psycopg.Connection, ranked: Sequence[RankedMemory], *, query: str = "",
+                now: datetime | None = None) -> list[RecallHit]:
+    """The ranked memories with what each shows (a row forgotten meanwhile is left out), in order;
+    with ``now``, each with its reasons in plain words (words shared with ``query`` among them)."""
     distilled = recall_hit_rows(conn, [r.id for r in ranked if r.kind == "distilled"])
     raw = raw_hit_rows(conn, [r.id for r in ranked if r.kind == "raw"])
     hits = []
@@ -225,11 +246,13 @@ def recall_hits(conn: psycopg.Connection, ranked: Sequence[RankedMemory]) -> lis
         if r.kind == "raw" and r.id in raw:
             said, reply = users_words(raw[r.id][1])
             hits.append(RecallHit(ranked=r, memory_id=r.id, content=said, confidence=None,
-                                  occurred_at=raw[r.id][2], in_conflict=False, reply=reply))
+                                  occurred_at=raw[r.id][2], in_conflict=False, reply=reply,
+                                  why=_why(r, query, said, now) if now is not None else ()))
         elif r.kind == "distilled" and r.id in distilled:
             row = distilled[r.id]
             hits.append(RecallHit(ranked=r, memory_id=str(row[1]), content=row[2], confidence=row[3],
-                                  occurred_at=row[4], in_conflict=bool(row[5])))
+                                  occurred_at=row[4], in_conflict=bool(row[5]),
+                                  why=_why(r, query, row[2], now) if now is not None else ()))
     return hits
 
 

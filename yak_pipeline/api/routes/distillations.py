@@ -68,7 +68,7 @@ def search(body: SearchRequest, caller: Caller, services: Services) -> list[Sear
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"user {user_id!r} has no memories")
     return [SearchHit(id=h.id, kind=h.kind, memory_id=h.memory_id, content=h.content, reply=h.reply,
                       confidence=h.confidence, tier=h.tier,
-                      warmth=h.warmth, similarity=h.similarity, relevance=h.relevance, score=h.score,
+                      warmth=h.warmth, similarity=h.similarity, relevance=h.relevance, score=h.score, rank_odds=h.rank_odds,
                       is_core=h.is_core, occurred_at=h.occurred_at, superseded_by=h.superseded_by,
                       in_conflict=h.in_conflict, explain=h.explain() if body.explain else None) for h in hits]
 
