@@ -150,6 +150,10 @@ class Settings(BaseSettings):
         description="A last user message of at most this many words (a follow-up such as 'and her birthday?') is also "
                     "recalled for read after the user's previous message; 0: only the last message.",
     )
+    proxy_show_block: bool = Field(
+        default=False,
+        description="The memory proxy logs the memory block it injects into each chat (a debugging aid: the block holds private memories; true/false).",
+    )
     dagster_ui_url: str = Field(
         default="http://127.0.0.1:3000",
         description="The Dagster UI the web page (/ui) links to for runs and lineage; `yak up` sets it to the one it starts.",

@@ -156,6 +156,30 @@ def test_block_sits_before_the_last_user_message_and_the_turn_is_stored(
     assert sample(metrics, "yak_proxy_memories_injected_total") == len(lines) == len(recalled) + 1
 
 
+def test_the_answer_names_the_injected_memories_in_a_header_and_show_block_logs_the_block(
+        upstream: FakeOpenAIServer, seeded: Seeded, proxy_settings: Settings, database: Database,  # noqa: F811
+        caplog: pytest.LogCaptureFixture) -> None:
+    """X-Yak-Recalled-Ids lists what went into the prompt, streamed or not; with show-block the
+    block itself is logged, and without it no memory text reaches the log."""
+    for show in (False, True):
+        configured = proxy_settings.model_copy(update={"proxy_show_block": show})
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="yak.proxy.block"), \
+                serve_in_thread(create_app(configured, database=database)) as url:
+            headers = {"Authorization": f"Bearer {seeded.alice_key}"}
+            whole = httpx.post(f"{url}/v1/chat/completions", headers=headers, timeout=15,
+                               json={"model": "fake-model", "messages": chat()})
+            streamed = httpx.post(f"{url}/v1/chat/completions", headers=headers, timeout=15,
+                                  json={"model": "fake-model", "messages": chat(), "stream": True})
+        block = upstream.chat_requests[-1].body["messages"][3]["content"]
+        for answer in (whole, streamed):
+            assert answer.status_code == 200
+            ids = answer.headers["x-yak-recalled-ids"].split(",")
+            assert seeded.alice.distillation_id in ids and len(ids) == block.count("\n- ")
+        logged = "\n".join(r.getMessage() for r in caplog.records if r.name == "yak.proxy.block")
+        assert (block in logged) is show and (seeded.alice.secret in logged) is show
+
+
 def test_a_short_follow_up_is_recalled_for_with_the_message_before_it(
         upstream: FakeOpenAIServer, seeded: Seeded, proxy_settings: Settings, database: Database) -> None:  # noqa: F811
     # "Remind me?" names nothing a memory holds (relevance 0.46 with the hashing embedder, under

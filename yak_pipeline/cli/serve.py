@@ -98,16 +98,22 @@ def register(app: typer.Typer) -> None:
 
     @app.command("proxy")
     @friendly_errors
-    def proxy_command(host: HostOption = "127.0.0.1", port: PortOption = 8001, as_json: JsonOption = False) -> None:
+    def proxy_command(host: HostOption = "127.0.0.1", port: PortOption = 8001, as_json: JsonOption = False,
+                      show_block: bool = typer.Option(
+                          False, "--show-block",
+                          help="Log the memory block injected into each chat (private text: for debugging).")) -> None:
         """Run the memory proxy alone until Ctrl-C: an OpenAI-compatible /v1 that recalls before and
         remembers after every chat, forwarding to YAK_UPSTREAM_BASE_URL (`yak serve` and `yak up`
-        serve it too, under /v1 of the API). Clients use a Yak API key as their OpenAI key."""
+        serve it too, under /v1 of the API). Clients use a Yak API key as their OpenAI key; each
+        answer's X-Yak-Recalled-Ids header names the memories put into its prompt."""
         import uvicorn
 
         from yak_pipeline.api.app import create_proxy_app
         from yak_pipeline.wiring import shared_database
 
         settings = get_settings()
+        if show_block:
+            settings = settings.model_copy(update={"proxy_show_block": True})
         upstream, _ = settings.resolved_upstream
         database, warnings = None, []
         if upstream is None:

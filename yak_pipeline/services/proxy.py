@@ -38,7 +38,7 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from functools import partial
 from typing import Any, Final, Protocol
@@ -68,11 +68,16 @@ from yak_pipeline.store.errors import DatabaseUnavailable
 from yak_pipeline.store.exchange_turns import store_exchange_turn
 
 logger = logging.getLogger("yak.proxy")
+# The injected memory blocks, logged only when asked for (YAK_PROXY_SHOW_BLOCK): they are private text.
+block_logger = logging.getLogger("yak.proxy.block")
 
 # Chats carry whole conversations and images as data URLs: more room than the API's 1 MiB.
 PROXY_MAX_BODY_BYTES: Final = 16 * 1024 * 1024
 # Where the API mounts the proxy: OpenAI clients append /chat/completions to a base URL ending in /v1.
 PROXY_PREFIX: Final = "/v1"
+# The response header naming the memories the proxy put into the prompt: ids, comma-separated
+# (empty when none); a distillation's id, or an exchange's for the user's own words.
+RECALLED_IDS_HEADER: Final = "X-Yak-Recalled-Ids"
 _MAX_MESSAGE_CHARS: Final = 300
 _CONNECT_TIMEOUT_SECONDS: Final = 10.0
 # How long shutting down waits for turns answered but not yet stored (each store is bounded by the pool's timeout).
@@ -109,11 +114,12 @@ class ProxyError(Exception):
 
 @dataclass(frozen=True)
 class ProxyAnswer:
-    """A whole answer: status, body bytes as they are sent, content type."""
+    """A whole answer: status, body bytes as they are sent, content type, and Yak's own headers."""
 
     status_code: int
     content: bytes
     media_type: str
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -122,6 +128,7 @@ class ProxyStream:
 
     chunks: AsyncIterator[bytes]
     media_type: str = "text/event-stream"
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 # --- reading the chat ------------------------------------------------------------------------
@@ -378,6 +385,13 @@ class MemoryProxy:
         self._client: httpx.AsyncClient | None = None
         self._client_loop: object | None = None
         self.turns = TurnWriter()
+        if settings.proxy_show_block and not block_logger.handlers:
+            # Asked for on purpose (YAK_PROXY_SHOW_BLOCK, `yak proxy --show-block`): shown on stderr
+            # whatever the process's logging is set to.
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("%(asctime)s yak proxy: %(message)s"))
+            block_logger.addHandler(handler)
+            block_logger.setLevel(logging.INFO)
 
     # -- upstream plumbing
 
@@ -522,9 +536,13 @@ class MemoryProxy:
         request = self._http().build_request("POST", f"{base_url}/chat/completions", headers=headers,
                                              content=json.dumps(forwarded).encode("utf-8"))
         store = self._turn_storer(chat, user_id=user_id, recalled_ids=recalled_ids, actor=actor)
+        if block and self.settings.proxy_show_block:
+            block_logger.info("memory block for %s (%d memories):\n%s", user_id, len(recalled_ids), block)
+        # Which memories went into the prompt, for the client to show or log (the ids only, never text).
+        shown = {RECALLED_IDS_HEADER: ",".join(recalled_ids)}
         if chat.stream:
-            return await self._stream(request, store)
-        return await self._complete(request, store)
+            return replace(await self._stream(request, store), headers=shown)
+        return replace(await self._complete(request, store), headers=shown)
 
     def _turn_storer(self, chat: ChatRequest, *, user_id: str, recalled_ids: list[str],
                      actor: str) -> Callable[[str | None], Any] | None:

@@ -191,7 +191,8 @@ class RecallRequest(TypedDict):
     """One recall: whose memories, for what text, with which parameters and relevance model.
 
     ``now`` ages the memories (default: the current time); ``as_of`` recalls as of that moment
-    (only what had been said by then, aged from then).
+    (only what had been said by then, aged from then); ``echo``: the message being answered, when
+    ``query`` is more than it (``store.recall.CandidateQuery``).
     """
 
     user_id: str
@@ -200,6 +201,7 @@ class RecallRequest(TypedDict):
     model: RelevanceModel
     now: NotRequired[datetime | None]
     as_of: NotRequired[datetime | None]
+    echo: NotRequired[str]
 
 
 def search_memories(db: Database, embedder: Embedder, *, judge: LLMRecallJudge | None = None,
@@ -301,7 +303,9 @@ def build_context(
         found = {h.id for h in hits}
         added: dict[str, RecallHit] = {}
         for text in also if len(hits) < limit else ():  # a full block has no room for more
-            new = [h for h in search_memories(db, embedder, **{**ask, "query": text}) if h.id not in found]
+            # The message being answered stays ``query``: an earlier asking of it is no evidence.
+            new = [h for h in search_memories(db, embedder, **{**ask, "query": text, "echo": ask["query"]})
+                   if h.id not in found]
             for hit in judge.judge(text, new) if judge is not None else new:
                 if hit.id not in added or hit.score > added[hit.id].score:
                     added[hit.id] = hit

@@ -625,7 +625,9 @@ class CandidateQuery(TypedDict):
     the vector legs wait for it. ``exact`` scans the vector legs exactly (the reference); ``as_of``
     sees only what had happened by then. With ``spare`` connections — held ones, or calls that lend
     one (``Database.idle_connection``) — the legs run side by side, on the request's connection
-    and on them (:func:`_run_legs`).
+    and on them (:func:`_run_legs`). ``echo`` is the message being answered when it is not
+    ``query`` itself (the proxy's follow-up, read after the message before it): an exchange that
+    says just that is an earlier asking of the same question, not evidence (default: ``query``).
     """
 
     user_id: str
@@ -636,6 +638,7 @@ class CandidateQuery(TypedDict):
     as_of: NotRequired[datetime | None]
     exact: NotRequired[bool]
     spare: NotRequired[Sequence[Spare]]
+    echo: NotRequired[str]
 
 
 def _candidates(rows: Sequence[tuple], raw_rows: Sequence[tuple], held_by: Mapping[str, str], *,
@@ -776,7 +779,8 @@ def recall_candidates(conn: psycopg.Connection, **ask: Unpack[CandidateQuery]) -
     # An exchange whose words are the query's own (the same question asked before, its turn stored)
     # is no evidence of an answer: it would only stand out as the best match of its own text, and
     # make the query look answerable. It leaves every leg.
-    echoes = {r[0] for r in raw_rows if same_words(users_words(r[2])[0], query)}
+    asked = ask.get("echo") or query
+    echoes = {r[0] for r in raw_rows if same_words(users_words(r[2])[0], asked)}
     if echoes:
         m_text, m_vec, c_vec = ([h for h in hits if h.id not in echoes] for hits in (m_text, m_vec, c_vec))
     raw_rows = sorted(((r[0], r[1], r[3], r[4]) for r in raw_rows if r[0] not in echoes), key=lambda r: r[0])

@@ -39,8 +39,9 @@ def _response(answer: ProxyAnswer | ProxyStream) -> Response:
     if isinstance(answer, ProxyStream):
         # No buffering by proxies in front of Yak: tokens must reach the client as they come.
         return StreamingResponse(answer.chunks, media_type=answer.media_type,
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    return Response(answer.content, status_code=answer.status_code, media_type=answer.media_type)
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **answer.headers})
+    return Response(answer.content, status_code=answer.status_code, media_type=answer.media_type,
+                    headers=dict(answer.headers))
 
 
 @router.post("/chat/completions", max_body_size=PROXY_MAX_BODY_BYTES)
