@@ -150,9 +150,10 @@ def test_a_superseded_memory_ranks_below_the_one_that_replaced_it_at_equal_relev
     assert [r.id for r in ranked] == ["b-new", "a-old"]
     assert ranked[1].rank_odds == pytest.approx(0.5 * ranked[0].rank_odds)
     assert ranked[1].superseded_by == "b-new" and ranked[0].superseded_by is None
-    # Still recalled (a question about the past may need it), and with factor 1 only the id decides.
+    # Still recalled (a question about the past may need it); with factor 1 the id would decide,
+    # but an outdated fact never leads the one that replaced it.
     even = rank_memories([old, new], model=STEEP, params=RecallParams(superseded_factor=1.0), now=NOW)
-    assert [r.id for r in even] == ["a-old", "b-new"]
+    assert [r.id for r in even] == ["b-new", "a-old"] and even[0].rank_odds == even[1].rank_odds
 
 
 def test_ties_break_by_relevance_then_id_and_the_limit_keeps_the_best() -> None:
@@ -256,6 +257,20 @@ def test_reasons_say_in_plain_words_why_a_memory_ranked() -> None:
     [r] = rank_memories([raw], model=STEEP, params=RecallParams(threshold=0.0), now=NOW)
     assert r.reasons(NOW)[:3] == ["what you said yourself (no distilled memory stands for it yet)",
                                   "close in meaning (similarity 0.50)", "said today"]
+
+
+def test_a_superseded_memory_never_ranks_above_the_memory_that_replaced_it() -> None:
+    """Even when its relevance is far higher (the old statement shares the question's words)."""
+    old = _candidate("old", relevance=0.99, superseded_by="new")
+    older = _candidate("older", relevance=0.995, superseded_by="old")  # a chain: older -> old -> new
+    new = _candidate("new", relevance=0.6)
+    other = _candidate("other", relevance=0.7)
+    ranked = rank_memories([older, old, new, other], model=STEEP, params=RecallParams(threshold=0.0, limit=10),
+                           now=NOW)
+    assert [m.id for m in ranked] == ["other", "new", "old", "older"]
+    # The replacing memory not among the candidates: the superseded one keeps its place.
+    alone = rank_memories([old, other], model=STEEP, params=RecallParams(threshold=0.0, limit=10), now=NOW)
+    assert [m.id for m in alone] == ["old", "other"]
 
 
 def test_params_candidates_and_now_are_validated() -> None:

@@ -17,7 +17,13 @@ from yak_pipeline.core.recall import RecallParams, rank_memories, relevance_odds
 from yak_pipeline.core.relevance import RelevanceModel
 from yak_pipeline.core.scoring import decay_factor
 from yak_pipeline.recall_models import RelevanceModelMissing, load_relevance_model
-from yak_pipeline.services.recall import embed_pending_exchanges, recall_params, relevance_model, search_memories
+from yak_pipeline.services.recall import (
+    build_context,
+    embed_pending_exchanges,
+    recall_params,
+    relevance_model,
+    search_memories,
+)
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database, check_idle_connection
 from yak_pipeline.store.distillations import add_version, mark_superseded_by_newer, set_distillation_status
@@ -313,6 +319,28 @@ def _lisbon_then_porto(conn: psycopg.Connection) -> tuple[str, str]:
     _embed_exchanges(conn)
     assert mark_superseded_by_newer(conn, lisbon, porto, actor="test", user_id="alice") == lisbon
     return lisbon, porto
+
+
+def test_the_block_leaves_a_superseded_memory_out_unless_the_question_asks_about_the_past(
+        database: Database) -> None:
+    """Search lists both, the current first and the old one marked; the block holds only the current
+    fact, unless the question asks what was true before, or recall is as of a past moment."""
+    with database.connection() as conn:
+        lisbon, porto = _lisbon_then_porto(conn)
+    params = RecallParams(threshold=0.0, limit=10)
+    hits = search_memories(database, EMBEDDER, user_id="alice", query="Where is my flat, which city?",
+                           params=params, model=FITTED, now=NOW)
+    assert [h.id for h in hits[:2]] == [porto, lisbon] and hits[1].superseded_by == porto
+
+    def block(query: str, **ask: object) -> list[str]:
+        text, built = build_context(database, EMBEDDER, user_id="alice", query=query, params=params, model=FITTED,
+                                    now=NOW, **ask)
+        assert built.recall_error is None
+        return built.recalled_ids
+
+    assert porto in block("Where is my flat, which city?") and lisbon not in block("Where is my flat, which city?")
+    assert {porto, lisbon} <= set(block("Which city did I live in before?"))
+    assert block("Where is my flat?", as_of=NOW - timedelta(days=10)) == [lisbon]  # current then
 
 
 def _recall_as_of(conn: psycopg.Connection, as_of: datetime | None, query: str = "Where is my flat, which city?"):

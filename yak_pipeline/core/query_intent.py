@@ -7,6 +7,10 @@ Recall orders the memories it chose for such a question newest first (``core.rec
 evaluation uses the same reading to find the statement a knowledge update replaced
 (``eval.locomo``). A question asking *when* or *how long* is not one, even with a present word in
 it ("How long has she had her current friends?").
+
+A question about the *past* ("What did I use to drink?", "Where did I live before Porto?",
+"my old job") wants what was true then, the values a newer memory replaced among them: the
+memory block leaves superseded memories out for every other question.
 """
 
 from __future__ import annotations
@@ -31,3 +35,15 @@ def asks_about_present(question: str) -> bool:
     one, even with a present word in it.
     """
     return bool(PRESENT_CUE.search(question)) and not TIME_QUESTION.search(question)
+
+
+# Words that ask for what was true before, or for how something changed.
+PAST_CUE: Final = re.compile(
+    r"\b(used to|did (i|you|we|they|he|she) use to|before|previous(ly)?|formerly|former|in the past|originally|at first|at the time|"
+    r"back then|earlier|old|older|no longer|history|changed?|switch(ed)?|anymore)\b", re.IGNORECASE)
+
+
+def asks_about_past(question: str) -> bool:
+    """True for a question about what was true before ("What did I use to drink?", "Where did I
+    live before?"), or about a change, whose answer needs the old value too."""
+    return bool(PAST_CUE.search(question))

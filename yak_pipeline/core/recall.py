@@ -32,7 +32,9 @@ For each candidate:
    ordered newest first (by when each was last refreshed). Relevance chooses which memories
    answer; the latest of them is the current value, and a model reading the block meets it
    first (each line also carries its date, and a superseded one says so). Measured on the
-   paraphrase file's knowledge updates: docs/RECALL.md.
+   paraphrase file's knowledge updates: docs/RECALL.md;
+6. last, a superseded memory listed above the memory that replaced it moves to just after it
+   (:func:`current_before_superseded`): the current fact always leads.
 """
 
 from __future__ import annotations
@@ -252,6 +254,32 @@ def newest_first(ranked: list[RankedMemory], window: int = PRESENT_WINDOW) -> li
     return [replace(m, newest_first=True) for m in head] + ranked[window:]
 
 
+def current_before_superseded(ranked: list[RankedMemory]) -> list[RankedMemory]:
+    """``ranked`` with every superseded memory moved just after the memory that replaced it, when
+    that one is listed below it: an outdated fact never leads the one that replaced it (a chain
+    of updates keeps its order, newest first). Everything else keeps its place."""
+    position = {m.id: i for i, m in enumerate(ranked)}
+    if not any(m.superseded_by in position and position[m.superseded_by] > i for i, m in enumerate(ranked)):
+        return ranked
+    result = [m for m in ranked if not (m.superseded_by in position and position[m.superseded_by] > position[m.id])]
+    moved = [m for m in ranked if m not in result]
+    # Place each moved memory after its replacement; one replaced by a moved one is placed after it
+    # in a later pass.
+    while moved:
+        waiting = []
+        for memory in moved:
+            target = next((i for i, m in enumerate(result) if m.id == memory.superseded_by), None)
+            if target is None:
+                waiting.append(memory)
+            else:
+                result.insert(target + 1, memory)
+        if len(waiting) == len(moved):  # a cycle of supersessions (not made by Yak): keep the score's order
+            result += waiting
+            break
+        moved = waiting
+    return result
+
+
 def rank_memories(
     candidates: Iterable[Candidate], *, model: RelevanceModel, params: RecallParams, now: datetime,
     about_present: bool = False,
@@ -300,4 +328,5 @@ def rank_memories(
             score=readable_score(score, answerability, params.relevance_exponent))
         for score, relevance, c, features, standing, answerability, decay, weight in scored[:params.limit]
     ]
-    return newest_first(ranked) if about_present and params.present_newest_first else ranked
+    ranked = newest_first(ranked) if about_present and params.present_newest_first else ranked
+    return current_before_superseded(ranked)

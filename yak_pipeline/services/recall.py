@@ -25,6 +25,7 @@ import psycopg
 
 from yak_pipeline.core.exchanges import users_words
 from yak_pipeline.core.memory_block import BlockMemory, PromptBuild, build_prompt_messages
+from yak_pipeline.core.query_intent import asks_about_past
 from yak_pipeline.core.recall import RankedMemory, RecallParams
 from yak_pipeline.core.relevance import RelevanceModel, RelevanceSignals
 from yak_pipeline.embeddings import Embedder
@@ -289,6 +290,9 @@ def build_context(
 ) -> tuple[str, PromptBuild]:
     """The memory block for ``query`` and the prompt messages around it; recall failures degrade.
 
+    A superseded memory (a newer one replaced it) is left out unless the query asks about the past
+    (``core.query_intent.asks_about_past``) or recall is ``as_of`` a past moment.
+
     ``also``: more texts recalled for besides ``query`` (the proxy's follow-up read with the
     message before it, ``core.conversation_query``). They only add: ``query``'s memories keep
     their places, then come those only the others found, best score first, up to
@@ -310,6 +314,10 @@ def build_context(
                 if hit.id not in added or hit.score > added[hit.id].score:
                     added[hit.id] = hit
         hits += sorted(added.values(), key=lambda h: h.score, reverse=True)[:max(limit - len(hits), 0)]
+        if not ask.get("as_of") and not asks_about_past(ask["query"]):
+            # A memory a newer one replaced is history: in the block only when history is asked for
+            # (it stays in search, explain and the page, marked).
+            hits = [h for h in hits if h.superseded_by is None]
         return [BlockMemory(id=h.id, content=h.content, tier=h.tier, occurred_at=h.occurred_at,
                             superseded=h.superseded_by is not None, in_conflict=h.in_conflict, kind=h.kind)
                 for h in hits]
