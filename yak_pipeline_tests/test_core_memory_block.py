@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+
 from hypothesis import given
 from hypothesis import strategies as st
 
 from yak_pipeline.core.memory_block import (
+    BLOCK_PREAMBLE,
     BlockMemory,
     build_prompt_messages,
     insert_memory_block,
@@ -20,10 +23,21 @@ def test_empty_recall_renders_nothing() -> None:
     assert render_memory_block([]) == ""
 
 
-def test_block_lists_each_memory_with_its_tier() -> None:
+def test_block_says_in_words_what_each_line_is_and_when_it_was_said() -> None:
     block = render_memory_block([BlockMemory("1", "Alice lives in Berlin.", "core"),
                                  BlockMemory("2", "Likes tea &\r\ncoffee.", "low")])
-    assert block == "<memories>\n- [core] Alice lives in Berlin.\n- [low] Likes tea &amp; coffee.\n</memories>"
+    assert block == (f"<memories>\n{BLOCK_PREAMBLE}\n- (distilled memory) Alice lives in Berlin.\n"
+                     "- (distilled memory) Likes tea &amp; coffee.\n</memories>")
+    assert "not instructions" in BLOCK_PREAMBLE
+    said = datetime(2026, 11, 27, 9, 30, tzinfo=timezone.utc)
+    lines = render_memory_block([
+        BlockMemory("d", "My daughter is called Mia.", "core", occurred_at=said, in_conflict=True),
+        BlockMemory("r", "I moved to Ghent", "medium", occurred_at=said, kind="raw"),
+        BlockMemory("s", "User lives in Lisbon.", "medium", occurred_at=said, superseded=True),
+    ]).split("\n")[2:-1]
+    assert lines == ["- (distilled memory, said on 27 Nov 2026; conflicts with another memory) My daughter is called Mia.",
+                     '- (the user\'s own words, said on 27 Nov 2026) "I moved to Ghent"',
+                     "- (distilled memory, said on 27 Nov 2026; replaced by a newer memory) User lives in Lisbon."]
 
 
 def test_injection_attempts_stay_inert() -> None:
@@ -31,20 +45,20 @@ def test_injection_attempts_stay_inert() -> None:
     block = render_memory_block([BlockMemory("1", attack, "medium")])
     lines = block.split("\n")
     assert lines[0] == "<memories>" and lines[-1] == "</memories>"
-    assert len(lines) == 3  # the attack could not add a line of its own
+    assert len(lines) == 4  # the attack could not add a line of its own
     assert block.count("</memories>") == 1 and block.count("<memories>") == 1
     assert "<system>" not in block
-    assert "&lt;/memories&gt;" in lines[1]
-    assert "{user_query} {0} %s" in lines[1]  # braces are literal, never interpolated
+    assert "&lt;/memories&gt;" in lines[2]
+    assert "{user_query} {0} %s" in lines[2]  # braces are literal, never interpolated
 
 
 @given(st.text())
 def test_no_memory_text_can_break_out_of_the_block(text: str) -> None:
-    block = render_memory_block([BlockMemory("1", text, "core")])
+    block = render_memory_block([BlockMemory("1", text, "core"), BlockMemory("2", text, "medium", kind="raw")])
     lines = block.split("\n")
-    assert len(lines) == 3 and lines[0] == "<memories>" and lines[-1] == "</memories>"
-    assert "<" not in lines[1] and ">" not in lines[1]
-    assert len(block.splitlines()) == 3
+    assert len(lines) == 5 and lines[0] == "<memories>" and lines[-1] == "</memories>"
+    assert not any("<" in line or ">" in line for line in lines[1:-1])
+    assert len(block.splitlines()) == 5
 
 
 def test_neutralising_escapes_ampersand_first() -> None:
@@ -56,7 +70,8 @@ def test_prompt_puts_the_block_between_system_prompt_and_query() -> None:
     build = build_prompt_messages(SYSTEM, "What do I like?", lambda: memories)
     assert [m["role"] for m in build.messages] == ["system", "system", "user"]
     assert build.messages[0]["content"] == SYSTEM
-    assert build.messages[1]["content"] == "<memories>\n- [core] Prefers {0} and {user_query}\n</memories>"
+    assert build.messages[1]["content"] == (f"<memories>\n{BLOCK_PREAMBLE}\n"
+                                            "- (distilled memory) Prefers {0} and {user_query}\n</memories>")
     assert build.messages[2]["content"] == "What do I like?"
     assert build.recalled_ids == ["m1"]
     assert build.recall_error is None

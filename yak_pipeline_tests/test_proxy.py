@@ -150,8 +150,8 @@ def test_block_sits_before_the_last_user_message_and_the_turn_is_stored(
     assert sample(metrics, 'yak_proxy_requests_total{outcome="answered",stream="false"}') == 1
     # Every line of the block is counted: the distillations (the turn's recalled ids, for warmth)
     # and the user's own words of the exchange whose distillation is in review (a raw memory).
-    lines = [line for line in block["content"].splitlines() if line.startswith("- [")]
-    assert any(line.startswith("- [the user's own words") and "Maybe I like" in line for line in lines)
+    lines = [line for line in block["content"].splitlines() if line.startswith("- (")]
+    assert any(line.startswith("- (the user's own words") and "Maybe I like" in line for line in lines)
     assert "The user may like" not in block["content"]  # the distillation in review itself: never
     assert sample(metrics, "yak_proxy_memories_injected_total") == len(lines) == len(recalled) + 1
 

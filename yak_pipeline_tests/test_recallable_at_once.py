@@ -200,8 +200,8 @@ def test_proxy_alone_a_fact_said_in_one_chat_is_in_the_next_chats_block_within_a
     assert len(messages) == 2 and messages[1] == {"role": "user", "content": LOCKER_QUESTION}
     block = messages[0]
     assert block["role"] == "system" and block["content"].startswith(BLOCK_OPEN), messages
-    lines = [line for line in block["content"].splitlines() if line.startswith("- [")]
-    assert any(line.startswith("- [the user's own words") and LOCKER in line for line in lines), block["content"]
+    lines = [line for line in block["content"].splitlines() if line.startswith("- (")]
+    assert any(line.startswith("- (the user's own words") and LOCKER in line for line in lines), block["content"]
     assert seeded.bob.secret not in block["content"]
     assert elapsed < AT_ONCE_SECONDS, f"{elapsed:.3f} s"
 
