@@ -115,6 +115,14 @@ class Settings(BaseSettings):
         default=True,
         description="Recall an exchange that no active distillation holds (not distilled yet, in review, rejected, failed) as the user's own words; false recalls distillations only (true/false).",
     )
+    recall_block_odds_gap: float = Field(
+        default=2.0, ge=0, le=100,
+        description="The memory block holds only the recalled memories whose odds are within this gap of the best one's (on the standing's logit scale: 1 is a factor of 2.7); large values keep every memory up to the limit.",
+    )
+    recall_block_tokens: int = Field(
+        default=600, ge=0, le=100_000,
+        description="Token budget of the memory block's lines (estimated at 4 characters a token; the first memory always goes in, cut to fit; 0: no budget).",
+    )
     recall_present_newest_first: bool = Field(
         default=True,
         description="A question about the present (\"where do I live now?\") gets its first five recalled memories newest first, so the current value leads the block (true/false).",

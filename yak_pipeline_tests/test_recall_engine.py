@@ -13,6 +13,7 @@ import numpy as np
 import psycopg
 import pytest
 
+from yak_pipeline.core.block_choice import BlockChoice
 from yak_pipeline.core.recall import RecallParams, rank_memories, relevance_odds
 from yak_pipeline.core.relevance import RelevanceModel
 from yak_pipeline.core.scoring import decay_factor
@@ -333,8 +334,9 @@ def test_the_block_leaves_a_superseded_memory_out_unless_the_question_asks_about
     assert [h.id for h in hits[:2]] == [porto, lisbon] and hits[1].superseded_by == porto
 
     def block(query: str, **ask: object) -> list[str]:
+        # Every ranked memory (no odds gap): this is about supersession alone.
         text, built = build_context(database, EMBEDDER, user_id="alice", query=query, params=params, model=FITTED,
-                                    now=NOW, **ask)
+                                    now=NOW, choice=BlockChoice(odds_gap=None), **ask)
         assert built.recall_error is None
         return built.recalled_ids
 

@@ -56,6 +56,7 @@ from yak_pipeline.llm.errors import one_line
 from yak_pipeline.services.forget import ForgetOutcome, confirm_forget, run_forget_command
 from yak_pipeline.services.recall import (
     LLMRecallJudge,
+    block_choice,
     build_context,
     embed_exchanges_now,
     recall_params,
@@ -456,7 +457,7 @@ class MemoryProxy:
                                    limit=self.settings.proxy_recall_limit)
             block, built = build_context(database, embedder, user_id=user_id, query=queries[0], also=queries[1:],
                                          params=params, model=relevance_model(self.settings, embedder),
-                                         judge=self._judge())
+                                         judge=self._judge(), choice=block_choice(self.settings))
             error = built.recall_error
         except Exception as exc:  # noqa: BLE001 - no memories is better than no answer
             block, built, error = "", None, f"{type(exc).__name__}: {one_line(exc, _MAX_MESSAGE_CHARS)}"

@@ -23,6 +23,7 @@ from typing import NotRequired, TypedDict, Unpack
 
 import psycopg
 
+from yak_pipeline.core.block_choice import BlockChoice, choose_block, estimated_tokens, fit_text, within_odds_gap
 from yak_pipeline.core.exchanges import users_words
 from yak_pipeline.core.memory_block import BlockMemory, PromptBuild, build_prompt_messages
 from yak_pipeline.core.query_intent import asks_about_past
@@ -178,6 +179,11 @@ def recall_params(settings: Settings, *, threshold: float = 0.7, limit: int = 5)
                         raw_exchanges=settings.recall_raw_exchanges)
 
 
+def block_choice(settings: Settings) -> BlockChoice:
+    """How the memory block is chosen from what recall ranks: the configured odds gap and token budget."""
+    return BlockChoice(odds_gap=settings.recall_block_odds_gap, token_budget=settings.recall_block_tokens)
+
+
 @lru_cache(maxsize=16)
 def _cached_model(embedding_model: str, home: Path) -> RelevanceModel:
     return load_relevance_model(embedding_model, home=home)
@@ -279,6 +285,10 @@ def signals_for_text(
     return {c.id: c.signals for c in candidates}
 
 
+# What a block line adds to its memory's text: "- (distilled memory, said on 27 Nov 2026) ".
+_LABEL_TOKENS = 12
+
+
 def build_context(
     db: Database,
     embedder: Embedder,
@@ -286,9 +296,13 @@ def build_context(
     system_prompt: str = "",
     also: Sequence[str] = (),
     judge: LLMRecallJudge | None = None,
+    choice: BlockChoice = BlockChoice(),
     **ask: Unpack[RecallRequest],
 ) -> tuple[str, PromptBuild]:
     """The memory block for ``query`` and the prompt messages around it; recall failures degrade.
+
+    The block holds only what answers (``core.block_choice``, ``choice``): the memories within the
+    odds gap of the best, within the token budget.
 
     A superseded memory (a newer one replaced it) is left out unless the query asks about the past
     (``core.query_intent.asks_about_past``) or recall is ``as_of`` a past moment.
@@ -304,6 +318,10 @@ def build_context(
 
     def _recall() -> list[BlockMemory]:
         hits = search_memories(db, embedder, judge=judge, **ask)
+        # Only what answers: the memories near the best one (the odds gap), not a fixed count.
+        near = within_odds_gap([h.rank_odds for h in hits], exponent=ask["params"].relevance_exponent,
+                               odds_gap=choice.odds_gap)
+        hits = [h for h, keep in zip(hits, near) if keep]
         found = {h.id for h in hits}
         added: dict[str, RecallHit] = {}
         for text in also if len(hits) < limit else ():  # a full block has no room for more
@@ -318,9 +336,13 @@ def build_context(
             # A memory a newer one replaced is history: in the block only when history is asked for
             # (it stays in search, explain and the page, marked).
             hits = [h for h in hits if h.superseded_by is None]
-        return [BlockMemory(id=h.id, content=h.content, tier=h.tier, occurred_at=h.occurred_at,
-                            superseded=h.superseded_by is not None, in_conflict=h.in_conflict, kind=h.kind)
-                for h in hits]
+        # Then the token budget, over the lines as the block shows them (the first always, cut to fit).
+        kept = choose_block([1.0] * len(hits), [estimated_tokens(h.content) + _LABEL_TOKENS for h in hits],
+                            exponent=1.0, choice=replace(choice, odds_gap=None))
+        return [BlockMemory(id=h.id, content=fit_text(h.content, choice.token_budget), tier=h.tier,
+                            occurred_at=h.occurred_at, superseded=h.superseded_by is not None,
+                            in_conflict=h.in_conflict, kind=h.kind)
+                for h in (hits[i] for i in kept)]
 
     built = build_prompt_messages(system_prompt, ask["query"], _recall)
     return built.block, built

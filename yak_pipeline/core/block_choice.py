@@ -1,0 +1,89 @@
+"""Which recalled memories go into the block: only what answers, within a token budget (DESIGN §4).
+
+Recall ranks up to ``limit`` memories that pass the gate; the block takes from them only those
+whose own evidence says they answer as well as the best one nearly does. A fixed size fills
+the block with unrelated private facts once one memory passes (a question about a drink brought
+the vegetarian diet, Radiohead and running along); the evidence decides instead, so a one-fact
+question gets one or two lines and a question whose answer is spread over several memories
+gets them all.
+
+The cut is an *odds gap*: a memory joins when its rank odds (``core.recall``: the standing's
+odds to the exponent e, times decay, warmth and gravity) are within ``odds_gap`` of the best's on
+the standing's logit scale, i.e. ``(ln odds_best − ln odds_i) / e ≤ odds_gap``. On that scale one
+unit is a factor e ≈ 2.7 in the standing's odds, whatever the exponent, and the priors count as
+they do in the order. The gap was chosen on the dev files, cross-validated (docs/RECALL.md).
+
+Then a token budget bounds the block: memories are taken in order while their lines fit (the
+first always is; :func:`fit_text` cuts a text longer than the budget), so a long exchange cannot
+crowd out the rest of the prompt. Tokens are estimated at four characters each (English prose with a
+common tokenizer; a bound, not a count).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+# Characters per token, for the budget's estimate.
+CHARS_PER_TOKEN: Final[float] = 4.0
+
+
+@dataclass(frozen=True)
+class BlockChoice:
+    """How the block is chosen from the ranked memories: the odds gap to the best (None: every
+    memory recall returned), and the token budget of the memory lines (0: no budget)."""
+
+    odds_gap: float | None = 2.0
+    token_budget: int = 600
+
+    def __post_init__(self) -> None:
+        if self.odds_gap is not None and not (self.odds_gap >= 0 and math.isfinite(self.odds_gap)):
+            raise ValueError(f"odds_gap must be a finite number >= 0 or None, got {self.odds_gap!r}")
+        if self.token_budget < 0:
+            raise ValueError(f"token_budget must be >= 0, got {self.token_budget}")
+
+
+def estimated_tokens(text: str) -> int:
+    """A bound on the tokens of ``text`` (four characters a token, at least one)."""
+    return max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
+
+
+def within_odds_gap(rank_odds: Sequence[float], *, exponent: float, odds_gap: float | None) -> list[bool]:
+    """For each memory (in recall order), whether its rank odds are within ``odds_gap`` of the best's
+    on the standing's logit scale (module docstring); every one when ``odds_gap`` is None."""
+    if odds_gap is None or not rank_odds:
+        return [True] * len(rank_odds)
+    best = max(rank_odds)
+    if best <= 0:
+        return [True] * len(rank_odds)
+    limit = math.log(best) - odds_gap * exponent
+    return [odds > 0 and math.log(odds) >= limit - 1e-12 for odds in rank_odds]
+
+
+def choose_block(rank_odds: Sequence[float], line_tokens: Sequence[int], *, exponent: float,
+                 choice: BlockChoice) -> list[int]:
+    """The indices (in order) of the memories the block holds: within the odds gap, then while the
+    lines fit the token budget (the first kept always)."""
+    if len(rank_odds) != len(line_tokens):
+        raise ValueError("one token count per memory is needed")
+    kept: list[int] = []
+    used = 0
+    for index, near in enumerate(within_odds_gap(rank_odds, exponent=exponent, odds_gap=choice.odds_gap)):
+        if not near:
+            continue
+        if kept and choice.token_budget and used + line_tokens[index] > choice.token_budget:
+            continue  # a shorter memory further down may still fit
+        kept.append(index)
+        used += line_tokens[index]
+    return kept
+
+
+def fit_text(text: str, token_budget: int) -> str:
+    """``text`` cut at a word to fit ``token_budget`` tokens, with "…" (unchanged when it fits or no budget)."""
+    limit = int(token_budget * CHARS_PER_TOKEN)
+    if not token_budget or len(text) <= limit:
+        return text
+    cut = text[: max(limit - 1, 1)]
+    return (cut.rsplit(" ", 1)[0] if " " in cut[limit // 2:] else cut).rstrip() + "…"
