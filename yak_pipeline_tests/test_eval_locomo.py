@@ -146,30 +146,48 @@ def test_a_whole_run_ingests_through_the_pipeline_and_scores_three_methods(setti
     with psycopg.connect(db_url) as conn:  # and the user's database untouched
         assert conn.execute("SELECT count(*) FROM memories").fetchone()[0] == 0
     assert any("distilled" in line for line in lines) and any("asked" in line for line in lines)
-    assert list(report["methods"]) == ["BM25", "dense", "Yak"]
-    assert report["questions"]["scored"] == 5 and report["turns"] == 9
-    assert report["pipeline"]["counts"]["memories"] == 9 and report["pipeline"]["llm_provider"] == "rules"
+    assert report["data"] == ["synthetic"] and list(report["files"]) == ["synthetic"]
+    section = report["files"]["synthetic"]
+    assert list(section["methods"]) == ["BM25", "dense", "Yak", "Yak (in-sample)", "Yak (shipped model)"]
+    assert section["questions"]["scored"] == 5 and section["turns"] == 9
+    # Two people talking (no assistant): one exchange per turn, as before.
+    assert section["exchanges"] == 9 and section["paired_conversations"] == 0
+    assert section["pipeline"]["counts"]["memories"] == 9 and section["pipeline"]["llm_provider"] == "rules"
+    assert report["distiller"] == "rules" and report["settings"]["distiller"] == "rules"
     # The distiller's figures: who answered each call, how often validly, how fast.
-    distil = report["pipeline"]["llm"]["distil"]
+    distil = section["pipeline"]["llm"]["distil"]
     assert distil["models"] == {"rules": 9} and (distil["calls"], distil["requests"], distil["invalid_outputs"]) == (9, 9, 0)
     assert distil["valid_output_rate"] == 1.0 and distil["latency_ms"]["p50"] <= distil["latency_ms"]["p95"]
-    bm25 = report["methods"]["BM25"]
+    bm25 = section["methods"]["BM25"]
     assert bm25["overall"]["n"] == 5 and set(bm25["by_category"]) == {"1", "2", "3", "4"}
     assert bm25["overall"]["hit@5"] == 1.0  # every question shares a rare word with its evidence
-    for method in report["methods"].values():
+    for method in section["methods"].values():
         assert 0.0 <= method["overall"]["recall@5"] <= 1.0 and "mrr" in method["overall"]
-    assert {"Yak, decay off", "Yak, no gate"} <= set(report["ablations"])
+    assert {"Yak, decay off", "Yak, no gate"} <= set(section["ablations"])
     assert report["target"]["metric"] == "recall@5" and report["default_method"] == "Yak"
+    assert section["target"]["default_method"] == "Yak" and report["target"]["files"]["synthetic"] == section["target"]
     # The synthetic file has no never-said or knowledge-update questions: those measures do not apply.
-    assert report["methods"]["Yak"]["abstention_empty"] is None and report["methods"]["Yak"]["abstention_n"] == 0
-    assert report["settings"]["relevance_model"].startswith("feature-hashing-384@")
-    assert 0.0 < report["recallable_evidence"] <= 1.0
+    assert section["methods"]["Yak"]["abstention_empty"] is None and section["methods"]["Yak"]["abstention_n"] == 0
+    assert report["settings"]["relevance_models"]["shipped"].startswith("feature-hashing-384@")
+    assert 0.0 < section["distilled_evidence"] <= 1.0
+    # Two conversations: two folds of one each, within the one file. Neither fold can fit the
+    # answerability (the only negatives are questions asked of the held-out person), which is said.
+    assert report["cross_validation"]["folds"] == 2 and report["cross_validation"]["within_one_file"]
+    assert report["cross_validation"]["assignment"] == {"synthetic": {"conv-a": 1, "conversation-1": 2}}
+    assert "2-fold cross-validation" in report["evaluation"] and "within that file" in report["evaluation"]
+    assert "could not be fitted" in report["evaluation"]
 
-    from yak_pipeline.eval.report import write_chart, write_json
+    from yak_pipeline.eval.report import print_report, write_chart, write_json
 
-    assert json.loads(write_json(report, tmp_path).read_text())["methods"]["BM25"]["kind"] == "bm25"
+    assert json.loads(write_json(report, tmp_path).read_text())["files"]["synthetic"]["methods"]["BM25"]["kind"] == "bm25"
     assert write_chart(report, tmp_path).read_bytes()[:4] == b"\x89PNG"
     assert user_id_for(3, "conv 7/β") == "locomo3-conv-7"
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    print_report(report, console)
+    printed = console.export_text()
+    assert "synthetic: overall" in printed and "Yak (shipped model)" in printed and "target" in printed
 
 
 def test_the_llm_judge_is_scored_as_its_own_method(settings: Settings, openai_server: FakeOpenAIServer) -> None:
@@ -183,9 +201,12 @@ def test_the_llm_judge_is_scored_as_its_own_method(settings: Settings, openai_se
     openai_server.replier = judging
     judged_settings = settings.model_copy(update={"llm_base_url": openai_server.base_url, "llm_max_retries": 0})
     report = run_locomo_eval(judged_settings, parse_locomo(synthetic_locomo()),
-                             EvalOptions(ks=(1, 5), threshold=0.0, llm_judge=True))
-    assert list(report["methods"]) == ["BM25", "dense", "Yak", "Yak + LLM judge"] and report["ablations"] == {}
-    judged, default = report["methods"]["Yak + LLM judge"], report["methods"]["Yak"]
+                             EvalOptions(ks=(1, 5), threshold=0.0, llm_judge=True), data_label="synthetic")
+    assert report["distiller"] == "llm"  # the configured endpoint distils when none is named
+    section = report["files"]["synthetic"]
+    assert list(section["methods"]) == ["BM25", "dense", "Yak", "Yak (in-sample)", "Yak (shipped model)",
+                                        "Yak + LLM judge"] and section["ablations"] == {}
+    judged, default = section["methods"]["Yak + LLM judge"], section["methods"]["Yak"]
     assert judged["kind"] == "yak_judged" and judged["overall"]["n"] == default["overall"]["n"] == 5
     # Only the kitten question keeps its evidence (the judge dropped every other memory).
     assert judged["by_category"]["4"]["recall@5"] < default["by_category"]["4"]["recall@5"]
@@ -213,6 +234,10 @@ def test_cli_usage_errors_are_one_line_with_exit_2(tmp_path: Path, settings: Set
         (["--data", str(data), "--k", "0"], "between 1 and 100"),
         (["--data", str(data), "--limit-conversations", "0"], "--limit-conversations"),
         (["--data", str(data), "--llm-judge"], "YAK_LLM_BASE_URL"),
+        (["--data", str(data), "--distiller", "gpt"], "--distiller"),
+        (["--data", str(data), "--folds", "1"], "--folds"),
+        (["--data", str(data), "--data", str(data)], "twice"),
+        (["--data", str(data), "--local-llm", "--distiller", "none"], "--local-llm"),
     ]:
         result = _yak("eval", "locomo", *args, env=env)
         assert result.returncode == 2, result.stderr
@@ -232,7 +257,12 @@ def test_cli_prints_json_and_writes_the_files(tmp_path: Path, settings: Settings
                   "--out", str(out), env=env)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["conversations"] == 1 and set(report["methods"]) == {"BM25", "dense", "Yak"}
-    assert "recall@5" in report["methods"]["Yak"]["by_category"]["4"]
+    section = report["files"][str(data)]
+    # One conversation: no cross-validation, and no in-sample fit (no negatives for the
+    # answerability): "Yak" is the shipped model's, and the report says so.
+    assert report["conversations"] == 1 and set(section["methods"]) == {"BM25", "dense", "Yak", "Yak (shipped model)"}
+    assert report["cross_validation"]["folds"] == 0 and "no cross-validation" in report["evaluation"]
+    assert report["notes"] and "could not be fitted" in report["notes"][0]
+    assert "recall@5" in section["methods"]["Yak"]["by_category"]["4"]
     assert (out / "retrieval_eval.json").exists() and (out / "retrieval_eval.png").exists()
     assert "distilled" in result.stderr  # progress goes to stderr, JSON alone to stdout

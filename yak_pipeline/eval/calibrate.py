@@ -1,12 +1,15 @@
 """Fit the relevance model (``core.relevance``) for the configured embedder: ``yak eval calibrate``.
 
-1. Each data file (LoCoMo format) goes through the real pipeline into a fresh evaluation
-   database, exactly as ``yak eval locomo`` does (``runner._ingest``).
-2. Every question is asked of the production candidate query (``store.recall.recall_candidates``,
-   the configured leg size): each candidate's features (``core.relevance.relevance_features``) are
-   one example, labelled relevant when the distillation holds one of the question's evidence
-   turns. Never-said questions (category 5 without evidence) give only negatives: they teach the
-   model that being the best of a poor lot is not relevance.
+1. The data files (LoCoMo format) go through the collection pass of ``yak eval locomo``
+   (``runner.collect``: each file through the real pipeline into a fresh evaluation database,
+   every question asked once), so calibration and evaluation share one code path.
+2. Every question's production candidates (``store.recall.recall_candidates``, the configured leg
+   size; both kinds, active distillations and raw exchanges) are examples: each candidate's
+   features (``core.relevance.relevance_features``) one row, labelled relevant when the candidate
+   holds one of the question's evidence turns (a distillation: its exchange's and any merged
+   exchange's turns; a raw exchange: its own). Never-said questions (category 5 without
+   evidence) give only negatives: they teach the model that being the best of a poor lot is not
+   relevance (``runner.examples_from``).
 3. A logistic regression is fitted with the two classes weighted equally (so it does not depend
    on how many memories a user has) and each file weighted equally (a file with five times the
    questions must not decide alone), a small L2 penalty, and the lexical weights bounded at 0
@@ -18,18 +21,20 @@
    moves so that 99 % of the true evidence of every file has standing ≥ 0.7, the default
    threshold; the answerability's so that 99 % of every file's answerable questions reach 0.7.
 
-The result is written as JSON (``recall_models``); the version names the embedder, the files
-and the date, and the file records the counts and the fit's ROC AUC per file.
+:func:`fit_model` does 3-5 on any subset of the conversations: on all of them for the model that
+is written (the result is written as JSON, ``recall_models``; the version names the embedder,
+the files and the date, and the file records the counts and the fit's ROC AUC per file), and on
+all but one fold for the cross-validated figures (``runner.cross_validate``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,15 +43,18 @@ from yak_pipeline.core.relevance import (
     FEATURES,
     NON_NEGATIVE_FEATURES,
     RelevanceModel,
-    answerable_features,
-    relevance_features,
 )
-from yak_pipeline.embeddings import get_embedder
-from yak_pipeline.eval.locomo import Conversation
-from yak_pipeline.eval.runner import Progress, _distillation_turns, _ingest, _quiet, evaluation_database
-from yak_pipeline.services.recall import recall_params
 from yak_pipeline.settings import Settings
-from yak_pipeline.store.recall import recall_candidates
+
+if TYPE_CHECKING:
+    from yak_pipeline.eval.locomo import Conversation
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    """A progress sink that drops every line."""
+
 
 # The operating point of the standing: 0.7 (the default threshold t, a medium memory's gate) is
 # placed where this share of the true evidence in every file scores at least that much. High on
@@ -66,76 +74,42 @@ L2_PENALTY = 1e-3
 
 @dataclass(frozen=True)
 class Examples:
-    """Feature rows (``FEATURES`` order), labels, and the data file each came from."""
+    """Feature rows (``FEATURES`` order), labels, and the data file and conversation each came from."""
 
     features: np.ndarray
     labels: np.ndarray
     files: np.ndarray
+    conversations: np.ndarray
     # Query-level examples for the answerability factor: the best cosines (ANSWERABLE_FEATURES
-    # order), whether the memories asked answer the question, and the file.
+    # order), whether the memories asked answer the question, the file, the conversation asked
+    # about, and the conversation whose memories were asked (another person's for a stranger row).
     query_features: np.ndarray
     query_labels: np.ndarray
     query_files: np.ndarray
+    query_conversations: np.ndarray
+    query_others: np.ndarray
+
+    def without(self, conversations: frozenset[str]) -> Examples:
+        """The examples that involve none of ``conversations`` (a fold's training set)."""
+        if not conversations:
+            return self
+        held_out = list(conversations)
+        keep = ~np.isin(self.conversations, held_out)
+        q_keep = ~(np.isin(self.query_conversations, held_out) | np.isin(self.query_others, held_out))
+        return Examples(self.features[keep], self.labels[keep], self.files[keep], self.conversations[keep],
+                        self.query_features[q_keep], self.query_labels[q_keep], self.query_files[q_keep],
+                        self.query_conversations[q_keep], self.query_others[q_keep])
 
 
 def collect_examples(settings: Settings, datasets: Sequence[tuple[str, Sequence[Conversation]]], *,
                      progress: Progress = _quiet) -> Examples:
     """Labelled candidate features for every question of every data set (see the module docstring)."""
-    embedder = get_embedder(settings)
-    params = recall_params(settings)
-    rows: list[list[float]] = []
-    labels: list[int] = []
-    files: list[str] = []
-    q_rows: list[list[float]] = []
-    q_labels: list[int] = []
-    q_files: list[str] = []
+    from contextlib import ExitStack
 
-    def best_of(candidates: Sequence) -> list[float] | None:
-        if not candidates:
-            return None
-        features = answerable_features(candidates[0].signals)  # the best_* are the same for all
-        return [features[name] for name in ANSWERABLE_FEATURES]
+    from yak_pipeline.eval.runner import EvalOptions, collect, examples_from
 
-    for label, conversations in datasets:
-        with evaluation_database(settings, progress=progress) as db:
-            ingested, _ = _ingest(db, settings, embedder, conversations, progress)
-            for index, conversation in enumerate(ingested):
-                # Another person's memories cannot answer this person's questions: asked of them,
-                # every question is a never-said one (for the answerability factor only).
-                stranger = ingested[(index + 1) % len(ingested)] if len(ingested) > 1 else None
-                questions = list(conversation.source.questions) + list(conversation.source.never_said)
-                vectors = [embedder.embed_query(q.question) for q in questions]
-                with db.connection() as conn:
-                    for question, vector in zip(questions, vectors):
-                        candidates = recall_candidates(
-                            conn, user_id=conversation.user_id, query=question.question, query_embedding=vector,
-                            embedding_model=embedder.model_name, params=params)
-                        held = _distillation_turns(conn, conversation, [c.id for c in candidates])
-                        relevant = [1 if turns & question.evidence else 0 for turns in held]
-                        for candidate, is_relevant in zip(candidates, relevant):
-                            features = relevance_features(candidate.signals)
-                            rows.append([features[name] for name in FEATURES])
-                            labels.append(is_relevant)
-                            files.append(label)
-                        best = best_of(candidates)
-                        # An answerable question whose evidence no leg found teaches nothing here.
-                        if best is not None and (any(relevant) or not question.evidence):
-                            q_rows.append(best)
-                            q_labels.append(1 if any(relevant) else 0)
-                            q_files.append(label)
-                        if stranger is not None:
-                            best = best_of(recall_candidates(
-                                conn, user_id=stranger.user_id, query=question.question, query_embedding=vector,
-                                embedding_model=embedder.model_name, params=params))
-                            if best is not None:
-                                q_rows.append(best)
-                                q_labels.append(0)
-                                q_files.append(label)
-            progress(f"{label}: {sum(1 for f in files if f == label)} candidate examples, "
-                     f"{sum(l for l, f in zip(labels, files) if f == label)} relevant")
-    return Examples(np.asarray(rows, dtype=np.float64), np.asarray(labels, dtype=np.float64), np.asarray(files),
-                    np.asarray(q_rows, dtype=np.float64), np.asarray(q_labels, dtype=np.float64),
-                    np.asarray(q_files))
+    with ExitStack() as stack:
+        return examples_from(collect(settings, datasets, EvalOptions(), stack=stack, progress=progress))
 
 
 def example_weights(labels: np.ndarray, files: np.ndarray) -> np.ndarray:
@@ -204,11 +178,17 @@ def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float | None:
     return float(mannwhitneyu(positives, negatives).statistic / (len(positives) * len(negatives)))
 
 
-def calibrate(settings: Settings, datasets: Sequence[tuple[str, Sequence[Conversation]]], *,
-              progress: Progress = _quiet) -> RelevanceModel:
-    """Collect examples from ``datasets`` and fit the relevance model for the configured embedder."""
-    embedder = get_embedder(settings)
-    examples = collect_examples(settings, datasets, progress=progress)
+def fit_model(examples: Examples, *, embedding_model: str, exclude: frozenset[str] = frozenset(),
+              version: str | None = None, extra: dict[str, Any] | None = None) -> RelevanceModel:
+    """Fit the relevance model on ``examples`` without the conversations in ``exclude`` (steps 3-5).
+
+    A ValueError when the examples left cannot be fitted (one class only, say).
+    """
+    examples = examples.without(exclude)
+    if len(examples.labels) == 0:
+        raise ValueError("no examples to fit on")
+    if len(examples.query_labels) == 0:
+        raise ValueError("no query-level examples to fit the answerability on")
     bias, weights = fit_logistic(examples.features, examples.labels, examples.files, FEATURES,
                                  NON_NEGATIVE_FEATURES)
     a_bias, a_weights = fit_logistic(examples.query_features, examples.query_labels, examples.query_files,
@@ -227,24 +207,42 @@ def calibrate(settings: Settings, datasets: Sequence[tuple[str, Sequence[Convers
         mask = examples.files == name
         auc = roc_auc(logits[mask], examples.labels[mask])
         per_file[Path(name).name] = {"examples": int(mask.sum()), "relevant": int(examples.labels[mask].sum()),
+                                     "conversations": len(set(examples.conversations[mask].tolist())),
                                      "roc_auc": None if auc is None else round(auc, 4)}
     stamp = datetime.now(timezone.utc)
     # Minutes too: two fits on one day (a new feature, a new distiller) must not share a version.
-    version = f"{embedder.model_name}@{stamp:%Y%m%d-%H%M}"
+    version = version or f"{embedding_model}@{stamp:%Y%m%d-%H%M}"
     for name in sorted(set(examples.query_files.tolist())):
         mask = examples.query_files == name
         auc = roc_auc(a_logits[mask], examples.query_labels[mask])
-        per_file[Path(name).name]["answerable_questions"] = int(examples.query_labels[mask].sum())
-        per_file[Path(name).name]["unanswerable_questions"] = int((examples.query_labels[mask] == 0).sum())
-        per_file[Path(name).name]["answerability_roc_auc"] = None if auc is None else round(auc, 4)
+        entry = per_file.setdefault(Path(name).name, {})
+        entry["answerable_questions"] = int(examples.query_labels[mask].sum())
+        entry["unanswerable_questions"] = int((examples.query_labels[mask] == 0).sum())
+        entry["answerability_roc_auc"] = None if auc is None else round(auc, 4)
     return RelevanceModel(
-        embedding_model=embedder.model_name, version=version, bias=round(bias, 6),
+        embedding_model=embedding_model, version=version, bias=round(bias, 6),
         weights={name: round(value, 6) for name, value in weights.items()},
         answerable_bias=round(a_bias, 6), answerable_weights={n: round(v, 6) for n, v in a_weights.items()},
         standing_shift=round(shift, 6),
         fitted_on={"files": per_file, "fitted_at": stamp.isoformat(timespec="seconds"),
-                   "leg_size": settings.recall_leg_size, "exchange_context": settings.recall_exchange_context,
                    "l2_penalty": L2_PENALTY, "true_evidence_standing_at_least_0.7": TRUE_PASS_SHARE,
                    "answerable_questions_at_least_0.7": ANSWERABLE_PASS_SHARE,
-                   "answerable_bias_shift": round(a_shift, 6),
-                   "command": "yak eval calibrate " + " ".join(f"--data {name}" for name, _ in datasets)})
+                   "answerable_bias_shift": round(a_shift, 6), **(extra or {})})
+
+
+def calibrate(settings: Settings, datasets: Sequence[tuple[str, Sequence[Conversation]]], *,
+              progress: Progress = _quiet, folds: int = 5, distiller: str | None = None,
+              ) -> tuple[RelevanceModel, dict[str, Any]]:
+    """Fit the relevance model for the configured embedder on ``datasets`` (all their conversations),
+    through the evaluation's own pass; returns the model and the evaluation report, whose ``"Yak"``
+    figures are cross-validated (``runner.run_evaluation``)."""
+    from yak_pipeline.eval.runner import EvalOptions, run_evaluation, resolve_distiller
+
+    chosen = resolve_distiller(settings, distiller)
+    command = ("yak eval calibrate " + " ".join(f"--data {name}" for name, _ in datasets)
+               + f" --distiller {chosen}")
+    report, model = run_evaluation(settings, datasets, EvalOptions(folds=folds, distiller=chosen),
+                                   progress=progress, command=command)
+    if model is None:
+        raise ValueError("; ".join(report["notes"]) or "the relevance model could not be fitted")
+    return model, report

@@ -10,8 +10,20 @@ The format: a JSON list of conversations, each with
   is a never-said question, kept apart, see below);
 - ``sample_id`` (optional; the conversation's index stands in).
 
-How a turn becomes an exchange (one memory per turn, dated by its session): the turn's text is
-the user's part, and the assistant's part names who said it::
+How turns become exchanges depends on who speaks.
+
+**A user and an assistant** (the second speaker, ``speaker_b``, is named ``Assistant``, compared
+case-insensitively with surrounding spaces ignored; the paraphrase set and BEAM): the
+conversation is stored as Yak stores a chat, as the proxy and the importers do. Each turn of the
+first speaker and the assistant's reply that follows it in the same session become one exchange,
+``format_exchange(user_text, assistant_text)``, dated by the session (:meth:`Conversation.exchanges`).
+The exchange holds both turns' ids; evidence is always the user's turn, so the assistant's id is
+only there to be complete. A user turn with no reply gets the assistant part ``(no reply)``; two
+replies in a row both go into the exchange's assistant part; an assistant turn that opens a
+session (no user turn before it) is an exchange of its own whose user part is ``(no words)``.
+
+**Two people** (LoCoMo; anyone else): one exchange per turn, dated by its session; the turn's
+text is the user's part, and the assistant's part names who said it::
 
     User: I went to a LGBTQ support group yesterday and it was so powerful.
     Assistant: (Caroline said this.)
@@ -89,12 +101,43 @@ class Turn:
     occurred_at: datetime
     caption: str | None = None
 
-    def exchange(self) -> str:
-        """The turn as a Yak exchange (see the module docstring for why this form)."""
+    def said(self) -> str:
+        """The turn's words, with a shared photo's caption appended (``(no words)`` when empty)."""
         said = self.text.strip() or "(no words)"
         if self.caption:
             said = f"{said} [shares a photo: {self.caption.strip()}]"
-        return format_exchange(said, f"({self.speaker} said this.)")
+        return said
+
+    def exchange(self) -> str:
+        """The turn as a Yak exchange of its own (two people talking; see the module docstring)."""
+        return format_exchange(self.said(), f"({self.speaker} said this.)")
+
+    @property
+    def session(self) -> str:
+        """The session part of the turn's id (``D3`` of ``D3:7``)."""
+        return self.dia_id.split(":", 1)[0]
+
+
+ASSISTANT_SPEAKER: Final[str] = "assistant"
+NO_REPLY: Final[str] = "(no reply)"
+NO_WORDS: Final[str] = "(no words)"
+
+
+def is_assistant(name: str) -> bool:
+    """Whether a speaker name is the assistant's: ``Assistant``, in any case, spaces around ignored."""
+    return name.strip().casefold() == ASSISTANT_SPEAKER
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One exchange as the evaluation stores it: its text, when, and the turns it holds.
+
+    ``dia_ids`` lists the user's turn first (the one evidence can name), then any reply's.
+    """
+
+    content: str
+    occurred_at: datetime
+    dia_ids: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -126,6 +169,43 @@ class Conversation:
     def last_session_at(self) -> datetime:
         """When the conversation's last session took place."""
         return max(t.occurred_at for t in self.turns)
+
+    @property
+    def with_assistant(self) -> bool:
+        """Whether this is a user talking to an assistant: ``speaker_b`` is ``Assistant`` (:func:`is_assistant`)."""
+        return is_assistant(self.speakers[1])
+
+    def exchanges(self) -> tuple[Exchange, ...]:
+        """The conversation as Yak exchanges, in order (the module docstring says how)."""
+        if not self.with_assistant:
+            return tuple(Exchange(t.exchange(), t.occurred_at, (t.dia_id,)) for t in self.turns)
+        assistant = self.speakers[1]
+        out: list[Exchange] = []
+        user: Turn | None = None  # the user turn whose reply is being gathered
+        replies: list[Turn] = []
+
+        def close() -> None:
+            if user is not None:
+                reply = "\n\n".join(r.text.strip() for r in replies if r.text.strip()) or NO_REPLY
+                out.append(Exchange(format_exchange(user.said(), reply), user.occurred_at,
+                                    (user.dia_id, *(r.dia_id for r in replies))))
+            elif replies:  # the assistant opened the session
+                reply = "\n\n".join(r.text.strip() for r in replies if r.text.strip()) or NO_REPLY
+                out.append(Exchange(format_exchange(NO_WORDS, reply), replies[0].occurred_at,
+                                    tuple(r.dia_id for r in replies)))
+
+        for turn in self.turns:
+            opener = user or (replies[0] if replies else None)
+            if opener is not None and turn.session != opener.session:
+                close()
+                user, replies = None, []
+            if turn.speaker == assistant or is_assistant(turn.speaker):
+                replies.append(turn)
+                continue
+            close()
+            user, replies = turn, []
+        close()
+        return tuple(out)
 
 
 def parse_session_datetime(value: str) -> datetime:

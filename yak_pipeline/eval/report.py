@@ -1,4 +1,8 @@
-"""Output of the LoCoMo evaluation: the table (methods × metrics), the JSON file and a PNG chart."""
+"""Output of the LoCoMo evaluation: per data file the tables (methods × metrics), the JSON file and a PNG chart.
+
+The report (``runner.run_evaluation``) holds one section per file under ``"files"``; "Yak" is the
+cross-validated figure (``"evaluation"`` names the method), beside "Yak (in-sample)" and "Yak
+(shipped model)"."""
 
 from __future__ import annotations
 
@@ -59,9 +63,9 @@ def _category_table(report: dict[str, Any], rows: dict[str, dict], title: str) -
     return table
 
 
-def _measures_table(report: dict[str, Any]) -> Table:
+def _measures_table(report: dict[str, Any], title: str = "Knowledge updates and abstention") -> Table:
     """Knowledge updates and abstention per method (— where the file has no such questions)."""
-    table = Table(title="Knowledge updates and abstention", title_justify="left")
+    table = Table(title=title, title_justify="left")
     for column in ("method", "knowledge_update_current_first", "n", "abstention_empty", "n"):
         table.add_column(column, justify="left" if column == "method" else "right")
     rows = {**report["methods"], **report.get("ablations", {})}
@@ -74,33 +78,61 @@ def _measures_table(report: dict[str, Any]) -> Table:
 
 
 def print_report(report: dict[str, Any], console: Console | None = None) -> None:
-    """The overall table, the per-category table and the target verdict, for people."""
+    """Per file: the overall table, the per-category table, the measures and the target verdict."""
     # Tables this wide wrap into unreadable columns at a pipe's default 80 characters.
     console = console or Console(width=max(Console().width, 150))
     ks = report["ks"]
     settings = report["settings"]
-    console.print(f"LoCoMo retrieval evaluation: {report['conversations']} conversations, {report['turns']} turns, "
-                  f"{report['questions']['scored']} questions (categories 1-4); embedder {settings['embedder']}, "
-                  f"LLM {settings['llm_provider']}, threshold {settings['threshold']}, "
-                  f"half-life {settings['half_life_days']:g} d, decay {'on' if settings['decay_enabled'] else 'off'}, "
-                  f"relevance model {settings['relevance_model']}, relevance exponent {settings['relevance_exponent']:g}")
-    console.print(_table("Overall (methods × metrics)", report["methods"], ks))
-    console.print(_category_table(report, report["methods"], "Per category"))
-    if report.get("ablations"):
-        console.print(_table("Ablations (same data, one change each)", report["ablations"], ks))
-        console.print(_category_table(report, report["ablations"], "Ablations per category"))
-    console.print(f"Evidence turns held by an active distillation (the ceiling of Yak's Recall@k): "
-                  f"{report['recallable_evidence']:.3f}; distillations by status: "
-                  f"{report['pipeline']['counts'].get('distillations_by_status', {})}")
-    llm_line = _llm_line(report["pipeline"].get("llm", {}).get("distil"), report["pipeline"]["counts"])
-    if llm_line:
-        console.print(llm_line, highlight=False)
-    console.print(_measures_table(report))
-    target = report["target"]
+    console.print(f"LoCoMo retrieval evaluation: {len(report['files'])} file(s), {report['conversations']} conversations, "
+                  f"{report['turns']} turns, {report['questions']['scored']} questions (categories 1-4); embedder "
+                  f"{settings['embedder']}, distiller {report['distiller']} ({settings['llm_provider']}), threshold "
+                  f"{settings['threshold']}, half-life {settings['half_life_days']:g} d, decay "
+                  f"{'on' if settings['decay_enabled'] else 'off'}, relevance exponent {settings['relevance_exponent']:g}",
+                  highlight=False)
+    console.print(f"\"Yak\": {report['evaluation']}; shipped model {settings['relevance_models']['shipped']}, "
+                  f"in-sample model {settings['relevance_models']['in_sample']}", highlight=False)
+    for note in report.get("notes", []):
+        console.print(f"note: {note}", highlight=False)
+    categories = report["categories"]
+    for label, section in report["files"].items():
+        name = Path(label).name
+        section = {**section, "ks": ks, "categories": categories}
+        console.print(f"\n[bold]{name}[/bold]: {section['conversations']} conversations, {section['turns']} turns → "
+                      f"{section['exchanges']} exchanges ({section['paired_conversations']} conversations with an "
+                      f"assistant, a user turn and its reply one exchange), {section['questions']['scored']} "
+                      f"questions, {section['questions']['never_said']} never-said")
+        console.print(_table(f"{name}: overall (methods × metrics)", section["methods"], ks))
+        console.print(_category_table(section, section["methods"], f"{name}: per category"))
+        if section.get("ablations"):
+            console.print(_table(f"{name}: ablations (same data, one change each)", section["ablations"], ks))
+            console.print(_category_table(section, section["ablations"], f"{name}: ablations per category"))
+        console.print(f"Evidence turns held by an active distillation (raw exchanges hold the rest): "
+                      f"{section['distilled_evidence']:.3f}; distillations by status: "
+                      f"{section['pipeline']['counts'].get('distillations_by_status', {})}")
+        llm_line = _llm_line(section["pipeline"].get("llm", {}).get("distil"), section["pipeline"]["counts"])
+        if llm_line:
+            console.print(llm_line, highlight=False)
+        console.print(_measures_table(section, f"{name}: knowledge updates and abstention"))
+        console.print(_target_line(section["target"], name))
+    verdict = "met" if report["target"]["met"] else "NOT met"
+    console.print(f"Target {verdict} on {'every file' if report['target']['met'] else 'not every file'} "
+                  f"(cross-validated Yak).")
+
+
+def _target_line(target: dict[str, Any], name: str) -> str:
     verdict = "met" if target["met"] else "NOT met"
-    console.print(f"Target {verdict}: {target['default_method']} (the default recall) {target['metric']} "
-                  f"{target['default']:.3f} vs best baseline {target['best_baseline']} {target['baseline']:.3f}: "
-                  f"{target['margin_points']:+.1f} points (need +{target['required_points']:g})")
+    return (f"{name}: target {verdict}: {target['default_method']} (the default recall, cross-validated) "
+            f"{target['metric']} {target['default']:.3f} vs best baseline {target['best_baseline']} "
+            f"{target['baseline']:.3f}: {target['margin_points']:+.1f} points (need +{target['required_points']:g})")
+
+
+def print_cross_validated(report: dict[str, Any], console: Console | None = None) -> None:
+    """The out-of-sample figures of a calibration: per file, BM25, dense and the three Yak, overall."""
+    console = console or Console(width=max(Console().width, 150))
+    console.print(f"\"Yak\": {report['evaluation']}", highlight=False)
+    for label, section in report["files"].items():
+        console.print(_table(f"{Path(label).name}: overall", section["methods"], report["ks"]))
+        console.print(_measures_table(section, f"{Path(label).name}: knowledge updates and abstention"))
 
 
 def _llm_line(distil: dict[str, Any] | None, counts: dict[str, Any]) -> str | None:
@@ -127,7 +159,7 @@ def write_json(report: dict[str, Any], out_dir: Path) -> Path:
 
 
 def write_chart(report: dict[str, Any], out_dir: Path) -> Path:
-    """A grouped bar chart of Recall@k (largest k) and MRR per category and method, as PNG."""
+    """Grouped bars of Recall@k (largest k) and MRR per category and method, one row per file, as PNG."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display needed; also safe in worker threads
@@ -136,27 +168,29 @@ def write_chart(report: dict[str, Any], out_dir: Path) -> Path:
 
     out_dir.mkdir(parents=True, exist_ok=True)
     depth = max(report["ks"])
-    methods = report["methods"]
-    groups = ["overall"] + list(report["categories"])
-    labels = ["overall"] + [f"{c} {report['categories'][c]}" for c in report["categories"]]
-    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8), sharey=True)
-    width = 0.8 / max(len(methods), 1)
-    x = np.arange(len(groups))
-    for axis, metric, title in ((axes[0], f"recall@{depth}", f"Recall@{depth}"), (axes[1], "mrr", "MRR")):
-        for i, (name, data) in enumerate(methods.items()):
-            values = [(data["overall"] if g == "overall" else data["by_category"].get(g, {})).get(metric, 0.0)
-                      for g in groups]
-            bars = axis.bar(x + (i - (len(methods) - 1) / 2) * width, values, width, label=name)
-            axis.bar_label(bars, fmt="%.2f", fontsize=6, padding=1)
-        axis.set_xticks(x, labels, fontsize=8)
-        axis.set_title(title)
-        axis.set_ylim(0, 1)
-        axis.grid(axis="y", alpha=0.3)
-    axes[0].legend(fontsize=8, loc="upper right")
-    fig.suptitle(f"LoCoMo retrieval: {report['questions']['scored']} questions, embedder "
-                 f"{report['settings']['embedder']}, LLM {report['settings']['llm_provider']}", fontsize=10)
+    files = report["files"]
+    fig, axes = plt.subplots(len(files), 2, figsize=(13, 4.8 * len(files)), sharey=True, squeeze=False)
+    for row, (label, section) in enumerate(files.items()):
+        methods = section["methods"]
+        groups = ["overall"] + list(report["categories"])
+        labels = ["overall"] + [f"{c} {report['categories'][c]}" for c in report["categories"]]
+        width = 0.8 / max(len(methods), 1)
+        x = np.arange(len(groups))
+        for axis, metric, title in ((axes[row][0], f"recall@{depth}", f"Recall@{depth}"), (axes[row][1], "mrr", "MRR")):
+            for i, (name, data) in enumerate(methods.items()):
+                values = [(data["overall"] if g == "overall" else data["by_category"].get(g, {})).get(metric, 0.0)
+                          for g in groups]
+                bars = axis.bar(x + (i - (len(methods) - 1) / 2) * width, values, width, label=name)
+                axis.bar_label(bars, fmt="%.2f", fontsize=5, padding=1)
+            axis.set_xticks(x, labels, fontsize=8)
+            axis.set_title(f"{Path(label).name}: {title} ({section['questions']['scored']} questions)", fontsize=9)
+            axis.set_ylim(0, 1)
+            axis.grid(axis="y", alpha=0.3)
+        axes[row][0].legend(fontsize=7, loc="upper right")
+    fig.suptitle(f"LoCoMo-format retrieval: embedder {report['settings']['embedder']}, distiller "
+                 f"{report['distiller']}; Yak cross-validated ({report['cross_validation']['folds']} folds)", fontsize=10)
     fig.tight_layout()
     path = out_dir / PNG_NAME
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
