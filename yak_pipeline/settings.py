@@ -102,7 +102,7 @@ class Settings(BaseSettings):
         default="v1", description="Distillation prompt version stored on each distillation; bump to backfill."
     )
     recall_relevance_exponent: float = Field(
-        default=9.0, ge=0.5, le=30, description="Exponent on the odds of a memory's calibrated relevance in the recall score (odds^e × decay × (1 + warmth) × gravity): larger lets the query's evidence outweigh those priors."
+        default=30.0, ge=0.5, le=100, description="Exponent on the odds of a memory's calibrated relevance in the recall score (odds^e × decay × (1 + warmth) × gravity): larger lets the query's evidence outweigh those priors."
     )
     recall_superseded_factor: float = Field(
         default=0.5, ge=0, le=1, description="Recall score factor of a memory that a newer one superseded (knowledge updates): below 1 ranks the current value first."

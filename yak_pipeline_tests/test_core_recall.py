@@ -331,13 +331,19 @@ def test_rank_memories_equals_brute_force(candidates: list[Candidate], threshold
 
 
 def test_features_are_cosines_gaps_to_the_best_and_bm25_relative_to_the_best() -> None:
-    features = relevance_features(_signals(0.6, cos_x=0.5, bm25_d=3.0, bm25_x=0.0, best_cos=0.8, best_cos_x=0.9,
-                                           best_bm25_d=6.0, best_bm25_x=2.0))
+    features = relevance_features(_signals(0.6, cos_x=0.5, bm25_d=3.0, bm25_x=1.0, best_cos=0.8, best_cos_x=0.9,
+                                           best_bm25_d=6.0, best_bm25_x=5.0))
     assert set(features) == set(FEATURES)
-    # No context vectors: the context features read the exchange's (the best stand-in).
+    # No context vectors: the context features read the exchange's (the best stand-in). The
+    # exchange's BM25 ratio (1/5) counts at the query's lexical strength, here one half (best = 5).
     assert features == pytest.approx({"cos_distillation": 0.6, "cos_exchange": 0.5, "cos_context": 0.5,
                                       "gap_distillation": -0.2, "gap_exchange": -0.4, "gap_context": -0.4,
-                                      "text_distillation": 0.5, "text_exchange": 0.0, "raw_exchange": 0.0})
+                                      "text_distillation": 0.5, "text_exchange": 0.1, "raw_exchange": 0.0,
+                                      "lexical_strength": 0.5})
+    # A query whose best lexical match is a common word or two: its shared words count for little.
+    weak = relevance_features(_signals(0.6, bm25_x=2.0, best_bm25_x=2.0))
+    strong = relevance_features(_signals(0.6, bm25_x=12.0, best_bm25_x=12.0))
+    assert weak["text_exchange"] < 0.05 < 0.99 < strong["text_exchange"]
     # The best memory of a leg has gap 0 and text ratio 1; a leg nobody matched gives 0.
     best = relevance_features(_signals(0.8, cos_x=0.9, bm25_d=6.0, best_cos=0.8, best_cos_x=0.9, best_bm25_d=6.0))
     assert best["gap_distillation"] == 0.0 and best["gap_exchange"] == 0.0
@@ -389,7 +395,8 @@ def test_relevance_is_the_sigmoid_of_the_weighted_features() -> None:
     model = RelevanceModel(embedding_model="m", version="v", bias=-1.0,
                            weights={"cos_distillation": 2.0, "gap_exchange": 3.0, "text_exchange": 1.5})
     signals = _signals(0.5, cos_x=0.4, bm25_x=2.0, best_cos_x=0.6, best_bm25_x=4.0)
-    logit = -1.0 + 2.0 * 0.5 + 3.0 * (0.4 - 0.6) + 1.5 * 0.5
+    # The exchange's BM25 ratio (0.5) scaled by the query's lexical strength, sigmoid(4 - 5).
+    logit = -1.0 + 2.0 * 0.5 + 3.0 * (0.4 - 0.6) + 1.5 * 0.5 / (1 + math.exp(1.0))
     assert model.logit(relevance_features(signals)) == pytest.approx(logit)
     assert model.relevance(signals) == pytest.approx(1 / (1 + math.exp(-logit)))
     # Extreme logits neither overflow nor leave [0, 1].

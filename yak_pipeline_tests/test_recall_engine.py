@@ -246,7 +246,9 @@ def test_recall_finds_words_only_the_exchange_kept(conn: psycopg.Connection) -> 
                   params=params, model=FITTED, now=NOW)
     assert hits and _content(conn, hits[0].id) == "User is allergic to peanuts."
     assert hits[0].ranks.get("exchange_text") == 1 and "distillation_text" not in hits[0].ranks
-    assert hits[0].features["text_exchange"] == 1.0 and hits[0].features["text_distillation"] == 0.0
+    # The best lexical match of the query (ratio 1), at the query's lexical strength (one rare word).
+    assert hits[0].features["text_exchange"] == pytest.approx(hits[0].features["lexical_strength"])
+    assert 0.0 < hits[0].features["lexical_strength"] < 1.0 and hits[0].features["text_distillation"] == 0.0
     owners = {conn.execute("SELECT user_id FROM distillations WHERE id = %s", (h.id,)).fetchone()[0] for h in hits}
     assert owners == {"alice"}
     exact = recall(conn, user_id="alice", query=query, query_embedding=vector, embedding_model=MODEL,

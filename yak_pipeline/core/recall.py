@@ -22,9 +22,10 @@ For each candidate:
    and priors multiply the odds of the evidence, not its probability (Bayes): on the
    probability scale a relevance of 0.99 and one of 0.9 differ by 10 %, so a month of decay
    (×0.5) would decide between them, while their odds differ elevenfold. ``e`` (the relevance
-   exponent, default 9) sets how much the query's evidence outweighs the priors: the smallest
-   value at which both dev files' Recall@10 is on its plateau, so that recency and warmth still
-   order memories of near-equal relevance (measured: docs/RECALL.md). ``f_superseded`` (default 0.5) puts a memory that a newer one replaced below
+   exponent, default 30) sets how much the query's evidence outweighs the priors: with 9, a
+   30-day half-life pushed months-old evidence out of long histories (paraphrase Recall@10 0.906
+   against 0.933 with 30, cross-validated; docs/RECALL.md), while recency and warmth still order
+   memories of near-equal relevance. ``f_superseded`` (default 0.5) puts a memory that a newer one replaced below
    that newer one at equal relevance;
 4. order by score, then relevance, then id (stable);
 5. for a question about the present (``core.query_intent``: "Which town do I live in now?"),
@@ -74,7 +75,7 @@ class RecallParams:
     half_life_days: float = 30.0
     decay_enabled: bool = True
     core_multiplier: float = DEFAULT_CORE_MULTIPLIER
-    relevance_exponent: float = 9.0
+    relevance_exponent: float = 30.0
     superseded_factor: float = 0.5
     # How many rows each leg proposes; the union is what relevance is computed for.
     leg_size: int = 50
@@ -175,8 +176,10 @@ class RankedMemory:
         closest = any(f.get(name, -1.0) >= 0.0 for name in ("gap_distillation", "gap_exchange", "gap_context"))
         why.append(f"{'the closest in meaning of all your memories' if closest else 'close in meaning'}"
                    f" (similarity {self.similarity:.2f})")
-        text = max(f.get("text_distillation", 0.0), f.get("text_exchange", 0.0))
-        if text >= 1.0:
+        # The exchange's share of the best lexical match, before it is scaled by the query's strength.
+        strength = f.get("lexical_strength", 1.0)
+        text = max(f.get("text_distillation", 0.0), f.get("text_exchange", 0.0) / strength if strength > 0 else 0.0)
+        if text >= 1.0 - 1e-9:
             why.append("shares the most words with the question")
         elif text > 0.0:
             why.append("shares words with the question")

@@ -31,10 +31,16 @@ Features (all pure functions of :class:`RelevanceSignals`):
   memories for this query (0 for the best): a memory that stands out among the user's own is
   likelier to answer than one that merely shares the topic of everything the user says;
 - ``text_distillation``, ``text_exchange`` — BM25 relative to the best BM25 of the query in
-  that leg (1 for the best lexical match, 0 when the query's words are absent). Their weights
+  that leg (1 for the best lexical match, 0 when the query's words are absent); the exchange's
+  times ``lexical_strength`` (below). Their weights
   are fitted with a lower bound of 0: sharing the query's words is evidence *for* a memory,
   never against it (a data set whose questions avoid the memory's words must not teach the
   opposite).
+- ``lexical_strength`` — how much the query's words say at all, the same for every candidate of
+  a query: ``sigmoid(best BM25 of the exchange leg − LEXICAL_MIDPOINT)``. When a question shares
+  only a common word or two with anything the user said (a paraphrase: "What's my mother's first
+  name?" against "Mum is called Ingrid"), the best lexical match is no evidence, and
+  ``text_exchange`` is scaled by this strength, so shared words count only when they say much;
 - ``raw_exchange`` — 1 for a raw exchange that no active distillation holds (the user's own
   words, recalled as said), 0 for a distillation. Such a candidate has no distillation: its
   ``cos_distillation`` is its exchange's cosine, and the fit learns how much a distillation's
@@ -58,7 +64,13 @@ FEATURES: Final[tuple[str, ...]] = (
     "text_distillation",
     "text_exchange",
     "raw_exchange",
+    "lexical_strength",
 )
+# The best BM25 of a query's exchange leg at which its words count half (``lexical_strength``):
+# with PostgreSQL's english stemming and Okapi BM25 over a person's exchanges, a match of one or two
+# common words scores 2-4, a question that names what it asks about 7-15. Chosen by nested
+# cross-validation on the dev files (each fold picked 5 from 3, 5, 7, 9; docs/RECALL.md).
+LEXICAL_MIDPOINT: Final[float] = 5.0
 # Lexical features may only add evidence (see the module docstring); the fit respects this.
 NON_NEGATIVE_FEATURES: Final[frozenset[str]] = frozenset({"text_distillation", "text_exchange"})
 # What says whether the query is answerable from the user's memories at all: how close the
@@ -103,6 +115,7 @@ def relevance_features(signals: RelevanceSignals) -> dict[str, float]:
     # A missing context vector reads as the exchange alone: the best stand-in, not a penalty.
     cos_c = signals.cos_context if signals.cos_context is not None else cos_x
     best_c = signals.best_cos_context if signals.best_cos_context is not None else best_x
+    strength = _sigmoid(signals.best_bm25_exchange - LEXICAL_MIDPOINT)
     return {
         "cos_distillation": signals.cos_distillation,
         "cos_exchange": cos_x,
@@ -112,8 +125,9 @@ def relevance_features(signals: RelevanceSignals) -> dict[str, float]:
         "gap_exchange": min(0.0, cos_x - max(best_x, cos_x)),
         "gap_context": min(0.0, cos_c - max(best_c, cos_c)),
         "text_distillation": _ratio(signals.bm25_distillation, signals.best_bm25_distillation),
-        "text_exchange": _ratio(signals.bm25_exchange, signals.best_bm25_exchange),
+        "text_exchange": _ratio(signals.bm25_exchange, signals.best_bm25_exchange) * strength,
         "raw_exchange": 1.0 if signals.raw else 0.0,
+        "lexical_strength": strength,
     }
 
 
