@@ -1,6 +1,6 @@
-"""Recall latency, the old engine against the new (A/B), and fidelity at scale.
+"""Recall latency, the old engine against the new (A/B), raw candidates on against off, and fidelity at scale.
 
-``python bench/recall_latency.py --n 100000 --users 10 [--queries 300] [--no-http] [--json]``
+``python bench/recall_latency.py --n 100000 --users 10 [--queries 300] [--undistilled-share 0.2] [--no-http] [--json]``
 
 Loads N synthetic distillations (1–4 sentences of realistic length, each with its raw exchange)
 across U users into a scratch database, with 384-dimensional vectors (the local embedder's size)
@@ -12,7 +12,24 @@ indexes as the migrations (HNSW, GIN), then the per-user HNSW indexes the nightl
 measures the shared index alone, read with pgvector's iterative scan). Users with more than
 ``store.recall.EXACT_SCAN_MAX_ROWS`` rows are served by an index: at N = 100,000, U = 10 every user
 is, at N = 10,000 none is (their rows are scanned exactly, in SQL). ``--keep`` keeps the loaded
-database and ``--reuse NAME`` measures it again (realistic corpus) without the ten-minute load. Q other queries warm the server up (timed and reported on their own: the first
+database and ``--reuse NAME`` measures it again (realistic corpus) without the ten-minute load.
+
+**Raw candidates.** Recall also proposes, as the user's own words (``Candidate.kind == "raw"``),
+the exchanges no active distillation holds. In use those are a steady share: the turns stored
+since the last nightly distillation, and those whose distillation the confidence gate sent to
+review or rejected. ``--undistilled-share S`` (default 0.2, a fifth; 0 loads every exchange
+held, as runs before this option did) makes that share of the exchanges unheld: their
+distillations are in ``review`` (confidence 0.45, under the gate), so the distillation legs do
+not find them and the exchange legs' hits on them become raw candidates. Which exchanges is a
+fixed rule on the exchange's id (the first 32 bits of its MD5 below S × 2³²), applied while
+loading and again, idempotently, to a database measured with ``--reuse`` (``apply_undistilled_share``: only
+distillations not already as the rule says are re-set; a database loaded before this option has
+all of them active, and the first reuse at 0.2 puts a fifth in review, which the kept database
+then keeps; ``--undistilled-share 0`` sets them all active again). The share recall then sees
+(exchanges with no active distillation, proxied turns a ``proxy_latency.py`` run stored included)
+is counted and written to the JSON (``undistilled``).
+
+Q other queries warm the server up (timed and reported on their own: the first
 queries after a bulk load read the indexes from disk into PostgreSQL's buffers), then, for Q
 queries at random users:
 
@@ -28,6 +45,9 @@ queries at random users:
   (c) the NEW ranking: ``core.recall.rank_memories`` (calibrated relevance per candidate, the
       tier gate on it, the score on its odds): the relevance step, in Python.
 
+  (a) and (c) are with raw candidates on, as shipped; the old fusion leaves raw candidates out
+  (the old engine dropped an exchange no active distillation held).
+
   old = a + b, new = a + c (``store.recall.recall`` is exactly ``recall_candidates`` followed by
   ``rank_memories``; the bench checks that it returns the same ids). The cost of the relevance
   step is new − old. Two differences of the old engine are not reproduced: it gated vector-leg
@@ -36,11 +56,21 @@ queries at random users:
   joins each candidate's exchange and computes its cosine too (and the supersession join). That
   SQL difference is measured on its own: after each query both candidate-row queries are re-run
   on the same ids (order alternating), and ``a − Δsql + b`` is the old engine with its own query.
+- **store, raw candidates A/B** — per query, ``recall_candidates`` also runs with
+  ``dataclasses.replace(params, raw_exchanges=False)`` (a'), on the same query vector, side by
+  side as (a), and ``rank_memories`` ranks those candidates (c'). The three readings of each
+  query's candidates (a, a', and the legs one after another) go in each of their six orders in
+  turn, so of any two each goes first in half of the queries; the two rankings alternate. Reported:
+  p50/p95/p99 of on (a + c) and off (a' + c'), their differences (of the percentiles, and per
+  query), the raw rows query's time inside (a), raw candidates per query (``kind == "raw"``), the
+  share of queries with a raw memory in the top ``--limit`` (10) and how many, and how often the
+  top is the same either way.
 - **fidelity** — share of queries whose top-10 with the index path (``exact=False``) equals the
   exact reference (``exact=True``: every vector leg scans every row of the user), for the new
   engine (the target) and, for information, the old ranking over the same candidates;
 - **HTTP** — ``POST /api/context`` (and ``/api/distillations/search`` beside it) end to end against ``yak serve`` (a real uvicorn
-  process on 127.0.0.1) with the local query embedder and the new engine;
+  process on 127.0.0.1) with the local query embedder and the new engine (raw candidates as
+  ``YAK_RECALL_RAW_EXCHANGES`` says, on by default; so does the CPU pass);
 - **CPU per recall** — the request's path in this process (``services.recall.search_memories``:
   the query's vector, the legs, the relevance step, the memories' rows), one recall at a time: the
   machine's busy CPU (this process and PostgreSQL's backends, from /proc/stat) and this process's
@@ -60,7 +90,9 @@ import secrets
 import sys
 import time
 import uuid
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
+from itertools import permutations
 from pathlib import Path
 
 import numpy as np
@@ -85,6 +117,10 @@ from yak_pipeline.store.user_indexes import USER_INDEX_MIN_ROWS  # noqa: E402
 DIM = 384
 MODEL = "all-MiniLM-L6-v2"
 TARGETS = {"store_p95_ms": 15.0, "http_p95_ms": 30.0, "fidelity": 0.99}
+# Share of the exchanges no active distillation holds (module docstring, "Raw candidates").
+DEFAULT_UNDISTILLED_SHARE = 0.2
+ACTIVE_CONFIDENCE = 0.9   # what load() gives an active distillation (the gate needs >= 0.6)
+REVIEW_CONFIDENCE = 0.45  # a distillation the confidence gate sent to review: under 0.6
 _SUBJECTS = ["User", "User's sister", "User's partner", "User's manager", "User's son", "User's best friend"]
 _VERBS = ["likes", "is learning", "works on", "visited", "bought", "cooks", "plays", "reads about", "plans",
           "trains for", "volunteers at", "writes about", "collects", "repairs", "photographs"]
@@ -198,16 +234,73 @@ def load_or_reuse(url: str, args: argparse.Namespace, corpus: RealisticCorpus | 
     if args.reuse:
         progress(f"measuring {args.reuse}, loaded before")
         return {"rows": [], "seconds": None}
-    progress(f"loading {args.n} distillations across {args.users} users ({args.corpus} corpus)")
-    return load(url, args.n, args.users, args.seed, corpus)
+    share = getattr(args, "undistilled_share", 0.0)  # proxy_latency.py has no such option: all held
+    progress(f"loading {args.n} distillations across {args.users} users ({args.corpus} corpus"
+             f"{f', {share:g} of the exchanges undistilled' if share else ''})")
+    return load(url, args.n, args.users, args.seed, corpus, undistilled_share=share)
+
+
+def apply_undistilled_share(url: str, share: float) -> dict:
+    """Make exactly the exchanges of ``share`` (:func:`_unheld`) unheld, idempotently, and count them.
+
+    A bench distillation (``prompt_version = 'bench'``) of an exchange in the share is set to
+    ``review`` (confidence under the gate), any other one to ``active``; only rows not already so
+    are written (none right after :func:`load`, which loaded them so; on a ``--reuse``d database
+    from a run before this option, all of them active, a fifth at the default share). The BM25
+    postings follow by their trigger; written rows are vacuumed and analysed as after the load.
+    Then counts what recall sees: exchanges with no active distillation (proxied turns a
+    ``proxy_latency.py`` run stored without distilling them count too).
+    """
+    from yak_pipeline.store.database import connect
+
+    started = time.monotonic()
+    args = {"cut": _share_cut(share), "unheld": REVIEW_CONFIDENCE, "held": ACTIVE_CONFIDENCE}
+    with connect(url, autocommit=True) as conn:
+        changed = conn.execute(
+            f"""UPDATE distillations
+                SET status = CASE WHEN {_UNHELD_SQL} THEN 'review' ELSE 'active' END,
+                    confidence = CASE WHEN {_UNHELD_SQL} THEN %(unheld)s ELSE %(held)s END
+                WHERE prompt_version = 'bench' AND deleted_at IS NULL AND status IN ('active', 'review')
+                  AND status <> CASE WHEN {_UNHELD_SQL} THEN 'review' ELSE 'active' END""", args).rowcount
+        if changed:
+            for table in ("distillations", "bm25_postings", "bm25_statistics"):
+                conn.execute(f"VACUUM ANALYZE {table}")
+        exchanges, unheld = conn.execute(
+            """SELECT count(*), count(*) FILTER (WHERE NOT EXISTS (
+                      SELECT 1 FROM distillations d WHERE d.memory_id = m.id AND d.status = 'active'
+                        AND d.deleted_at IS NULL))
+               FROM memories m WHERE m.deleted_at IS NULL""").fetchone()
+    seconds = round(time.monotonic() - started, 1)
+    progress(f"  undistilled share {share:g}: {changed} distillations re-set now ({seconds}s); "
+             f"{unheld} of {exchanges} exchanges held by no active distillation")
+    return {"requested": share, "exchanges": exchanges, "unheld_exchanges": unheld,
+            "unheld_share": round(unheld / exchanges, 4) if exchanges else 0.0, "changed_now": changed,
+            "seconds": seconds}
 
 
 BM25_TRIGGERS = [(table, f"{table}_bm25_{event}") for table in ("memories", "distillations")
                  for event in ("insert", "update", "delete")]
 
 
-def load(url: str, n: int, users: int, seed: int, corpus: RealisticCorpus | None = None) -> dict:
-    """Bulk-load n memories + distillations with COPY (indexes dropped first, rebuilt after)."""
+def _unheld(memory_id: uuid.UUID, share: float) -> bool:
+    """Whether the exchange ``memory_id`` is in the undistilled ``share``: the first 32 bits of the
+    MD5 of its id, below ``share`` × 2³² (:data:`_UNHELD_SQL` is the same rule in SQL)."""
+    return int(hashlib.md5(str(memory_id).encode()).hexdigest()[:8], 16) < _share_cut(share)
+
+
+def _share_cut(share: float) -> int:
+    return round(share * 2**32)
+
+
+_UNHELD_SQL = "('x' || substr(md5(memory_id::text), 1, 8))::bit(32)::bigint < %(cut)s"
+
+
+def load(url: str, n: int, users: int, seed: int, corpus: RealisticCorpus | None = None,
+         undistilled_share: float = 0.0) -> dict:
+    """Bulk-load n memories + distillations with COPY (indexes dropped first, rebuilt after).
+
+    The distillations of the exchanges in ``undistilled_share`` (:func:`_unheld`) are loaded in
+    review (confidence under the gate), so no active distillation holds those exchanges."""
     from yak_pipeline.store.database import connect
 
     rng = np.random.default_rng(seed)
@@ -245,7 +338,9 @@ def load(url: str, n: int, users: int, seed: int, corpus: RealisticCorpus | None
                                 "text", "text", "timestamptz"])
                 tiers = rng.choice(["core", "medium", "low"], size=n, p=[0.2, 0.5, 0.3])
                 for (memory_id, user, text, vector, when), tier in zip(rows, tiers):
-                    copy.write_row([memory_id, user, text, 0.9, str(tier), float(rng.uniform(0, 1)), 1.0, "active",
+                    held = not _unheld(memory_id, undistilled_share)
+                    copy.write_row([memory_id, user, text, ACTIVE_CONFIDENCE if held else REVIEW_CONFIDENCE,
+                                    str(tier), float(rng.uniform(0, 1)), 1.0, "active" if held else "review",
                                     vector, MODEL, "bench", when])
         conn.execute("ALTER TABLE memories ENABLE TRIGGER memories_context")
         conn.execute("SELECT yak_rebuild_exchange_context()")
@@ -326,7 +421,8 @@ def old_fuse(candidates: list, params, now: datetime) -> list[tuple[str, float, 
     best_possible = sum(_old_leg_weight(leg) for leg in OLD_LEGS) / (OLD_RRF_K + 1)
     hits = []
     for candidate in candidates:
-        if not candidate.ranks:
+        # The old engine dropped an exchange no active distillation held: raw candidates are new.
+        if not candidate.ranks or candidate.kind == "raw":
             continue
         fused = sum(_old_leg_weight(leg) / (OLD_RRF_K + rank) for leg, rank in candidate.ranks.items()
                     if leg in OLD_LEGS)
@@ -340,21 +436,30 @@ def old_fuse(candidates: list, params, now: datetime) -> list[tuple[str, float, 
 
 
 class _TimedConnection:
-    """A connection that times the candidate-row queries it runs (the ones selecting ``cos_exchange``), in place."""
+    """A connection that times, in place, the candidate-row queries it runs (``_CANDIDATE_ROWS_SQL``)
+    and the raw candidates' row query (``_RAW_ROWS_SQL``), each on its own."""
 
     def __init__(self, conn) -> None:
+        from yak_pipeline.store.recall import _CANDIDATE_ROWS_SQL, _RAW_ROWS_SQL
+
         self._conn = conn
+        self._sql = {_CANDIDATE_ROWS_SQL: "candidate", _RAW_ROWS_SQL: "raw"}
         self.candidate_ms = 0.0
+        self.raw_rows_ms = 0.0
         self.candidate_call: tuple | None = None
 
     def execute(self, query, params=None, **kwargs):
-        if isinstance(query, str) and "cos_exchange" in query:
-            began = time.perf_counter()
-            cursor = self._conn.execute(query, params, **kwargs)  # client-side cursor: rows are fetched here
+        which = self._sql.get(query) if isinstance(query, str) else None
+        if which is None:
+            return self._conn.execute(query, params, **kwargs)
+        began = time.perf_counter()
+        cursor = self._conn.execute(query, params, **kwargs)  # client-side cursor: rows are fetched here
+        if which == "raw":
+            self.raw_rows_ms += (time.perf_counter() - began) * 1000
+        else:
             self.candidate_ms += (time.perf_counter() - began) * 1000
             self.candidate_call = (query, params)
-            return cursor
-        return self._conn.execute(query, params, **kwargs)
+        return cursor
 
     def __getattr__(self, name):
         return getattr(self._conn, name)
@@ -379,12 +484,13 @@ def _same_top(a: list, b: list) -> bool:
 def bench_legs(url: str, queries: list, params) -> dict:
     """Each leg of ``recall_candidates`` on its own, as it runs there, per query (ms): where the time goes."""
     from yak_pipeline.store.database import Database
-    from yak_pipeline.store.recall import bm25_search, recallable_distillations, vector_search
+    from yak_pipeline.store.recall import _RAW_ROWS_SQL, bm25_search, recallable_distillations, vector_search
+    from yak_pipeline.store.rows import uuid_array
 
     legs: dict[str, list[float]] = {name: [] for name in (
         "bm25 distillations", "bm25 distillations, from the rows (exact)", "bm25 exchanges in context",
         "bm25 exchanges in context, from the rows (exact)", "cosine distillations", "cosine exchanges",
-        "cosine contexts", "exchanges -> distillations")}
+        "cosine contexts", "exchanges -> distillations", "raw exchange rows (queries with any)")}
     same = 0
     size = params.leg_size
 
@@ -418,10 +524,20 @@ def bench_legs(url: str, queries: list, params) -> dict:
                 c_vec = timed("cosine contexts", lambda: vector_search(
                     conn, table="memories", user_id=user, query_embedding=vector, embedding_model=MODEL, limit=size,
                     context=True))
-                timed("exchanges -> distillations", lambda: recallable_distillations(
-                    conn, user_id=user, memory_ids=[h.id for h in m_text + m_vec + c_vec], embedding_model=MODEL))
+                found = [h.id for h in m_text + m_vec + c_vec]
+                held = timed("exchanges -> distillations", lambda: recallable_distillations(
+                    conn, user_id=user, memory_ids=found, embedding_model=MODEL))
+                unheld = set(found) - held.keys()
+                if unheld and params.raw_exchanges:  # as recall_candidates reads them
+                    timed("raw exchange rows (queries with any)", lambda: conn.execute(_RAW_ROWS_SQL, {
+                        "q": vector, "user": user, "model": MODEL, "as_of": None, "context": params.exchange_context,
+                        "ids": uuid_array(sorted(unheld))}).fetchall())
     return {**{name: latency_summary(times) for name, times in legs.items()},
             "bm25 from postings = from the rows (share of queries)": round(same / max(len(queries), 1), 4)}
+
+
+# The three ways the store pass reads each query's candidates, in each of their six orders in turn.
+_VARIANT_ORDERS = list(permutations(("side by side", "raw off", "one by one")))
 
 
 def bench_store(url: str, queries: list, limit: int, warmup: list) -> dict:
@@ -440,6 +556,10 @@ def bench_store(url: str, queries: list, limit: int, warmup: list) -> dict:
     from yak_pipeline.store.rows import uuid_array
 
     params = recall_params(get_settings(), threshold=0.7, limit=limit)
+    if not params.raw_exchanges:
+        progress("  YAK_RECALL_RAW_EXCHANGES is off here: the store pass turns raw candidates on (as shipped)")
+        params = replace(params, raw_exchanges=True)
+    params_off = replace(params, raw_exchanges=False)
     model = load_relevance_model(MODEL)
     progress(f"  relevance model {model.version}; leg size {params.leg_size}, limit {params.limit}")
     # Room for the spare connections recall's legs run on side by side (services.recall), as a server has.
@@ -455,35 +575,59 @@ def bench_store(url: str, queries: list, limit: int, warmup: list) -> dict:
 
         legs_ms, one_by_one_ms, in_situ_ms, old_ms, new_ms = [], [], [], [], []
         sql_old_ms, sql_new_ms, counts = [], [], []
+        # Raw candidates A/B: the legs without them (a') and the ranking of those candidates (c').
+        off_legs_ms, off_rank_ms, off_counts, raw_rows_ms, raw_counts, raw_in_top = [], [], [], [], [], []
+        same_top_on_off = 0
         same_new = same_old = same_recall = 0
         measured = []
         for i, (user, text, vector) in enumerate(queries):
             now = datetime.now(timezone.utc)
             # The legs as recall runs them (side by side on spare connections that helper threads
-            # borrow, services.recall), and one after another on one connection; in alternating
-            # order, so that neither always finds the other's pages in the buffers.
-            for side_by_side in ((True, False) if i % 2 else (False, True)):
+            # borrow, services.recall), the same without raw candidates, and one after another on
+            # one connection; each order of the three in turn, so that none always finds another's
+            # pages in the buffers (of any two, each goes first in half of the queries).
+            for variant in _VARIANT_ORDERS[i % len(_VARIANT_ORDERS)]:
                 with db.connection(autocommit=True) as raw:
                     conn = _TimedConnection(raw)
                     began = time.perf_counter()
-                    candidates = recall_candidates(conn, user_id=user, query=text, query_embedding=vector,  # type: ignore[arg-type]
-                                                   embedding_model=MODEL, params=params,
-                                                   spare=spare_connections(db) if side_by_side else [])
-                    (legs_ms if side_by_side else one_by_one_ms).append((time.perf_counter() - began) * 1000)
-                    if side_by_side:
-                        in_situ_ms.append(conn.candidate_ms)
+                    found = recall_candidates(conn, user_id=user, query=text, query_embedding=vector,  # type: ignore[arg-type]
+                                              embedding_model=MODEL, params=params_off if variant == "raw off" else params,
+                                              spare=[] if variant == "one by one" else spare_connections(db))
+                    elapsed = (time.perf_counter() - began) * 1000
+                if variant == "side by side":
+                    candidates, call = found, conn.candidate_call
+                    legs_ms.append(elapsed)
+                    in_situ_ms.append(conn.candidate_ms)
+                    raw_rows_ms.append(conn.raw_rows_ms)
+                elif variant == "raw off":
+                    off_candidates = found
+                    off_legs_ms.append(elapsed)
+                else:
+                    one_by_one_ms.append(elapsed)
             counts.append(len(candidates))
+            raw_counts.append(sum(c.kind == "raw" for c in candidates))
+            off_counts.append(len(off_candidates))
+            about_present = asks_about_present(text)
             began = time.perf_counter()
             old = old_fuse(candidates, params, now)
             old_ms.append((time.perf_counter() - began) * 1000)
-            began = time.perf_counter()
-            new = rank_memories(candidates, model=model, params=params, now=now, about_present=asks_about_present(text))
-            new_ms.append((time.perf_counter() - began) * 1000)
+            # The two rankings in alternating order too (the first may warm the model's caches).
+            for raw_on in ((True, False) if i % 2 else (False, True)):
+                began = time.perf_counter()
+                if raw_on:
+                    new = rank_memories(candidates, model=model, params=params, now=now, about_present=about_present)
+                    new_ms.append((time.perf_counter() - began) * 1000)
+                else:
+                    off = rank_memories(off_candidates, model=model, params=params_off, now=now,
+                                        about_present=about_present)
+                    off_rank_ms.append((time.perf_counter() - began) * 1000)
+            raw_in_top.append(sum(m.kind == "raw" for m in new))
+            same_top_on_off += [m.id for m in new] == [m.id for m in off]
             # Recall reads the candidate rows in two parts, the second beside the first on a spare
-            # connection: the re-runs below read them all at once, on the same arguments.
-            call = conn.candidate_call
-            measured.append((now, old, new, None if call is None else
-                             (call[0], {**call[1], "ids": uuid_array(sorted(c.id for c in candidates))})))
+            # connection: the re-runs below read them all at once, on the same arguments (the
+            # distillations' ids; a raw candidate's is an exchange's, read by another query).
+            ids = sorted(c.id for c in candidates if c.kind == "distilled")
+            measured.append((now, old, new, None if call is None else (call[0], {**call[1], "ids": uuid_array(ids)})))
 
         # Untimed for the engines, in a pass of its own: the two candidate-row queries on the same
         # ids, the exact reference, and recall() itself (it must be a then c). Between the timed
@@ -514,6 +658,7 @@ def bench_store(url: str, queries: list, limit: int, warmup: list) -> dict:
     n = len(queries)
     old_total = [a + b for a, b in zip(legs_ms, old_ms)]
     new_total = [a + c for a, c in zip(legs_ms, new_ms)]
+    off_total = [a + c for a, c in zip(off_legs_ms, off_rank_ms)]
     sql_delta = [new - old for new, old in zip(sql_new_ms, sql_old_ms)]
     own_query = ([a - d + b for a, d, b in zip(legs_ms, sql_delta, old_ms)] if len(sql_delta) == n else [])
     return {
@@ -536,6 +681,25 @@ def bench_store(url: str, queries: list, limit: int, warmup: list) -> dict:
         "fidelity_old": round(same_old / n, 4),
         "recall_equals_a_then_c": round(same_recall / n, 4),
         "warmup_new_total_ms": latency_summary(first),
+        "raw_ab": {
+            "raw_on_total_ms": latency_summary(new_total),
+            "raw_off_total_ms": latency_summary(off_total),
+            "on_minus_off_per_query_ms": latency_summary([a - b for a, b in zip(new_total, off_total)]),
+            "raw_on_legs_and_candidates_ms": latency_summary(legs_ms),
+            "raw_off_legs_and_candidates_ms": latency_summary(off_legs_ms),
+            "legs_on_minus_off_per_query_ms": latency_summary([a - b for a, b in zip(legs_ms, off_legs_ms)]),
+            "raw_on_ranking_ms": latency_summary(new_ms),
+            "raw_off_ranking_ms": latency_summary(off_rank_ms),
+            "raw_rows_query_in_situ_ms": latency_summary(raw_rows_ms),
+            "raw_candidates_per_query": {"mean": round(sum(raw_counts) / n, 1), "max": max(raw_counts),
+                                         "min": min(raw_counts),
+                                         "queries_with_any": round(sum(k > 0 for k in raw_counts) / n, 4)},
+            "candidates_per_query_off": {"mean": round(sum(off_counts) / n, 1), "max": max(off_counts),
+                                         "min": min(off_counts)},
+            f"queries_with_raw_in_top_{params.limit}": round(sum(k > 0 for k in raw_in_top) / n, 4),
+            f"raw_in_top_{params.limit}_per_query_mean": round(sum(raw_in_top) / n, 2),
+            f"same_top_{params.limit}_on_and_off": round(same_top_on_off / n, 4),
+        },
         "legs_ms": bench_legs(url, queries, params),
         "relevance_model": model.version,
         "leg_size": params.leg_size,
@@ -636,6 +800,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--keep", action="store_true", help="keep the scratch database afterwards (its name is printed)")
     add_corpus_options(parser)
+    parser.add_argument("--undistilled-share", type=float, default=DEFAULT_UNDISTILLED_SHARE, metavar="SHARE",
+                        help="share of the exchanges no active distillation holds (their distillations in review), "
+                             "recalled as raw candidates; applied to a --reuse'd database too, idempotently "
+                             f"(default {DEFAULT_UNDISTILLED_SHARE:g})")
     parser.add_argument("--no-user-indexes", action="store_true",
                         help="measure without the per-user indexes the nightly recall_index_job builds "
                              "(store.user_indexes): the shared HNSW index alone; drops them from a reused database")
@@ -645,12 +813,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if not corpus_options_valid(args):
         return 2
+    if not 0.0 <= args.undistilled_share <= 1.0:
+        print("error: --undistilled-share must be between 0 and 1", file=sys.stderr)
+        return 2
     settings = get_settings()
     started = time.monotonic()
     load_average = {"before": _load()}
     with (reused_database(settings, args.reuse) if args.reuse else scratch_database(settings, keep=args.keep)) as url:
         corpus = RealisticCorpus(args.data_dir) if args.corpus == "realistic" else None
         loaded = load_or_reuse(url, args, corpus)
+        undistilled = apply_undistilled_share(url, args.undistilled_share)
         user_indexes = build_user_indexes(url, drop=args.no_user_indexes)
         if corpus is not None:
             queries = corpus.queries(args.users, args.queries, args.seed)
@@ -667,6 +839,7 @@ def main(argv: list[str] | None = None) -> int:
         load_average["after"] = _load()
     result = {"n": args.n, "users": args.users, "corpus": args.corpus, "queries": args.queries, "limit": args.limit,
               "dimensions": DIM,
+              "reused_database": args.reuse, "undistilled": undistilled,
               "load_seconds": loaded["seconds"], "user_indexes": user_indexes, "store": store, "cpu": cpu, "http": http, "targets": TARGETS,
               "load_average_1min": load_average, "seconds": round(time.monotonic() - started, 1)}
     suffix = "_realistic" if args.corpus == "realistic" else ""
@@ -715,6 +888,37 @@ def main(argv: list[str] | None = None) -> int:
     print("  old = the legs + RRF fusion as store/hybrid.py did it (06f3bdf), without its raw-cosine gate on")
     print("  vector-leg hits; the new candidate query computes both cosines (distillation and exchange) per")
     print("  candidate, the old one the distillation's only: the 'candidate-row SQL' rows time that part.")
+    print("  Both engines' (a) is with raw candidates on, as shipped; the old fusion ignores them (it had none).")
+
+    ab_raw = store["raw_ab"]
+    on, off = ab_raw["raw_on_total_ms"], ab_raw["raw_off_total_ms"]
+    legs_on, legs_off = ab_raw["raw_on_legs_and_candidates_ms"], ab_raw["raw_off_legs_and_candidates_ms"]
+    raw_n, top = ab_raw["raw_candidates_per_query"], args.limit
+    raw_rows = [
+        ("recall, raw candidates on (a + c, as shipped)", _pcts(on), "", ""),
+        ("recall, raw candidates off (a' + c')", _pcts(off), "", ""),
+        ("cost of the raw candidates = on − off (p50 / p95 / p99)",
+         " / ".join(diff(on, off, p) for p in ("p50", "p95", "p99")), "", ""),
+        ("    per query, on − off (p50 / p95 / p99)", _pcts(ab_raw["on_minus_off_per_query_ms"]), "", ""),
+        ("(a) legs + candidates, on", _pcts(legs_on), "", ""),
+        ("(a') legs + candidates, off", _pcts(legs_off), "", ""),
+        ("    per query, a − a' (p50 / p95 / p99)", _pcts(ab_raw["legs_on_minus_off_per_query_ms"]), "", ""),
+        ("    raw rows query on the request's connection (in a)", _pcts(ab_raw["raw_rows_query_in_situ_ms"]), "", ""),
+        ("(c) ranking, on", _pcts(ab_raw["raw_on_ranking_ms"]), "", ""),
+        ("(c') ranking, off", _pcts(ab_raw["raw_off_ranking_ms"]), "", ""),
+        ("raw candidates per query (mean / min / max)", f"{raw_n['mean']} / {raw_n['min']} / {raw_n['max']}", "", ""),
+        ("    queries with any raw candidate (share)", f"{raw_n['queries_with_any']:.3f}", "", ""),
+        ("candidates per query, on / off (mean)",
+         f"{store['candidates_per_query']['mean']} / {ab_raw['candidates_per_query_off']['mean']}", "", ""),
+        (f"queries with a raw memory in the top {top} (share)", f"{ab_raw[f'queries_with_raw_in_top_{top}']:.3f}", "", ""),
+        (f"    raw memories in the top {top} per query (mean)", f"{ab_raw[f'raw_in_top_{top}_per_query_mean']:.2f}", "", ""),
+        (f"    top {top} the same on and off (share of queries)", f"{ab_raw[f'same_top_{top}_on_and_off']:.3f}", "", ""),
+        ("exchanges held by no active distillation: share (count) vs requested",
+         f"{undistilled['unheld_share']:.3f} ({undistilled['unheld_exchanges']} of {undistilled['exchanges']})",
+         f"{undistilled['requested']:g}", ""),
+    ]
+    print_table(f"Raw candidates A/B, on vs off, same queries and vectors, N = {args.n}, U = {args.users} "
+                f"(ms: p50 / p95 / p99)", raw_rows)
 
     rows = [
         ("store, new engine (a + c) p50 / p95 / p99 ms", _pcts(new), f"p95 ≤ {TARGETS['store_p95_ms']:g}",
