@@ -13,8 +13,8 @@ Tests drive Yak's real ``openai`` client against it: nothing in the HTTP path is
 
 Replies can be good JSON, raw text (broken JSON), HTTP errors, slow replies, dropped
 connections, tool calls and streams cut off in the middle (:class:`Reply`). Every request is recorded (:attr:`FakeOpenAIServer.requests`).
-The ``openai_server`` pytest fixture yields a started server; the project's conftest loads this
-module as a plugin.
+The ``openai_server`` pytest fixture yields a started server, ``upstream`` one that answers chats
+as a model behind the memory proxy would; the project's conftest loads this module as a plugin.
 """
 
 from __future__ import annotations
@@ -521,3 +521,10 @@ def openai_server() -> Iterator[FakeOpenAIServer]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def upstream() -> Iterator[FakeOpenAIServer]:
+    """The loopback model server behind the memory proxy, answering any chat with ``You said: …``."""
+    with FakeOpenAIServer(chat_replier) as server:
+        yield server

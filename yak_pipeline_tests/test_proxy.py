@@ -41,20 +41,13 @@ from yak_pipeline_tests.api_fixtures import (  # noqa: F401
     seeded,
     serve_in_thread,
 )
-from yak_pipeline_tests.fake_openai import FakeOpenAIServer, Reply, chat_replier
+from yak_pipeline_tests.fake_openai import FakeOpenAIServer, Reply
 from yak_pipeline_tests.pipeline_helpers import fetch_all, fetch_one, new_instance, pipeline_resources, run_partition
 from yak_pipeline_tests.reliability_helpers import yak_env
 
 ROOT = Path(__file__).resolve().parents[1]
 UPSTREAM_KEY = "sk-upstream-secret-5f2a9c"
 QUESTION = "What is my locker code?"
-
-
-@pytest.fixture
-def upstream() -> Iterator[FakeOpenAIServer]:
-    """The loopback model server, answering any chat with ``You said: …``."""
-    with FakeOpenAIServer(chat_replier) as server:
-        yield server
 
 
 @pytest.fixture

@@ -57,7 +57,6 @@ from collections.abc import Callable, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from typing import Any, Iterator, Literal
 
 import numpy as np
