@@ -33,7 +33,8 @@ def test_pin_sets_user_weight_and_recall_weighs_it(app, admin, seeded: Seeded, d
     assert pinned.status_code == 200 and pinned.json()["user_weight"] == 3.0
     after = next(h for h in admin.post("/api/distillations/search", json=search).json() if h["id"] == target)
     assert (before["explain"]["gravity"], after["explain"]["gravity"]) == (2.0, 6.0)
-    assert after["score"] == pytest.approx(before["score"] * 3, rel=1e-6)
+    assert after["rank_odds"] == pytest.approx(before["rank_odds"] * 3, rel=1e-6)
+    assert 0.0 <= before["score"] <= after["score"] <= 1.0  # the shown score: the same order, in [0, 1]
     with database.connection() as conn:
         detail = conn.execute("SELECT actor, detail FROM audit_log WHERE action = 'weight'").fetchone()
     assert detail == ("api:admin", {"before": 1.0, "after": 3.0})

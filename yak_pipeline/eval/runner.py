@@ -83,7 +83,7 @@ from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database, create_database, drop_database, resolve_database_url, with_database
 from yak_pipeline.store.distillations import recall_hit_rows, status_counts
 from yak_pipeline.store.errors import StoreError
-from yak_pipeline.store.memories import list_memories
+from yak_pipeline.store.memories import list_memories, raw_hit_rows
 from yak_pipeline.store.recall import active_distillation_ids, bm25_search, recall, recall_candidates, source_memories, vector_search
 
 Progress = Callable[[str], None]
@@ -628,10 +628,9 @@ def _rank(asked: _Asked, model: RelevanceModel, params: RecallParams) -> list[Ra
 def _hit_texts(conn: Any, ranked: Sequence[RankedMemory]) -> list[str]:
     """What each ranked memory says: a distillation's text, a raw exchange's own."""
     distilled = recall_hit_rows(conn, [r.id for r in ranked if r.kind != "raw"])
-    raw_ids = [r.id for r in ranked if r.kind == "raw"]
-    raw = dict(conn.execute("SELECT id::text, content FROM memories WHERE id::text = ANY(%s)",
-                            (raw_ids,)).fetchall()) if raw_ids else {}
-    return [raw.get(r.id, "") if r.kind == "raw" else distilled[r.id][2] for r in ranked]
+    raw = raw_hit_rows(conn, [r.id for r in ranked if r.kind == "raw"])
+    return [raw[r.id][1] if r.kind == "raw" and r.id in raw else distilled[r.id][2] if r.kind != "raw" else ""
+            for r in ranked]
 
 
 @dataclass
