@@ -10,13 +10,12 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from contextlib import ExitStack
 from datetime import datetime, timedelta, timezone
 from yak_pipeline.settings import get_settings
 from yak_pipeline.embeddings import get_embedder
 from yak_pipeline.eval.locomo import Conversation, Turn
 from yak_pipeline.eval.runner import evaluation_database, _ingest
-from yak_pipeline.services.recall import build_context, recall_params, relevance_model, block_choice, search_memories
+from yak_pipeline.services.recall import block_choice, build_context, recall_params, relevance_model
 
 facts = ["I drink coffee every morning, black.", "I'm vegetarian.", "My sister lives in Lisbon.",
          "I work as a nurse.", "Radiohead is my favourite band.", "I go running three times a week.",
