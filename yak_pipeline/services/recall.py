@@ -318,13 +318,15 @@ def build_context(
 
     def _recall() -> list[BlockMemory]:
         hits = search_memories(db, embedder, judge=judge, **ask)
+        # A query that filled the limit needs no help from the others (and costs no more recalls).
+        full = len(hits) >= limit
         # Only what answers: the memories near the best one (the odds gap), not a fixed count.
         near = within_odds_gap([h.rank_odds for h in hits], exponent=ask["params"].relevance_exponent,
                                odds_gap=choice.odds_gap)
         hits = [h for h, keep in zip(hits, near) if keep]
         found = {h.id for h in hits}
         added: dict[str, RecallHit] = {}
-        for text in also if len(hits) < limit else ():  # a full block has no room for more
+        for text in also if not full else ():
             # The message being answered stays ``query``: an earlier asking of it is no evidence.
             new = [h for h in search_memories(db, embedder, **{**ask, "query": text, "echo": ask["query"]})
                    if h.id not in found]
