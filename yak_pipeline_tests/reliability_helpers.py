@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -237,7 +237,7 @@ def yak_env(db_url: str, home: Path, **extra: str) -> dict[str, str]:
 
 @dataclass
 class YakServe:
-    """A running ``yak serve`` subprocess on 127.0.0.1."""
+    """A running ``yak serve`` (or ``yak proxy``) subprocess on 127.0.0.1."""
 
     url: str
     process: subprocess.Popen
@@ -250,26 +250,29 @@ class YakServe:
 
 
 @contextmanager
-def yak_serve(env: dict[str, str], workdir: Path, *, require_database: bool = True) -> Iterator[YakServe]:
-    """Start ``yak serve`` on a free port and wait until it answers; terminate it afterwards."""
+def yak_serve(env: dict[str, str], workdir: Path, *, require_database: bool = True,
+              command: str = "serve", args: Sequence[str] = ()) -> Iterator[YakServe]:
+    """Start ``yak serve`` (or ``yak proxy``, with ``command``; ``args`` added) on a free port and
+    wait until it answers; terminate it afterwards."""
     port = free_port()
     workdir.mkdir(parents=True, exist_ok=True)
-    out, err = workdir / f"serve-{port}.out", workdir / f"serve-{port}.err"
+    out, err = workdir / f"{command}-{port}.out", workdir / f"{command}-{port}.err"
     with out.open("w") as stdout, err.open("w") as stderr:
-        process = subprocess.Popen([str(YAK), "serve", "--host", "127.0.0.1", "--port", str(port)], env=env,
+        process = subprocess.Popen([str(YAK), command, "--host", "127.0.0.1", "--port", str(port), *args],
+                                   env=env,
                                    stdout=stdout, stderr=stderr, start_new_session=True)
     server = YakServe(f"http://127.0.0.1:{port}", process, out, err)
     try:
         deadline = time.monotonic() + STARTUP_SECONDS
         while True:
-            assert process.poll() is None, f"yak serve exited: {server.logs()[-3000:]}"
+            assert process.poll() is None, f"yak {command} exited: {server.logs()[-3000:]}"
             try:
                 status = httpx.get(f"{server.url}/health", timeout=2).status_code
                 if status == 200 or (status == 503 and not require_database):
                     break
             except httpx.HTTPError:
                 pass
-            assert time.monotonic() < deadline, f"yak serve did not start: {server.logs()[-3000:]}"
+            assert time.monotonic() < deadline, f"yak {command} did not start: {server.logs()[-3000:]}"
             time.sleep(0.1)
         yield server
     finally:

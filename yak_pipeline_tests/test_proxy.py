@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -43,9 +40,8 @@ from yak_pipeline_tests.api_fixtures import (  # noqa: F401
 )
 from yak_pipeline_tests.fake_openai import FakeOpenAIServer, Reply
 from yak_pipeline_tests.pipeline_helpers import fetch_all, fetch_one, new_instance, pipeline_resources, run_partition
-from yak_pipeline_tests.reliability_helpers import yak_env
+from yak_pipeline_tests.reliability_helpers import yak_env, yak_serve
 
-ROOT = Path(__file__).resolve().parents[1]
 UPSTREAM_KEY = "sk-upstream-secret-5f2a9c"
 QUESTION = "What is my locker code?"
 
@@ -601,35 +597,15 @@ def test_no_secret_reaches_the_logs(yak_url: str, upstream: FakeOpenAIServer, se
 
 def test_yak_proxy_serves_the_proxy_alone(db_url: str, upstream: FakeOpenAIServer, seeded: Seeded,  # noqa: F811
                                           database: Database, tmp_path: Path) -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     env = yak_env(db_url, tmp_path / "home", YAK_UPSTREAM_BASE_URL=upstream.base_url,
                   YAK_UPSTREAM_API_KEY=UPSTREAM_KEY, YAK_ADMIN_API_KEY=ADMIN_KEY, YAK_PROXY_RECALL_THRESHOLD="0.1")
-    out, err = tmp_path / "proxy.out", tmp_path / "proxy.err"
-    # `python -m` from the project folder: the subprocess runs this checkout's code.
-    with out.open("w") as stdout, err.open("w") as stderr:
-        process = subprocess.Popen([sys.executable, "-m", "yak_pipeline.cli.main", "proxy", "--port", str(port),
-                                    "--json"], env=env, cwd=ROOT, stdout=stdout, stderr=stderr)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, err.read_text()
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                assert time.monotonic() < deadline, err.read_text()
-                time.sleep(0.1)
+    with yak_serve(env, tmp_path, command="proxy", args=("--json",)) as server:
+        url = server.url
         answer = client(url, seeded.alice_key).chat.completions.create(model="fake-model", messages=chat())
         assert answer.choices[0].message.content == f"You said: {QUESTION}"
         assert seeded.alice.secret in upstream.chat_requests[-1].body["messages"][-2]["content"]
         assert httpx.get(f"{url}/api/memories", headers={"X-API-Key": ADMIN_KEY}).status_code == 404
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-    assert json.loads(out.read_text().splitlines()[0]) == {"url": f"{url}/v1", "upstream": upstream.base_url,
-                                                           "warnings": []}
+    assert json.loads(server.stdout.read_text().splitlines()[0]) == {"url": f"{url}/v1",
+                                                                     "upstream": upstream.base_url, "warnings": []}
     assert stored_turns(database, "alice")[-1][0] == QUESTION
-    assert UPSTREAM_KEY not in out.read_text() + err.read_text()
+    assert UPSTREAM_KEY not in server.logs()

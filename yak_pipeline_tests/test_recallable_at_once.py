@@ -32,7 +32,6 @@ from mcp.client.stdio import StdioServerParameters
 from yak_pipeline.api.app import create_app
 from yak_pipeline.core.memory_block import BLOCK_OPEN
 from yak_pipeline.embeddings.hashing import HashingEmbedder
-from yak_pipeline.ports import free_port
 from yak_pipeline.services.recall import recall_params
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.api_keys import create_api_key
@@ -41,7 +40,7 @@ from yak_pipeline.store.recall import bm25_search, recall_candidates, vector_sea
 from yak_pipeline_tests.api_fixtures import ADMIN_KEY, Seeded, api_settings, seeded, serve_in_thread  # noqa: F401
 from yak_pipeline_tests.fake_openai import FakeOpenAIServer
 from yak_pipeline_tests.pipeline_helpers import fetch_all, fetch_one
-from yak_pipeline_tests.reliability_helpers import yak_env
+from yak_pipeline_tests.reliability_helpers import yak_env, yak_serve
 
 ROOT = Path(__file__).resolve().parents[1]
 UPSTREAM_KEY = "sk-upstream-secret-recall-at-once"
@@ -130,29 +129,10 @@ LOCKER_QUESTION = "Which number is my locker at the climbing gym?"
 @pytest.fixture
 def yak_proxy(db_url: str, upstream: FakeOpenAIServer, tmp_path: Path) -> Iterator[str]:
     """A real ``yak proxy`` subprocess (default recall threshold) on a free port; yields its URL."""
-    port = free_port()
     env = yak_env(db_url, tmp_path / "home", YAK_UPSTREAM_BASE_URL=upstream.base_url,
                   YAK_UPSTREAM_API_KEY=UPSTREAM_KEY, YAK_ADMIN_API_KEY=ADMIN_KEY)
-    out, err = tmp_path / "proxy.out", tmp_path / "proxy.err"
-    with out.open("w") as stdout, err.open("w") as stderr:
-        process = subprocess.Popen(_yak_cmd("proxy", "--port", str(port), "--json"), env=env, cwd=ROOT,
-                                   stdout=stdout, stderr=stderr)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, err.read_text()
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert time.monotonic() < deadline, err.read_text()
-            time.sleep(0.1)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
+    with yak_serve(env, tmp_path, command="proxy") as server:
+        yield server.url
 
 
 def test_proxy_alone_a_fact_said_in_one_chat_is_in_the_next_chats_block_within_a_second(
