@@ -62,22 +62,28 @@ def within_odds_gap(rank_odds: Sequence[float], *, exponent: float, odds_gap: fl
     return [odds > 0 and math.log(odds) >= limit - 1e-12 for odds in rank_odds]
 
 
+def within_token_budget(line_tokens: Sequence[int], token_budget: int) -> list[int]:
+    """The indices (in order) of the lines that fit ``token_budget`` tokens, taken in order (the first
+    always; a later one that does not fit is skipped, a shorter one after it may still fit; 0: all)."""
+    kept: list[int] = []
+    used = 0
+    for index, tokens in enumerate(line_tokens):
+        if kept and token_budget and used + tokens > token_budget:
+            continue
+        kept.append(index)
+        used += tokens
+    return kept
+
+
 def choose_block(rank_odds: Sequence[float], line_tokens: Sequence[int], *, exponent: float,
                  choice: BlockChoice) -> list[int]:
     """The indices (in order) of the memories the block holds: within the odds gap, then while the
     lines fit the token budget (the first kept always)."""
     if len(rank_odds) != len(line_tokens):
         raise ValueError("one token count per memory is needed")
-    kept: list[int] = []
-    used = 0
-    for index, near in enumerate(within_odds_gap(rank_odds, exponent=exponent, odds_gap=choice.odds_gap)):
-        if not near:
-            continue
-        if kept and choice.token_budget and used + line_tokens[index] > choice.token_budget:
-            continue  # a shorter memory further down may still fit
-        kept.append(index)
-        used += line_tokens[index]
-    return kept
+    near = [i for i, keep in enumerate(within_odds_gap(rank_odds, exponent=exponent, odds_gap=choice.odds_gap))
+            if keep]
+    return [near[i] for i in within_token_budget([line_tokens[i] for i in near], choice.token_budget)]
 
 
 def fit_text(text: str, token_budget: int) -> str:

@@ -101,17 +101,6 @@ class Examples:
                         self.query_conversations[q_keep], self.query_others[q_keep])
 
 
-def collect_examples(settings: Settings, datasets: Sequence[tuple[str, Sequence[Conversation]]], *,
-                     progress: Progress = _quiet) -> Examples:
-    """Labelled candidate features for every question of every data set (see the module docstring)."""
-    from contextlib import ExitStack
-
-    from yak_pipeline.eval.runner import EvalOptions, collect, examples_from
-
-    with ExitStack() as stack:
-        return examples_from(collect(settings, datasets, EvalOptions(), stack=stack, progress=progress))
-
-
 def example_weights(labels: np.ndarray, files: np.ndarray) -> np.ndarray:
     """Each file weighs the same in total, and within it the relevant and the other examples do."""
     weights = np.zeros(len(labels))

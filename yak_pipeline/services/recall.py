@@ -23,7 +23,13 @@ from typing import NotRequired, TypedDict, Unpack
 
 import psycopg
 
-from yak_pipeline.core.block_choice import BlockChoice, choose_block, estimated_tokens, fit_text, within_odds_gap
+from yak_pipeline.core.block_choice import (
+    BlockChoice,
+    estimated_tokens,
+    fit_text,
+    within_odds_gap,
+    within_token_budget,
+)
 from yak_pipeline.core.exchanges import users_words
 from yak_pipeline.core.memory_block import BlockMemory, PromptBuild, build_prompt_messages
 from yak_pipeline.core.query_intent import asks_about_past
@@ -339,8 +345,7 @@ def build_context(
             # (it stays in search, explain and the page, marked).
             hits = [h for h in hits if h.superseded_by is None]
         # Then the token budget, over the lines as the block shows them (the first always, cut to fit).
-        kept = choose_block([1.0] * len(hits), [estimated_tokens(h.content) + _LABEL_TOKENS for h in hits],
-                            exponent=1.0, choice=replace(choice, odds_gap=None))
+        kept = within_token_budget([estimated_tokens(h.content) + _LABEL_TOKENS for h in hits], choice.token_budget)
         return [BlockMemory(id=h.id, content=fit_text(h.content, choice.token_budget), tier=h.tier,
                             occurred_at=h.occurred_at, superseded=h.superseded_by is not None,
                             in_conflict=h.in_conflict, kind=h.kind)
