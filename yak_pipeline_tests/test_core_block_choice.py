@@ -8,7 +8,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from yak_pipeline.core.block_choice import BlockChoice, choose_block, estimated_tokens, fit_text, within_odds_gap
+from yak_pipeline.core.block_choice import (
+    LABEL_TOKENS,
+    BlockChoice,
+    choose_block,
+    estimated_tokens,
+    fit_text,
+    line_tokens,
+    within_odds_gap,
+)
 
 
 def test_the_odds_gap_is_on_the_standings_logit_scale_whatever_the_exponent() -> None:
@@ -32,6 +40,18 @@ def test_the_budget_keeps_the_first_and_takes_what_fits_in_order() -> None:
         choose_block([1.0], [], exponent=1.0, choice=choice)
     with pytest.raises(ValueError, match="odds_gap"):
         BlockChoice(odds_gap=-1.0)
+
+
+def test_superseded_memories_leave_the_block_before_the_budget_counts_them() -> None:
+    choice = BlockChoice(odds_gap=None, token_budget=100)
+    # The superseded first memory leaves; the budget then counts from the second.
+    assert choose_block([5.0, 4.0, 3.0], [60, 60, 30], exponent=1.0, choice=choice,
+                        superseded=[True, False, False]) == [1, 2]
+    # None (history asked for): the superseded memory stays.
+    assert choose_block([5.0, 4.0, 3.0], [60, 60, 30], exponent=1.0, choice=choice, superseded=None) == [0, 2]
+    with pytest.raises(ValueError, match="superseded flag"):
+        choose_block([5.0, 4.0], [1, 1], exponent=1.0, choice=choice, superseded=[False])
+    assert line_tokens("x" * 40) == 10 + LABEL_TOKENS
 
 
 def test_a_long_text_is_cut_at_a_word_to_its_budget() -> None:

@@ -170,6 +170,16 @@ def test_a_whole_run_ingests_through_the_pipeline_and_scores_three_methods(setti
     assert section["methods"]["Yak"]["abstention_empty"] is None and section["methods"]["Yak"]["abstention_n"] == 0
     assert report["settings"]["relevance_models"]["shipped"].startswith("feature-hashing-384@")
     assert 0.0 < section["distilled_evidence"] <= 1.0
+    # The injected block: measured for each Yak method beside the uncut first memories, never larger.
+    assert report["settings"]["block"] == {"limit": 5, "odds_gap": 2.0, "token_budget": 600}
+    for name in ("Yak", "Yak (in-sample)", "Yak (shipped model)"):
+        chosen, fixed = section["methods"][name]["block"], section["methods"][name]["fixed_block"]
+        assert chosen["n"] == fixed["n"] == 5 and set(chosen["by_category"]) == {"1", "2", "3", "4"}
+        assert 0.0 <= chosen["block_recall"] <= fixed["block_recall"] <= section["methods"][name]["overall"]["recall@5"]
+        assert 0.0 < chosen["block_size"] <= fixed["block_size"] <= 5.0 and 0 < chosen["tokens"] <= fixed["tokens"]
+        assert chosen["block_precision"] is None or 0.0 <= chosen["block_precision"] <= 1.0
+    assert "BM25" not in section["methods"] or "block" not in section["methods"]["BM25"]
+    assert "block" not in section["ablations"]["Yak, no gate"]
     # Two conversations: two folds of one each, within the one file. Neither fold can fit the
     # answerability (the only negatives are questions asked of the held-out person), which is said.
     assert report["cross_validation"]["folds"] == 2 and report["cross_validation"]["within_one_file"]
@@ -188,6 +198,7 @@ def test_a_whole_run_ingests_through_the_pipeline_and_scores_three_methods(setti
     print_report(report, console)
     printed = console.export_text()
     assert "synthetic: overall" in printed and "Yak (shipped model)" in printed and "target" in printed
+    assert "the injected block" in printed and "first, uncut" in printed
 
 
 def test_the_llm_judge_is_scored_as_its_own_method(settings: Settings, openai_server: FakeOpenAIServer) -> None:

@@ -10,7 +10,7 @@ from yak_pipeline.eval.locomo import (
     given_up_stems,
     parse_locomo,
 )
-from yak_pipeline.eval.metrics import abstained, current_first, score_ranking
+from yak_pipeline.eval.metrics import abstained, block_scores, current_first, score_ranking
 from yak_pipeline_tests.test_eval_locomo import _turn
 
 
@@ -163,3 +163,21 @@ def test_score_ranking_unchanged_by_the_new_fields() -> None:
     scores = score_ranking([["D1:3"], ["D3:1"]], question.evidence, [1, 5])
     assert scores["hit@1"] == 0.0 and scores["hit@5"] == 1.0 and scores["mrr"] == 0.5
     assert current_first([["D1:3"], ["D3:1"]], question.evidence, question.superseded) == 0.0
+
+
+def test_block_scores_count_memories_turns_and_a_stale_lead() -> None:
+    # Two of three memories hold evidence; both evidence turns are in.
+    scores = block_scores([{"a"}, {"x"}, {"b", "c"}], {"a", "b"})
+    assert scores == {"precision": 2 / 3, "recall": 1.0, "size": 3.0, "stale_lead": None}
+    # An empty block has no precision, and recalls nothing.
+    assert block_scores([], {"a"}) == {"precision": None, "recall": 0.0, "size": 0.0, "stale_lead": None}
+    # Knowledge update: the old statement first is a stale lead; the current one first is not.
+    assert block_scores([{"old"}, {"new"}], {"new"}, {"old"})["stale_lead"] == 1.0
+    assert block_scores([{"x"}, {"new"}, {"old"}], {"new"}, {"old"})["stale_lead"] == 0.0
+    # Only the old statement in the block: it leads; neither in it: no lead.
+    assert block_scores([{"old"}], {"new"}, {"old"})["stale_lead"] == 1.0
+    assert block_scores([{"x"}], {"new"}, {"old"})["stale_lead"] == 0.0
+    # A memory holding both (versioned over the old) counts as current.
+    assert block_scores([{"old", "new"}], {"new"}, {"old"})["stale_lead"] == 0.0
+    with pytest.raises(ValueError):
+        block_scores([{"a"}], set())

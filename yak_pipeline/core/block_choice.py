@@ -28,6 +28,8 @@ from typing import Final
 
 # Characters per token, for the budget's estimate.
 CHARS_PER_TOKEN: Final[float] = 4.0
+# What a block line adds to its memory's text: "- (distilled memory, said on 27 Nov 2026) ".
+LABEL_TOKENS: Final[int] = 12
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,11 @@ class BlockChoice:
 def estimated_tokens(text: str) -> int:
     """A bound on the tokens of ``text`` (four characters a token, at least one)."""
     return max(1, math.ceil(len(text) / CHARS_PER_TOKEN))
+
+
+def line_tokens(text: str) -> int:
+    """A bound on the tokens of the block line showing a memory of ``text`` (its label included)."""
+    return estimated_tokens(text) + LABEL_TOKENS
 
 
 def within_odds_gap(rank_odds: Sequence[float], *, exponent: float, odds_gap: float | None) -> list[bool]:
@@ -75,15 +82,19 @@ def within_token_budget(line_tokens: Sequence[int], token_budget: int) -> list[i
     return kept
 
 
-def choose_block(rank_odds: Sequence[float], line_tokens: Sequence[int], *, exponent: float,
-                 choice: BlockChoice) -> list[int]:
-    """The indices (in order) of the memories the block holds: within the odds gap, then while the
-    lines fit the token budget (the first kept always)."""
-    if len(rank_odds) != len(line_tokens):
-        raise ValueError("one token count per memory is needed")
+def choose_block(rank_odds: Sequence[float], tokens: Sequence[int], *, exponent: float, choice: BlockChoice,
+                 superseded: Sequence[bool] | None = None) -> list[int]:
+    """The indices (in order) of the memories the block holds: within the odds gap, then without the
+    ``superseded`` ones (those a newer memory replaced; pass None when history is asked for), then
+    while their lines (``tokens`` each) fit the token budget (the first kept always).
+
+    ``services.recall.build_context`` applies the same three steps, with a follow-up's extra recalls
+    added after the gap; ``yak eval`` measures the block with this function."""
+    if len(rank_odds) != len(tokens) or superseded is not None and len(superseded) != len(tokens):
+        raise ValueError("one token count (and superseded flag) per memory is needed")
     near = [i for i, keep in enumerate(within_odds_gap(rank_odds, exponent=exponent, odds_gap=choice.odds_gap))
-            if keep]
-    return [near[i] for i in within_token_budget([line_tokens[i] for i in near], choice.token_budget)]
+            if keep and not (superseded is not None and superseded[i])]
+    return [near[i] for i in within_token_budget([tokens[i] for i in near], choice.token_budget)]
 
 
 def fit_text(text: str, token_budget: int) -> str:

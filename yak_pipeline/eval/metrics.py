@@ -18,6 +18,11 @@ apply to):
 - **Current first** (:func:`current_first`, knowledge updates) — 1 when the newer statement is
   in the top ``k`` and ranks above every item holding only the statement it superseded.
 - **Abstained** (:func:`abstained`, never-said questions) — 1 when nothing was returned.
+
+And the measures of the *block*, the memories actually injected (:func:`block_scores`):
+precision (share of its memories that hold an evidence turn; none for an empty block), recall
+(share of evidence turns it holds), size, and for a knowledge update whether a memory holding
+only the superseded statement comes before every memory holding the current one (stale lead).
 """
 
 from __future__ import annotations
@@ -99,6 +104,29 @@ def abstained(items: Iterable[object]) -> float:
     holding no turns is still something returned.
     """
     return 0.0 if any(True for _ in items) else 1.0
+
+
+def block_scores(block: Sequence[Iterable[str]], evidence: Iterable[str],
+                 superseded: Iterable[str] = ()) -> dict[str, float | None]:
+    """The block's ``precision`` (None when empty), ``recall``, ``size`` and ``stale_lead`` (None
+    without superseded turns) for one answerable question; ``block`` is the injected memories in
+    order, each the turn ids it holds."""
+    wanted = frozenset(evidence)
+    if not wanted:
+        raise ValueError("a question needs at least one evidence turn")
+    items = [frozenset(item) for item in block]
+    stale = frozenset(superseded) - wanted
+    lead: float | None = None
+    if stale:
+        # The first memory holding either statement decides which one the model reads first.
+        first = next((item for item in items if item & (wanted | stale)), frozenset())
+        lead = 1.0 if first & stale and not first & wanted else 0.0
+    return {
+        "precision": sum(1.0 for item in items if item & wanted) / len(items) if items else None,
+        "recall": len(set().union(*items) & wanted) / len(wanted) if items else 0.0,
+        "size": float(len(items)),
+        "stale_lead": lead,
+    }
 
 
 @dataclass(frozen=True)

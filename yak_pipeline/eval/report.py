@@ -77,6 +77,35 @@ def _measures_table(report: dict[str, Any], title: str = "Knowledge updates and 
     return table
 
 
+_BLOCK_COLUMNS = (("block_precision", "precision"), ("block_recall", "recall"), ("block_size", "size"),
+                  ("tokens", "tokens"), ("stale_lead", "stale lead"), ("empty", "empty"))
+
+
+def _block_table(report: dict[str, Any], title: str) -> Table:
+    """The injected block per Yak method (its cut, then the first memories uncut), and per category
+    for the cross-validated one (— where a measure does not apply)."""
+    table = Table(title=title, title_justify="left")
+    for column in ("method", "block", "category", "n", *(header for _, header in _BLOCK_COLUMNS), "stale n"):
+        table.add_column(column, justify="left" if column in ("method", "block", "category") else "right")
+
+    def row(name: str, which: str, category: str, data: dict[str, Any]) -> None:
+        cells = ["—" if data.get(key) is None else f"{data[key]:.3f}" if key != "tokens" else f"{data[key]:.0f}"
+                 for key, _ in _BLOCK_COLUMNS]
+        table.add_row(name, which, category, str(data["n"]), *cells, str(data["stale_lead_n"]))
+
+    for name, data in report["methods"].items():
+        for which, label in (("block", "chosen"), ("fixed_block", "first, uncut")):
+            if which in data:
+                row(name, label, "all", data[which])
+        table.add_section()
+    chosen = report["methods"].get(report.get("default_method", ""), {}).get("block")
+    if chosen:
+        for category, label in report["categories"].items():
+            if category in chosen["by_category"]:
+                row(report["default_method"], "chosen", f"{category} {label}", chosen["by_category"][category])
+    return table
+
+
 def print_report(report: dict[str, Any], console: Console | None = None) -> None:
     """Per file: the overall table, the per-category table, the measures and the target verdict."""
     # Tables this wide wrap into unreadable columns at a pipe's default 80 characters.
@@ -113,6 +142,11 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
         if llm_line:
             console.print(llm_line, highlight=False)
         console.print(_measures_table(section, f"{name}: knowledge updates and abstention"))
+        block = settings.get("block")
+        if block:
+            console.print(_block_table({**section, "default_method": report["default_method"]},
+                                       f"{name}: the injected block (first {block['limit']} recalled, odds gap "
+                                       f"{block['odds_gap']}, {block['token_budget']} tokens; superseded left out)"))
         console.print(_target_line(section["target"], name))
     verdict = "met" if report["target"]["met"] else "NOT met"
     console.print(f"Target {verdict} on {'every file' if report['target']['met'] else 'not every file'} "

@@ -46,6 +46,13 @@ right beyond ranking:
 - ``abstention_empty`` — over never-said questions (category 5 without evidence): the share whose
   recall, threshold applied, is empty. Dense always returns something (0); BM25 returns nothing
   when no word of the question is in any exchange, which counts as abstaining.
+
+And for each Yak method, the *block* a prompt would get (``block``): the first
+``YAK_PROXY_RECALL_LIMIT`` recalled memories cut as ``build_context`` cuts them
+(``core.block_choice.choose_block``: the odds gap, superseded memories left out unless the question
+asks about the past, the token budget), scored with ``eval.metrics.block_scores`` — precision,
+recall, size, estimated tokens and stale lead, overall and per category — beside ``fixed_block``,
+the same first memories with no cut (the block before the odds gap and the budget).
 """
 
 from __future__ import annotations
@@ -64,20 +71,27 @@ import psycopg
 
 from yak_pipeline.alerts import NULL_ALERTER
 from yak_pipeline.core.exchange_files import ExchangeRecord
-from yak_pipeline.core.exchanges import content_sha256
-from yak_pipeline.core.query_intent import asks_about_present
+from yak_pipeline.core.block_choice import BlockChoice, choose_block, line_tokens
+from yak_pipeline.core.exchanges import content_sha256, users_words
+from yak_pipeline.core.query_intent import asks_about_past, asks_about_present
 from yak_pipeline.core.recall import Candidate, RankedMemory, RecallParams, rank_memories
 from yak_pipeline.core.relevance import ANSWERABLE_FEATURES, FEATURES, RelevanceModel, answerable_features, relevance_features
 from yak_pipeline.embeddings import Embedder, get_embedder
 from yak_pipeline.eval.calibrate import Examples, fit_model
 from yak_pipeline.eval.locomo import CATEGORY_NAMES, KNOWLEDGE_UPDATE_CATEGORY, Conversation, Question
-from yak_pipeline.eval.metrics import ScoredQuestion, abstained, aggregate, current_first, score_ranking
+from yak_pipeline.eval.metrics import ScoredQuestion, abstained, aggregate, block_scores, current_first, score_ranking
 from yak_pipeline.ingestion.records import ingest_records
 from yak_pipeline.llm import RulesProvider, get_llm_provider
 from yak_pipeline.llm.provider import LLMProvider
 from yak_pipeline.services.consolidate import ConsolidateJob, merge_near_duplicates, score_conflicts
 from yak_pipeline.services.distill import DistillJob, distill_memories, partition_memory_ids
-from yak_pipeline.services.recall import LLMRecallJudge, embed_pending_exchanges, recall_params, relevance_model
+from yak_pipeline.services.recall import (
+    LLMRecallJudge,
+    block_choice,
+    embed_pending_exchanges,
+    recall_params,
+    relevance_model,
+)
 from yak_pipeline.services.reports import StageReport
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database, create_database, drop_database, resolve_database_url, with_database
@@ -626,11 +640,34 @@ def _rank(asked: _Asked, model: RelevanceModel, params: RecallParams) -> list[Ra
 
 
 def _hit_texts(conn: Any, ranked: Sequence[RankedMemory]) -> list[str]:
-    """What each ranked memory says: a distillation's text, a raw exchange's own."""
+    """What each ranked memory says, as the block shows it: a distillation's text, a raw
+    exchange's user side (``services.recall``'s hits)."""
     distilled = recall_hit_rows(conn, [r.id for r in ranked if r.kind != "raw"])
     raw = raw_hit_rows(conn, [r.id for r in ranked if r.kind == "raw"])
-    return [raw[r.id][1] if r.kind == "raw" and r.id in raw else distilled[r.id][2] if r.kind != "raw" else ""
-            for r in ranked]
+    return [users_words(raw[r.id][1])[0] if r.kind == "raw" and r.id in raw
+            else distilled[r.id][2] if r.kind != "raw" and r.id in distilled else "" for r in ranked]
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    """How a prompt's block is made from what recall ranks: the first ``limit`` memories, cut by ``choice``."""
+
+    limit: int
+    choice: BlockChoice
+    exponent: float
+
+
+def _block(asked: _Asked, ranked: Sequence[RankedMemory], items: Sequence[frozenset[str]], texts: Sequence[str],
+           spec: BlockSpec, *, cut: bool) -> tuple[list[frozenset[str]], int]:
+    """The block's memories (each the turns it holds) and its estimated tokens; with ``cut`` False,
+    the first memories as they come (the block before the odds gap and the budget)."""
+    top = list(range(min(spec.limit, len(ranked))))
+    tokens = [line_tokens(texts[i]) for i in top]
+    if cut:
+        history = asks_about_past(asked.question.question)
+        top = choose_block([ranked[i].rank_odds for i in top], tokens, exponent=spec.exponent, choice=spec.choice,
+                           superseded=None if history else [ranked[i].superseded_by is not None for i in top])
+    return [items[i] for i in top], sum(tokens[i] for i in top)
 
 
 @dataclass
@@ -652,11 +689,12 @@ class _Models:
 
 
 def _items(method: Method, asked: _Asked, collected: CollectedFile, models: _Models, embedder: Embedder,
-           judge: LLMRecallJudge | None) -> tuple[list[frozenset[str]], float] | None:
-    """One method's ranked items for one asked question (each the turns it holds) and its time in ms;
-    None when the method has no model (an in-sample fit that failed)."""
+           judge: LLMRecallJudge | None) -> tuple[list[frozenset[str]], float, list[RankedMemory] | None] | None:
+    """One method's ranked items for one asked question (each the turns it holds), its time in ms
+    and (a Yak method) the ranked memories; None when the method has no model (an in-sample fit
+    that failed)."""
     if method.kind in ("bm25", "dense"):
-        return asked.baselines[method.name], asked.baselines_ms[method.name]
+        return asked.baselines[method.name], asked.baselines_ms[method.name], None
     model = models.for_role(method.model, asked.conversation.key)
     if model is None:
         return None
@@ -671,7 +709,7 @@ def _items(method: Method, asked: _Asked, collected: CollectedFile, models: _Mod
             ms = (time.perf_counter() - began) * 1000
             held = {**asked.held, **_candidate_turns(conn, conversation, [r for r in ranked
                                                                           if (r.kind, r.id) not in asked.held])}
-        return [held.get((r.kind, r.id), frozenset()) for r in ranked], ms
+        return [held.get((r.kind, r.id), frozenset()) for r in ranked], ms, ranked
     began = time.perf_counter()
     ranked = _rank(asked, model, method.params)
     ms = asked.candidates_ms + (time.perf_counter() - began) * 1000
@@ -680,13 +718,38 @@ def _items(method: Method, asked: _Asked, collected: CollectedFile, models: _Mod
             kept = judge.kept(asked.question.question, _hit_texts(conn, ranked))
         if kept is not None:
             ranked = [ranked[i] for i, _ in kept]
-    return [asked.held.get((r.kind, r.id), frozenset()) for r in ranked], ms
+    return [asked.held.get((r.kind, r.id), frozenset()) for r in ranked], ms, ranked
+
+
+def _block_report(scores: Sequence[tuple[int, dict[str, float | None], int]]) -> dict[str, Any]:
+    """The block measures (``eval.metrics.block_scores`` and tokens) averaged overall and per category."""
+    groups: dict[str, list[tuple[dict[str, float | None], int]]] = {"overall": []}
+    for category, score, tokens in scores:
+        groups["overall"].append((score, tokens))
+        groups.setdefault(str(category), []).append((score, tokens))
+
+    def summary(rows: list[tuple[dict[str, float | None], int]]) -> dict[str, Any]:
+        def mean(key: str) -> float | None:
+            return _mean_or_none([s[key] for s, _ in rows if s[key] is not None])  # type: ignore[misc]
+        return {"n": len(rows), "block_precision": mean("precision"), "block_recall": mean("recall"),
+                "block_size": mean("size"), "stale_lead": mean("stale_lead"),
+                "stale_lead_n": sum(1 for s, _ in rows if s["stale_lead"] is not None),
+                "empty": _mean_or_none([float(s["size"] == 0) for s, _ in rows]),
+                "tokens": _mean_or_none([float(t) for _, t in rows])}
+
+    overall = summary(groups.pop("overall"))
+    return {**overall, "by_category": {key: summary(groups[key]) for key in sorted(groups, key=int)}}
 
 
 def _file_report(collected: CollectedFile, methods: Sequence[Method], models: _Models, embedder: Embedder,
-                 judge: LLMRecallJudge | None, ks: tuple[int, ...], required_points: float) -> dict[str, Any]:
-    """One file's figures: every method overall and per category, the extra measures, the target."""
+                 judge: LLMRecallJudge | None, ks: tuple[int, ...], required_points: float,
+                 block: BlockSpec) -> dict[str, Any]:
+    """One file's figures: every method overall and per category, the extra measures, the block
+    (Yak methods but the ablations), the target."""
     results: dict[str, list[ScoredQuestion]] = {m.name: [] for m in methods}
+    # Per method, (category, block scores, tokens) per answerable question: the cut block and the fixed one.
+    blocks: dict[str, dict[str, list[tuple[int, dict[str, float | None], int]]]] = {
+        m.name: {"block": [], "fixed_block": []} for m in methods}
     current_first_scores: dict[str, list[float]] = {m.name: [] for m in methods}
     abstained_scores: dict[str, list[float]] = {m.name: [] for m in methods}
     latency_ms: dict[str, list[float]] = {m.name: [] for m in methods}
@@ -698,7 +761,14 @@ def _file_report(collected: CollectedFile, methods: Sequence[Method], models: _M
             if got is None:
                 missing.add(method.name)
                 continue
-            items, ms = got
+            items, ms, ranked = got
+            if ranked is not None and not method.live and question.evidence:
+                with collected.db.connection() as conn:
+                    texts = _hit_texts(conn, ranked[:block.limit])
+                for name, cut in (("block", True), ("fixed_block", False)):
+                    chosen, tokens = _block(asked, ranked, items, texts, block, cut=cut)
+                    blocks[method.name][name].append(
+                        (question.category, block_scores(chosen, question.evidence, question.superseded), tokens))
             if not question.evidence:
                 abstained_scores[method.name].append(abstained(items))
                 continue
@@ -725,6 +795,9 @@ def _file_report(collected: CollectedFile, methods: Sequence[Method], models: _M
             "abstention_empty": _mean_or_none(abstained_scores[method.name]),
             "abstention_n": len(abstained_scores[method.name]),
         }
+        if blocks[method.name]["block"]:
+            method_reports[method.name]["block"] = _block_report(blocks[method.name]["block"])
+            method_reports[method.name]["fixed_block"] = _block_report(blocks[method.name]["fixed_block"])
     main = [m.name for m in methods if not m.live and m.name in method_reports]
     conversations = collected.conversations
     skipped: dict[str, int] = {}
@@ -814,10 +887,12 @@ def run_evaluation(settings: Settings, datasets: Sequence[Dataset], options: Eva
                             fallback=in_sample or shipped, progress=progress) if options.folds >= 2 else None
         models = _Models(shipped=shipped, in_sample=in_sample, cross_validation=cv)
         file_reports = {}
+        block = BlockSpec(limit=settings.proxy_recall_limit, choice=block_choice(settings),
+                          exponent=settings.recall_relevance_exponent)
         for collected in files:
             progress(f"{collected.label}: scoring {len(methods)} methods")
             file_reports[collected.label] = _file_report(collected, methods, models, embedder, judge, ks,
-                                                         options.required_points)
+                                                         options.required_points, block)
         fitted_at = time.monotonic()
     targets = {label: report["target"] for label, report in file_reports.items()}
     cross_validation: dict[str, Any] = {"folds": cv.folds if cv else 0, "note": _evaluation_note(cv, files)}
@@ -856,6 +931,8 @@ def run_evaluation(settings: Settings, datasets: Sequence[Dataset], options: Eva
             "relevance_exponent": settings.recall_relevance_exponent,
             "superseded_factor": settings.recall_superseded_factor, "leg_size": settings.recall_leg_size,
             "exchange_context": settings.recall_exchange_context,
+            "block": {"limit": block.limit, "odds_gap": block.choice.odds_gap,
+                      "token_budget": block.choice.token_budget},
         },
         "notes": [n for n in (in_sample_note,) if n],
         # The model fitted on everything (what `yak eval calibrate` writes), to inspect or ship.

@@ -25,8 +25,8 @@ import psycopg
 
 from yak_pipeline.core.block_choice import (
     BlockChoice,
-    estimated_tokens,
     fit_text,
+    line_tokens,
     within_odds_gap,
     within_token_budget,
 )
@@ -291,10 +291,6 @@ def signals_for_text(
     return {c.id: c.signals for c in candidates}
 
 
-# What a block line adds to its memory's text: "- (distilled memory, said on 27 Nov 2026) ".
-_LABEL_TOKENS = 12
-
-
 def build_context(
     db: Database,
     embedder: Embedder,
@@ -345,7 +341,7 @@ def build_context(
             # (it stays in search, explain and the page, marked).
             hits = [h for h in hits if h.superseded_by is None]
         # Then the token budget, over the lines as the block shows them (the first always, cut to fit).
-        kept = within_token_budget([estimated_tokens(h.content) + _LABEL_TOKENS for h in hits], choice.token_budget)
+        kept = within_token_budget([line_tokens(h.content) for h in hits], choice.token_budget)
         return [BlockMemory(id=h.id, content=fit_text(h.content, choice.token_budget), tier=h.tier,
                             occurred_at=h.occurred_at, superseded=h.superseded_by is not None,
                             in_conflict=h.in_conflict, kind=h.kind)
