@@ -38,6 +38,8 @@ def distil(user: str, assistant: str = "Got it.") -> tuple[str, float, str]:
         ("Last year I moved to Lisbon with my partner.", "User moved to Lisbon with their partner last year.", "core"),
         ("When I was a kid, I lived in Ohio.", "User lived in Ohio when they were a kid.", "core"),
         ("I don't eat meat.", "User does not eat meat.", "medium"),
+        ("I no longer eat vegetarian, I started eating fish.",
+         "User no longer eats vegetarian, they started eating fish.", "medium"),
         ("Hi, I'm Sam.", "User is Sam.", "core"),
         ("I'm tired today.", "User is tired today.", "low"),
         ("i live in berlin. i love dogs", "User lives in berlin. User loves dogs.", "core"),

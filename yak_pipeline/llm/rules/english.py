@@ -216,7 +216,11 @@ def rewrite_subject(clause: str) -> str | None:
     # Adverbs between subject and verb stay: "I usually run" → "User usually runs".
     index = 0
     while index < len(words) - 1 and (
-        words[index].lower() in _ADVERBS or (index > 0 and words[index].lower() == "of" and words[index - 1].lower() in {"kind", "sort"})
+        words[index].lower() in _ADVERBS
+        or (index > 0 and words[index].lower() == "of" and words[index - 1].lower() in {"kind", "sort"})
+        # "I no longer eat meat": "no longer" is one adverb ("User noes longer eat" was the garble).
+        or (words[index].lower() == "no" and words[index + 1].lower() == "longer")
+        or (index > 0 and words[index].lower() == "longer" and words[index - 1].lower() == "no")
     ):
         index += 1
     if not words or not words[index] or not words[index][0].isalpha():
