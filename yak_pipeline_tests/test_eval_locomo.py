@@ -45,8 +45,10 @@ def synthetic_locomo() -> list[dict]:
             ],
         },
         "qa": [
-            {"question": "What is the name of Ana's kitten?", "answer": "Miso", "evidence": ["D1:1"], "category": 4},
-            {"question": "Where did Ben run a half marathon?", "answer": "Leeds", "evidence": ["D2:2"], "category": 2},
+            {"question": "What is the name of Ana's kitten?", "answer": "Miso", "evidence": ["D1:1"], "category": 4,
+             "ability": "information_extraction"},
+            {"question": "Where did Ben run a half marathon?", "answer": "Leeds", "evidence": ["D2:2"], "category": 2,
+             "ability": "information_extraction"},
             {"question": "What sports is Ana training for?", "answer": "triathlon", "evidence": ["D2:3; D1:3"],
              "category": 1},
             {"question": "What did Ben make in pottery class?", "answer": "a bowl", "evidence": ["D1:4", "D:1:2"],
@@ -102,6 +104,9 @@ def test_loader_maps_turns_to_dated_exchanges_and_reads_evidence_leniently() -> 
         ('[{"conversation": {"session_1_date_time": "1:56 pm on 8 May, 2023", "session_1": [{"speaker": "A", '
          '"text": "hi"}]}, "qa": []}]', "missing 'dia_id'"),
         ("not json", "invalid JSON at line 1"),
+        ('[{"conversation": {"session_1_date_time": "1:56 pm on 8 May, 2023", "session_1": [{"speaker": "A", '
+         '"dia_id": "D1:1", "text": "hi"}]}, "qa": [{"question": "q", "evidence": ["D1:1"], "category": 1, '
+         '"ability": 3}]}]', "'ability' must be a non-empty string"),
     ],
 )
 def test_bad_files_are_one_line_errors_saying_where(tmp_path: Path, content: str, message: str) -> None:
@@ -180,6 +185,10 @@ def test_a_whole_run_ingests_through_the_pipeline_and_scores_three_methods(setti
         assert chosen["block_precision"] is None or 0.0 <= chosen["block_precision"] <= 1.0
     assert "BM25" not in section["methods"] or "block" not in section["methods"]["BM25"]
     assert "block" not in section["ablations"]["Yak, no gate"]
+    # The file names an ability for two questions: their figures per ability, and only theirs.
+    for method in section["methods"].values():
+        assert set(method["by_ability"]) == {"information_extraction"} and method["by_ability"]["information_extraction"]["n"] == 2
+    assert set(section["methods"]["Yak"]["block"]["by_ability"]) == {"information_extraction"}
     # Two conversations: two folds of one each, within the one file. Neither fold can fit the
     # answerability (the only negatives are questions asked of the held-out person), which is said.
     assert report["cross_validation"]["folds"] == 2 and report["cross_validation"]["within_one_file"]
@@ -198,7 +207,7 @@ def test_a_whole_run_ingests_through_the_pipeline_and_scores_three_methods(setti
     print_report(report, console)
     printed = console.export_text()
     assert "synthetic: overall" in printed and "Yak (shipped model)" in printed and "target" in printed
-    assert "the injected block" in printed and "first, uncut" in printed
+    assert "the injected block" in printed and "first, uncut" in printed and "synthetic: per ability" in printed
 
 
 def test_the_llm_judge_is_scored_as_its_own_method(settings: Settings, openai_server: FakeOpenAIServer) -> None:

@@ -145,13 +145,16 @@ class Question:
     """A question: its text, category, the turns that answer it and the turns it supersedes.
 
     ``superseded`` (knowledge updates only, else empty) holds earlier turns that stated the value
-    the evidence replaced; ``evidence`` is empty only for a never-said question.
+    the evidence replaced; ``evidence`` is empty only for a never-said question. ``ability`` is
+    the memory ability the question probes, when the file names it (the converted BEAM file's
+    ``ability``: instruction_following, temporal_reasoning, …); None otherwise.
     """
 
     question: str
     category: int
     evidence: frozenset[str]
     superseded: frozenset[str] = frozenset()
+    ability: str | None = None
 
 
 @dataclass(frozen=True)
@@ -481,13 +484,17 @@ def _parse_questions(qa: list, turns: Sequence[Turn], where: str) -> tuple[list[
     for index, item in enumerate(qa):
         at = f"{where}.qa[{index}]"
         text = _require(item, "question", str, at)
+        ability = item.get("ability")
+        if ability is not None and (not isinstance(ability, str) or not ability.strip()):
+            raise LocomoFormatError(f"{at}: 'ability' must be a non-empty string when given")
+        ability = ability.strip() if ability else None
         category = item.get("category")
         if isinstance(category, bool) or not isinstance(category, int):
             raise LocomoFormatError(f"{at}: 'category' must be an integer 1-5")
         if category == ADVERSARIAL_CATEGORY:
             # Never said: no evidence at all. LoCoMo's adversarial questions list the turns they twist.
             if not item.get("evidence") and text.strip():
-                never_said.append(Question(question=text, category=category, evidence=frozenset()))
+                never_said.append(Question(question=text, category=category, evidence=frozenset(), ability=ability))
             else:
                 skipped["adversarial"] += 1
             continue
@@ -517,7 +524,7 @@ def _parse_questions(qa: list, turns: Sequence[Turn], where: str) -> tuple[list[
         else:
             superseded = frozenset()
         questions.append(Question(question=text, category=category, evidence=frozenset(known),
-                                  superseded=superseded))
+                                  superseded=superseded, ability=ability))
     return questions, never_said, skipped
 
 

@@ -106,6 +106,31 @@ def _block_table(report: dict[str, Any], title: str) -> Table:
     return table
 
 
+def _ability_table(report: dict[str, Any], title: str) -> Table | None:
+    """Per ability (where the file names them, as BEAM does): each method's Recall@k at the largest
+    k, and the cross-validated Yak's block recall and precision; None when the file names none."""
+    methods = report["methods"]
+    abilities = sorted({a for data in methods.values() for a in data.get("by_ability", {})})
+    if not abilities:
+        return None
+    key = f"recall@{max(report['ks'])}"
+    table = Table(title=title, title_justify="left")
+    table.add_column("ability")
+    table.add_column("n", justify="right")
+    for name in methods:
+        table.add_column(f"{name} R@{max(report['ks'])}", justify="right")
+    default = methods.get(report.get("default_method", ""), {}).get("block", {}).get("by_ability", {})
+    table.add_column("block recall", justify="right")
+    table.add_column("block precision", justify="right")
+    for ability in abilities:
+        cells = [data.get("by_ability", {}).get(ability) for data in methods.values()]
+        n = next((int(c["n"]) for c in cells if c), 0)
+        block = default.get(ability, {})
+        table.add_row(ability, str(n), *("—" if c is None else f"{c[key]:.3f}" for c in cells),
+                      *("—" if block.get(m) is None else f"{block[m]:.3f}" for m in ("block_recall", "block_precision")))
+    return table
+
+
 def print_report(report: dict[str, Any], console: Console | None = None) -> None:
     """Per file: the overall table, the per-category table, the measures and the target verdict."""
     # Tables this wide wrap into unreadable columns at a pipe's default 80 characters.
@@ -132,6 +157,9 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
                       f"questions, {section['questions']['never_said']} never-said")
         console.print(_table(f"{name}: overall (methods × metrics)", section["methods"], ks))
         console.print(_category_table(section, section["methods"], f"{name}: per category"))
+        abilities = _ability_table({**section, "default_method": report["default_method"]}, f"{name}: per ability")
+        if abilities is not None:
+            console.print(abilities)
         if section.get("ablations"):
             console.print(_table(f"{name}: ablations (same data, one change each)", section["ablations"], ks))
             console.print(_category_table(section, section["ablations"], f"{name}: ablations per category"))

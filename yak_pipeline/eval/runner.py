@@ -721,12 +721,19 @@ def _items(method: Method, asked: _Asked, collected: CollectedFile, models: _Mod
     return [asked.held.get((r.kind, r.id), frozenset()) for r in ranked], ms, ranked
 
 
-def _block_report(scores: Sequence[tuple[int, dict[str, float | None], int]]) -> dict[str, Any]:
-    """The block measures (``eval.metrics.block_scores`` and tokens) averaged overall and per category."""
-    groups: dict[str, list[tuple[dict[str, float | None], int]]] = {"overall": []}
-    for category, score, tokens in scores:
-        groups["overall"].append((score, tokens))
+# One answerable question's block: its category, its ability (or None), the block's scores, its tokens.
+_BlockRow = tuple[int, str | None, dict[str, float | None], int]
+
+
+def _block_report(rows: Sequence[_BlockRow]) -> dict[str, Any]:
+    """The block measures (``eval.metrics.block_scores`` and tokens) averaged overall, per category
+    and (where the file names them) per ability."""
+    groups: dict[str, list[tuple[dict[str, float | None], int]]] = {}
+    abilities: dict[str, list[tuple[dict[str, float | None], int]]] = {}
+    for category, ability, score, tokens in rows:
         groups.setdefault(str(category), []).append((score, tokens))
+        if ability is not None:
+            abilities.setdefault(ability, []).append((score, tokens))
 
     def summary(rows: list[tuple[dict[str, float | None], int]]) -> dict[str, Any]:
         def mean(key: str) -> float | None:
@@ -737,8 +744,9 @@ def _block_report(scores: Sequence[tuple[int, dict[str, float | None], int]]) ->
                 "empty": _mean_or_none([float(s["size"] == 0) for s, _ in rows]),
                 "tokens": _mean_or_none([float(t) for _, t in rows])}
 
-    overall = summary(groups.pop("overall"))
-    return {**overall, "by_category": {key: summary(groups[key]) for key in sorted(groups, key=int)}}
+    overall = summary([(score, tokens) for _, _, score, tokens in rows])
+    return {**overall, "by_category": {key: summary(groups[key]) for key in sorted(groups, key=int)},
+            "by_ability": {key: summary(abilities[key]) for key in sorted(abilities)}}
 
 
 def _file_report(collected: CollectedFile, methods: Sequence[Method], models: _Models, embedder: Embedder,
@@ -747,9 +755,10 @@ def _file_report(collected: CollectedFile, methods: Sequence[Method], models: _M
     """One file's figures: every method overall and per category, the extra measures, the block
     (Yak methods but the ablations), the target."""
     results: dict[str, list[ScoredQuestion]] = {m.name: [] for m in methods}
-    # Per method, (category, block scores, tokens) per answerable question: the cut block and the fixed one.
-    blocks: dict[str, dict[str, list[tuple[int, dict[str, float | None], int]]]] = {
-        m.name: {"block": [], "fixed_block": []} for m in methods}
+    # The ranking metrics per ability, where the file names abilities (BEAM's).
+    by_ability: dict[str, dict[str, list[ScoredQuestion]]] = {m.name: {} for m in methods}
+    # Per method, one row per answerable question: the cut block and the fixed one.
+    blocks: dict[str, dict[str, list[_BlockRow]]] = {m.name: {"block": [], "fixed_block": []} for m in methods}
     current_first_scores: dict[str, list[float]] = {m.name: [] for m in methods}
     abstained_scores: dict[str, list[float]] = {m.name: [] for m in methods}
     latency_ms: dict[str, list[float]] = {m.name: [] for m in methods}
@@ -767,13 +776,17 @@ def _file_report(collected: CollectedFile, methods: Sequence[Method], models: _M
                     texts = _hit_texts(conn, ranked[:block.limit])
                 for name, cut in (("block", True), ("fixed_block", False)):
                     chosen, tokens = _block(asked, ranked, items, texts, block, cut=cut)
-                    blocks[method.name][name].append(
-                        (question.category, block_scores(chosen, question.evidence, question.superseded), tokens))
+                    blocks[method.name][name].append((question.category, question.ability,
+                                                      block_scores(chosen, question.evidence, question.superseded),
+                                                      tokens))
             if not question.evidence:
                 abstained_scores[method.name].append(abstained(items))
                 continue
             latency_ms[method.name].append(ms)
-            results[method.name].append(ScoredQuestion(question.category, score_ranking(items, question.evidence, ks)))
+            scored = ScoredQuestion(question.category, score_ranking(items, question.evidence, ks))
+            results[method.name].append(scored)
+            if question.ability is not None:
+                by_ability[method.name].setdefault(question.ability, []).append(scored)
             if question.category == KNOWLEDGE_UPDATE_CATEGORY and question.superseded:
                 current_first_scores[method.name].append(current_first(items, question.evidence,
                                                                        question.superseded, k=5))
@@ -789,6 +802,8 @@ def _file_report(collected: CollectedFile, methods: Sequence[Method], models: _M
             "note": method.note,
             "overall": summary.pop("overall"),
             "by_category": summary,
+            "by_ability": {ability: aggregate(scored, ks)["overall"]
+                           for ability, scored in sorted(by_ability[method.name].items())},
             "latency_ms": {"p50": round(_percentile(samples, 50), 2), "p95": round(_percentile(samples, 95), 2)},
             "knowledge_update_current_first": _mean_or_none(current_first_scores[method.name]),
             "knowledge_update_n": len(current_first_scores[method.name]),
