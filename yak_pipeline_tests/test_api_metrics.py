@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import math
+import threading
+import time
 
+import psycopg
 import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families
 
 from yak_pipeline.api.app import create_app
+from yak_pipeline.api.metrics import MetricsBuffer
 from yak_pipeline.embeddings.hashing import HashingEmbedder
 from yak_pipeline.llm import RulesProvider
 from yak_pipeline.services.distill import DistillJob, distill_memories
@@ -154,6 +158,38 @@ def test_counts_from_another_process_show_in_this_scrape(api_settings: Settings,
         totals = read_metrics(conn, queue_sizes={})
     assert totals.histograms["yak_recall_latency_ms"][()].count == 1
     assert not math.isnan(totals.histograms["yak_recall_latency_ms"][()].sum)
+
+
+def test_a_flush_returns_only_when_every_event_counted_before_it_is_written(database: Database, db_url: str) -> None:
+    """A scrape flushes, then reads the database. When the request middleware's flush (run after a
+    response, every few seconds) has taken the events and is still writing them, the scrape's
+    flush must wait for it; otherwise the scrape misses events counted before it (the proxy
+    test's sample that was sometimes missing). The middleware's write is held here by a lock on
+    the events table, so the order is the same on every run."""
+    buffer = MetricsBuffer()
+    buffer.count_error("flush_race")
+    with psycopg.connect(db_url) as holder, psycopg.connect(db_url, autocommit=True) as watcher:
+        holder.execute("LOCK TABLE metric_events IN EXCLUSIVE MODE")
+        middleware = threading.Thread(target=buffer.flush, args=(database,))
+        middleware.start()
+        # The middleware's flush has taken the event once its INSERT waits for the lock (watched
+        # outside the holder's transaction, whose view of pg_stat_activity stays as it first read it).
+        deadline = time.monotonic() + 10
+        while not watcher.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE 'INSERT INTO metric_events%'").fetchone()[0]:
+            assert time.monotonic() < deadline, "the middleware's flush never reached its INSERT"
+            time.sleep(0.02)
+        scrape = threading.Thread(target=buffer.flush, args=(database,))
+        scrape.start()
+        scrape.join(timeout=1.0)
+        assert scrape.is_alive(), "the scrape's flush returned while the event it must see was still being written"
+        holder.commit()  # the middleware's write goes through, then the scrape's flush returns
+    middleware.join(timeout=10)
+    scrape.join(timeout=10)
+    assert not middleware.is_alive() and not scrape.is_alive()
+    with database.connection() as conn:
+        assert read_metrics(conn, queue_sizes={}).counters["yak_errors_total"][(("type", "flush_race"),)] == 1
 
 
 def test_an_app_that_serves_no_one_counts_requests_but_not_recall_latency(api_settings: Settings,

@@ -54,6 +54,10 @@ class MetricsBuffer:
         # embedding model in a fresh process, seconds that say nothing about served recall.
         self._observe_latency = observe_latency
         self._lock = threading.Lock()
+        # Held from taking the events until they are written: a scrape's flush waits for one in
+        # flight (the request middleware's), so it never reads the database between the two and
+        # misses events that were counted before it (the proxy test's missing sample).
+        self._flushing = threading.Lock()
         self._counters: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
         self._observations: list[MetricEvent] = []
         self._last_flush = time.monotonic()
@@ -111,16 +115,20 @@ class MetricsBuffer:
         return events
 
     def flush(self, database: Database) -> int:
-        """Append the buffered events to the database; on failure they stay buffered and it re-raises."""
-        events = self._take()
-        if not events:
-            return 0
-        try:
-            return append_events(database, events)
-        except Exception:
-            for event in events:
-                self._add(event)
-            raise
+        """Append the buffered events to the database; on failure they stay buffered and it re-raises.
+
+        When it returns, every event counted before the call is in the database, also those another
+        thread's flush had taken and was still writing."""
+        with self._flushing:
+            events = self._take()
+            if not events:
+                return 0
+            try:
+                return append_events(database, events)
+            except Exception:
+                for event in events:
+                    self._add(event)
+                raise
 
 
 def _label_values(names: tuple[str, ...], key: tuple[tuple[str, str], ...]) -> list[str]:
