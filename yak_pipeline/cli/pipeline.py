@@ -183,9 +183,9 @@ def register(app: typer.Typer) -> None:
         else:
             for f in report["files"]:
                 where = f"→ {f['moved_to']}" if f["moved_to"] else ""
-                note = f" ({f['error']})" if f["error"] else ""
+                note = f" ({f['error'] or f['first_rejection']})" if f["error"] or f["first_rejection"] else ""
                 console.print(f"file {f['name']}: {f['stored']} stored, {f['duplicates']} duplicates, "
-                              f"{f['rejected']} rejected{note} {where}")
+                              f"{f['rejected']} rejected{note} {where}", markup=False, highlight=False)
             if report["assets"]:
                 table = Table("asset", "rows in", "rows out", "flagged", "failed")
                 for asset, counts in report["assets"].items():
