@@ -27,7 +27,7 @@ else
 LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
 endif
 
-.PHONY: setup setup-llm browser run run-llm test test-slow screenshots clean-state
+.PHONY: setup setup-llm browser run run-llm test test-slow screenshots clean-state FORCE
 
 setup: $(STAMP) .env
 
@@ -47,10 +47,22 @@ $(STAMP): pyproject.toml
 
 # Plain `dagster` commands in this folder (definitions validate, job backfill) read the instance
 # config in ./dagster.yaml, whose storage URL comes from YAK_DAGSTER_PG_URL; Dagster loads .env
-# from the working directory, so this points them at the embedded database in ./.yak.
-.env:
-	@printf '%s\n' '# Written by make setup for plain `dagster` commands in this folder (see README).' \
-		'YAK_DAGSTER_PG_URL=postgresql+psycopg2://postgres:@/dagster?host=$(CURDIR)/.yak/pgdata' > .env
+# from the working directory, so this points them at the embedded database in ./.yak. Dagster
+# lets .env override the environment, so the line is ${YAK_DAGSTER_PG_URL:-…}: an exported
+# YAK_DAGSTER_PG_URL (another YAK_HOME, an external database) wins. A .env an earlier `make setup`
+# wrote (the URL alone, which always won) gets the new line; other lines are left as they are.
+DAGSTER_ENV_LINE := YAK_DAGSTER_PG_URL=$${YAK_DAGSTER_PG_URL:-postgresql+psycopg2://postgres:@/dagster?host=$(CURDIR)/.yak/pgdata}
+
+.env: FORCE
+	@if [ ! -e .env ]; then \
+		printf '%s\n' '# Written by make setup for plain `dagster` commands in this folder (see README).' \
+			'$(DAGSTER_ENV_LINE)' > .env; \
+	elif grep -q '^YAK_DAGSTER_PG_URL=postgresql' .env; then \
+		{ grep -v '^YAK_DAGSTER_PG_URL=postgresql' .env; printf '%s\n' '$(DAGSTER_ENV_LINE)'; } > .env.new \
+			&& mv .env.new .env && echo "make setup: .env now lets an exported YAK_DAGSTER_PG_URL win over it"; \
+	fi
+
+FORCE:
 
 # Installs Chromium and its driver from Debian's packages, only when they are missing (quick
 # otherwise). Elsewhere, install both yourself and set CHROMIUM_PATH and CHROMEDRIVER_PATH.

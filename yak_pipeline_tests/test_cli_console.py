@@ -8,9 +8,10 @@ from rich.table import Table
 
 from dagster._core.instance.config import dagster_instance_config
 
-from yak_pipeline.cli.pipeline import PROJECT_ROOT, service_banner
+from yak_pipeline.cli.pipeline import SHIPPED, service_banner
 from yak_pipeline.cli.render import PIPED_WIDTH, make_console
 from yak_pipeline.settings import Settings
+from yak_pipeline_tests.conftest import PROJECT_ROOT
 
 
 def test_the_banner_names_the_offline_rules_provider_and_the_embedder() -> None:
@@ -58,3 +59,10 @@ def test_piped_tables_keep_each_row_on_one_line(monkeypatch: pytest.MonkeyPatch)
         console.print(grid)
     rows = [line for line in captured.get().splitlines() if "demo" in line]
     assert len(rows) == 1 and "trip to Lisbon in spring" in rows[0]
+
+
+def test_yak_up_reads_the_projects_dagster_yaml_and_examples_as_package_data() -> None:
+    """In a checkout, yak_pipeline/shipped/ links to the project's files (a wheel carries copies)."""
+    assert (SHIPPED / "dagster.yaml").read_bytes() == (PROJECT_ROOT / "dagster.yaml").read_bytes()
+    examples = {p.name: p.read_bytes() for p in (PROJECT_ROOT / "examples" / "drop").iterdir()}
+    assert examples and {p.name: p.read_bytes() for p in (SHIPPED / "examples" / "drop").iterdir()} == examples

@@ -72,7 +72,7 @@ def _progress(console: Console):
 @app.command("locomo")
 @friendly_errors
 def locomo_command(
-    data: list[Path] = typer.Option(..., "--data", help="A LoCoMo-format JSON file, e.g. ../shared/data/locomo/locomo_dev.json; repeat --data for more files (each reported on its own, cross-validated together)."),
+    data: list[Path] = typer.Option(..., "--data", help="A LoCoMo-format JSON file, e.g. data/locomo10.json of github.com/snap-research/locomo (no data ships with Yak); repeat --data for more files (each reported on its own, cross-validated together)."),
     k: str = typer.Option("1,5,10", "--k", help="Cut-offs for Recall@k, Hit@k and nDCG@k, comma-separated."),
     limit_conversations: int | None = typer.Option(None, "--limit-conversations", help="Only the first N conversations of each file."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON on stdout (progress stays on stderr)."),

@@ -30,6 +30,8 @@ from yak_pipeline.cli import eval as eval_cli  # noqa: E402
 app.add_typer(eval_cli.app, name="eval")
 from yak_pipeline.cli import history  # noqa: E402
 history.register(app)
+from yak_pipeline.cli import context as context_cli  # noqa: E402
+context_cli.register(app)
 
 
 @app.callback()

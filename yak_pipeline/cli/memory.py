@@ -20,11 +20,14 @@ UserOption = Annotated[str | None, typer.Option(
 
 @api_command(app, "add")
 def add_command(
-    content: Annotated[str, typer.Argument(help='The exchange ("User: …" and "Assistant: …" lines), or - for stdin.')],
+    content: Annotated[str, typer.Argument(help='What to remember: a plain sentence the user said ("I moved to Utrecht '
+                                                 'in May."), or an exchange as "User: …" and "Assistant: …" lines; '
+                                                 '- reads it from stdin.')],
     user: Annotated[str, typer.Option("--user", help="Whose memory it is.")],
     occurred_at: Annotated[str | None, typer.Option("--occurred-at", help="ISO time with zone; default now.")] = None,
 ) -> ApiCall:
-    """Store one exchange as a pending memory (distilled by the pipeline)."""
+    """Store what the user said as a pending memory (distilled by the pipeline), e.g.
+    yak memory add "I moved to Utrecht in May." --user alice"""
     body = {"content": sys.stdin.read() if content == "-" else content, "user_id": user}
     if occurred_at:
         body["occurred_at"] = occurred_at

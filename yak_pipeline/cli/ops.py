@@ -12,6 +12,7 @@ from yak_pipeline.cli.api_client import (
     ApiKeyOption,
     JsonOption,
     RemoteOption,
+    admin_key_file,
     api_client,
     call_api,
     emit,
@@ -20,6 +21,7 @@ from yak_pipeline.cli.api_client import (
 from yak_pipeline.cli.api_command import ApiCall, api_command
 from yak_pipeline.cli.errors import FAILURE_EXIT, USAGE_EXIT, fail, friendly_errors
 from yak_pipeline.cli.render import make_console, short, table
+from yak_pipeline.settings import get_settings
 
 console = make_console()
 queue_app = typer.Typer(help="The pipeline's queue.", no_args_is_help=True)
@@ -262,6 +264,25 @@ def keys_create_command(
     print(data["key"])
     make_console(stderr=True).print(f"{'admin key' if data['admin'] else 'key for user ' + data['user_id']} "
                                f"{data['prefix']}… created; it is not shown again")
+
+
+@keys_app.command("show-admin")
+@friendly_errors
+def keys_show_admin_command(as_json: JsonOption = False) -> None:
+    """Print the admin key `yak serve` (or `yak up`) created on its first start, from the key file
+    in $YAK_HOME, e.g. KEY=$(yak keys show-admin); --json also names the file."""
+    path = admin_key_file(get_settings())
+    try:
+        key = path.read_text().strip()
+    except FileNotFoundError:
+        raise fail(f"no admin key in {path}: `yak serve` or `yak up` creates it on its first start "
+                   "(is YAK_HOME the one they ran with?)", FAILURE_EXIT) from None
+    except OSError as exc:
+        raise fail(f"cannot read the admin key in {path}: {exc.strerror or exc}", FAILURE_EXIT) from None
+    if not key:
+        raise fail(f"the admin key file {path} is empty: delete it and start `yak serve` to make a new one",
+                   FAILURE_EXIT)
+    emit({"key": key, "file": str(path)}, as_json, lambda d: print(d["key"]))
 
 
 @api_command(keys_app, "list")

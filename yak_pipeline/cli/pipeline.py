@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
 from datetime import date
+from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,8 +26,9 @@ if TYPE_CHECKING:
     from yak_pipeline.llm.local_server import LocalLLM
 
 console = make_console(stderr=True)
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES_DIR = PROJECT_ROOT / "examples" / "drop"
+# The project's dagster.yaml and example conversations, as package data (yak_pipeline/shipped/ links
+# to them in a checkout; a wheel carries them as files), so `yak up` runs from a pip install too.
+SHIPPED = resources.files("yak_pipeline") / "shipped"
 
 
 def _dagster_home(settings: Settings) -> Path:
@@ -183,9 +184,9 @@ def register(app: typer.Typer) -> None:
         else:
             for f in report["files"]:
                 where = f"→ {f['moved_to']}" if f["moved_to"] else ""
-                note = f" ({f['error']})" if f["error"] else ""
+                note = f" ({f['error'] or f['first_rejection']})" if f["error"] or f["first_rejection"] else ""
                 console.print(f"file {f['name']}: {f['stored']} stored, {f['duplicates']} duplicates, "
-                              f"{f['rejected']} rejected{note} {where}")
+                              f"{f['rejected']} rejected{note} {where}", markup=False, highlight=False)
             if report["assets"]:
                 table = Table("asset", "rows in", "rows out", "flagged", "failed")
                 for asset, counts in report["assets"].items():
@@ -218,7 +219,7 @@ def _prepare_dagster_home(settings: Settings, url: str) -> dict[str, str]:
 
     home = _dagster_home(settings)
     home.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(PROJECT_ROOT / "dagster.yaml", home / "dagster.yaml")
+    (home / "dagster.yaml").write_bytes((SHIPPED / "dagster.yaml").read_bytes())
     ensure_dagster_database(url)
     env = dict(os.environ)
     env["DAGSTER_HOME"] = str(home)
@@ -254,14 +255,15 @@ def _sync_partitions(settings: Settings, env: dict[str, str]) -> None:
 def _seed_examples(settings: Settings) -> int:
     """Copy the example conversations into the drop folder on the very first start."""
     marker = settings.home / ".examples-seeded"
-    if marker.exists() or not EXAMPLES_DIR.is_dir():
+    examples = SHIPPED / "examples" / "drop"
+    if marker.exists() or not examples.is_dir():
         return 0
     drop = settings.resolved_drop_dir
     drop.mkdir(parents=True, exist_ok=True)
     copied = 0
-    for example in sorted(EXAMPLES_DIR.iterdir()):
+    for example in sorted(examples.iterdir(), key=lambda item: item.name):
         if example.is_file():
-            shutil.copyfile(example, drop / example.name)
+            (drop / example.name).write_bytes(example.read_bytes())
             copied += 1
     marker.write_text("examples copied to the drop folder on first start\n")
     return copied

@@ -83,7 +83,7 @@ def register(app: typer.Typer) -> None:
                   flush=True)
             print(f"web page at {info['web_page']} (sign in with an API key)", flush=True)
             if key_file:
-                print(f"admin API key stored in {key_file}", flush=True)
+                print(f"admin API key stored in {key_file} (`yak keys show-admin` prints it)", flush=True)
             if warning:
                 print(f"warning: {warning}", file=sys.stderr, flush=True)
         # The CLI finds this server through the record and sends its commands here (api_client).

@@ -22,7 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from yak_pipeline.core.exchange_files import ParsedFile
-from yak_pipeline.ingestion.drop_folder import DropFolderError, finish_file, list_ready_files_by_user
+from yak_pipeline.ingestion.drop_folder import (
+    DropFolderError,
+    finish_file,
+    list_ready_files_by_user,
+    rejection_reason,
+)
 from yak_pipeline.ingestion.history import import_history, read_history
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.drop_claims import lock_drop_claims
@@ -42,6 +47,14 @@ class FileOutcome:
     moved_to: str | None
     format: str | None = None
     skipped: int = 0
+    first_rejection: str | None = None  # where the first rejected record was and why ("line 1: …")
+
+    def rejected_summary(self) -> str:
+        """``N rejected``, with the first rejection's place and reason and how many more there are."""
+        if not self.first_rejection:
+            return f"{self.rejected} rejected"
+        more = f"; {self.rejected - 1} more in failed/" if self.rejected > 1 else ""
+        return f"{self.rejected} rejected ({self.first_rejection}{more})"
 
 
 @dataclass
@@ -62,8 +75,8 @@ class ClaimReport:
             if outcome.error:
                 log.warning("drop file %s: %s", outcome.name, outcome.error)
             else:
-                log.info("drop file %s: %d stored, %d duplicates, %d rejected", outcome.name, outcome.stored,
-                         outcome.duplicates, outcome.rejected)
+                log.info("drop file %s: %d stored, %d duplicates, %s", outcome.name, outcome.stored,
+                         outcome.duplicates, outcome.rejected_summary())
 
 
 def _shown(path: Path, user: str | None) -> str:
@@ -164,15 +177,16 @@ def _claim_one(db: Database, drop_dir: Path, path: Path, user: str | None, repor
     stored = outcome.stored if outcome else 0
     duplicates = outcome.duplicates if outcome else 0
     kind, skipped = (outcome.format, outcome.skipped) if outcome else (None, 0)
+    first = rejection_reason(path.name, parsed.rejected[0], suffix=suffix) if parsed.rejected else None
     try:
         result = finish_file(path, drop_dir, parsed, quarantine_suffix=suffix)
     except DropFolderError as exc:
         logger.warning("%s", exc)
         report.files.append(FileOutcome(shown, stored, duplicates, len(parsed.rejected), str(exc), None,
-                                        kind, skipped))
+                                        kind, skipped, first))
         return
     moved = result.path_processed or result.path_failed
     report.files.append(FileOutcome(shown, stored, duplicates, len(parsed.rejected), parsed.fatal,
-                                    str(moved) if moved else None, kind, skipped))
+                                    str(moved) if moved else None, kind, skipped, first))
     if outcome is not None:
         report.partitions |= outcome.partitions

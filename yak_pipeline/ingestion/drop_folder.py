@@ -267,6 +267,13 @@ def claim_file(path: Path, drop_dir: Path) -> ClaimResult:
     return finish_file(path, drop_dir, read_and_parse(path))
 
 
+def rejection_reason(name: str, record: RejectedRecord, *, suffix: str | None = None) -> str:
+    """Where in file ``name`` a rejected record was and why, as its quarantine's error file says
+    it: ``item 3: …`` in a JSON list, ``line 3: …`` otherwise."""
+    suffix = suffix or exchange_file_suffix(name) or Path(name).suffix.lower()
+    return f"{'item' if suffix == '.json' else 'line'} {record.line}: {record.reason}"
+
+
 def quarantine_records(name: str, drop_dir: Path, rejected: tuple[RejectedRecord, ...] | list[RejectedRecord], *,
                        suffix: str | None = None) -> Path:
     """Write the rejected records of file ``name`` to ``failed/``, in their original form, and the
@@ -277,14 +284,11 @@ def quarantine_records(name: str, drop_dir: Path, rejected: tuple[RejectedRecord
     if suffix == ".json":
         # A JSON list of the original items: fix them and drop the file back in.
         body = "[\n" + ",\n".join(record.raw for record in rejected) + "\n]\n"
-        label = "item"
     elif suffix == ".md":
         body = "\n\n".join(record.raw for record in rejected) + "\n"
-        label = "line"
     else:
         body = "".join(record.raw + "\n" for record in rejected)
-        label = "line"
-    reasons = "".join(f"{label} {record.line}: {record.reason}\n" for record in rejected)
+    reasons = "".join(rejection_reason(name, record, suffix=suffix) + "\n" for record in rejected)
     directory = failed_dir(drop_dir)
     stem = name[: len(name) - len(Path(name).suffix)]
     rejected_path = _write_new_file(directory, f"{stem}.rejected{name_suffix}", body)
