@@ -63,9 +63,18 @@ def test_a_long_text_is_cut_at_a_word_to_its_budget() -> None:
 
 
 @given(st.lists(st.floats(1e-30, 1e30), min_size=1, max_size=20), st.floats(0.0, 10.0))
-def test_the_best_memory_always_joins_and_the_rest_by_their_own_odds(odds: list[float], gap: float) -> None:
+def test_the_best_memory_always_joins_and_the_block_is_a_prefix_of_recalls_order(odds: list[float], gap: float) -> None:
     near = within_odds_gap(odds, exponent=9.0, odds_gap=gap)
     assert near[odds.index(max(odds))]
+    # A prefix: once a memory is out, every one below it is out.
+    assert near == sorted(near, reverse=True)
     for value, kept in zip(odds, near):
-        assert kept == (math.log(max(odds)) - math.log(value) <= gap * 9.0 + 1e-9) or math.isclose(
-            math.log(max(odds)) - math.log(value), gap * 9.0, abs_tol=1e-9)
+        within = math.log(max(odds)) - math.log(value) <= gap * 9.0 + 1e-9
+        # A memory within the gap always joins; one outside it only above one within it.
+        assert kept or not within
+
+
+def test_a_memory_recall_moved_up_stays_above_the_one_that_joins() -> None:
+    # The current fact (odds 3^9) placed above the statement it replaced (9^9): it joins with it,
+    # though on its own odds it is outside the gap; the unrelated memory below stays out.
+    assert within_odds_gap([3.0 ** 9, 9.0 ** 9, 1.0], exponent=9.0, odds_gap=0.5) == [True, True, False]

@@ -13,6 +13,11 @@ the standing's logit scale, i.e. ``(ln odds_best − ln odds_i) / e ≤ odds_gap
 unit is a factor e ≈ 2.7 in the standing's odds, whatever the exponent, and the priors count as
 they do in the order. The gap was chosen on the dev files, cross-validated (docs/RECALL.md).
 
+The block keeps recall's order: a memory that recall placed above one that joins also joins,
+whatever its own odds. Recall moves some memories up past better odds on purpose (the current
+fact before the one it replaced; a question about the present gets the newest first); cutting
+by odds alone dropped exactly those and kept the outdated statement they were moved above.
+
 Then a token budget bounds the block: memories are taken in order while their lines fit (the
 first always is; :func:`fit_text` cuts a text longer than the budget), so a long exchange cannot
 crowd out the rest of the prompt. Tokens are estimated at four characters each (English prose with a
@@ -58,15 +63,18 @@ def line_tokens(text: str) -> int:
 
 
 def within_odds_gap(rank_odds: Sequence[float], *, exponent: float, odds_gap: float | None) -> list[bool]:
-    """For each memory (in recall order), whether its rank odds are within ``odds_gap`` of the best's
-    on the standing's logit scale (module docstring); every one when ``odds_gap`` is None."""
+    """For each memory (in recall order), whether it joins: its rank odds are within ``odds_gap`` of
+    the best's on the standing's logit scale, or recall placed it above one whose odds are (module
+    docstring); every one when ``odds_gap`` is None."""
     if odds_gap is None or not rank_odds:
         return [True] * len(rank_odds)
     best = max(rank_odds)
     if best <= 0:
         return [True] * len(rank_odds)
     limit = math.log(best) - odds_gap * exponent
-    return [odds > 0 and math.log(odds) >= limit - 1e-12 for odds in rank_odds]
+    own = [odds > 0 and math.log(odds) >= limit - 1e-12 for odds in rank_odds]
+    last = max(i for i, near in enumerate(own) if near)
+    return [i <= last for i in range(len(rank_odds))]
 
 
 def within_token_budget(line_tokens: Sequence[int], token_budget: int) -> list[int]:
