@@ -38,6 +38,7 @@ from yak_pipeline.api.auth import Principal, authenticate, key_from_headers
 from yak_pipeline.api.dependencies import ApiServices
 from yak_pipeline.core.exchanges import MAX_RECALL_QUERY_CHARS, MAX_TURN_MESSAGE_CHARS, format_exchange, turn_refusal
 from yak_pipeline.core.forget import ForgetCommandError
+from yak_pipeline.core.secrets import SecretRefused
 from yak_pipeline.services.forget import ForgetOutcome, confirm_forget, run_forget_command
 from yak_pipeline.services.memories import list_memories, store_memory
 from yak_pipeline.services.memory_export import memory_markdown
@@ -155,7 +156,7 @@ def build_mcp_server(services: ApiServices, *, user: str | None, stdio: bool = T
         except ToolError:
             outcome = "refused"
             raise
-        except ForgetCommandError as exc:
+        except (ForgetCommandError, SecretRefused) as exc:
             outcome = "refused"
             raise ToolError(str(exc)) from None
         except DatabaseUnavailable:

@@ -10,6 +10,7 @@ from datetime import date, datetime, timedelta, timezone
 import psycopg
 
 from yak_pipeline.core.exchange_files import ExchangeRecord, RejectedRecord
+from yak_pipeline.core.secrets import SecretRefused, redact_secrets
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.memories import insert_memory
 
@@ -55,8 +56,8 @@ def exchange_partition(record: ExchangeRecord, received: datetime) -> tuple[str,
     return None if refused else (record.user_id, when.astimezone(timezone.utc).date())
 
 
-def _reject(record: ExchangeRecord, reason: str) -> RejectedRecord:
-    raw = json.dumps({"user_id": record.user_id, "content": record.content,
+def _reject(record: ExchangeRecord, reason: str, *, content: str | None = None) -> RejectedRecord:
+    raw = json.dumps({"user_id": record.user_id, "content": record.content if content is None else content,
                       "occurred_at": record.occurred_at.isoformat() if record.occurred_at else None})
     return RejectedRecord(line=record.line, raw=raw, reason=reason)
 
@@ -93,7 +94,12 @@ def ingest_records(
             try:
                 with conn.transaction():
                     stored = insert_memory(conn, user_id=record.user_id, content=record.content, source=source,
-                                           occurred_at=when, source_ref=_source_ref(source_ref, record.ref))
+                                           occurred_at=when, source_ref=_source_ref(source_ref, record.ref),
+                                           secrets=db.secrets)
+            except SecretRefused as exc:
+                # Refused for its secret: the quarantined copy must not keep it either.
+                report.rejected.append(_reject(record, str(exc), content=redact_secrets(record.content).text))
+                continue
             except (ValueError, psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
                 report.rejected.append(_reject(record, " ".join(str(exc).split())[:300]))
                 continue

@@ -482,7 +482,8 @@ class MemoryProxy:
             database = self._database()
             with database.connection() as conn:
                 stored = store_exchange_turn(conn, user_id=user_id, user_message=user_text, assistant_message=answer,
-                                             recalled_ids=recalled_ids, occurred_at=occurred_at, actor=actor)
+                                             recalled_ids=recalled_ids, occurred_at=occurred_at, actor=actor,
+                                             secrets=database.secrets)
             if stored.created:
                 # Recallable by meaning at the next turn, not only after the pipeline has run; this
                 # runs after the answer has gone out (the turn writer), never in the chat's way.
