@@ -218,12 +218,17 @@ def _format_spans(text: str) -> Iterator[SecretFound]:
             start, end = _group_span(match, group)
             yield SecretFound(start, end, kind)
     for match in _PASSWORD_RE.finditer(text):
-        value = match.group("value").rstrip(".,;!?)")
+        # Sentence punctuation after it is not part of it; "!" and "?" may be (redacting one too many
+        # characters loses nothing, one too few leaves part of the password).
+        value = match.group("value").rstrip(".,;:)")
         said_pin = match.group(0).lower().lstrip().startswith("pin")
         if value.lower() in _NOT_A_PASSWORD or (said_pin and not _PIN_VALUE_RE.fullmatch(value)):
             continue
         start = match.start("value")
         yield SecretFound(start, start + len(value), "password")
+        # Said once as a password, the same string elsewhere in the text is the password too.
+        for again in re.finditer(r"(?<![\w])" + re.escape(value) + r"(?![\w])", text):
+            yield SecretFound(again.start(), again.end(), "password")
     for match in _CARD_RE.finditer(text):
         digits = re.sub(r"[ -]", "", match.group(0))
         if 13 <= len(digits) <= 19 and _CARD_PREFIX_RE.match(digits) and luhn_valid(digits):

@@ -51,7 +51,7 @@ OTHER_TEXT_COLUMNS: Final[frozenset[tuple[str, str]]] = frozenset({
     ("yak_meta", "key"), ("yak_meta", "value"), ("schema_migrations", "name"),
     ("import_cursors", "source_key"), ("import_cursors", "prefix_sha256"),
     # BM25's terms are kept by triggers from the text columns above: rewriting those rewrites them
-    ("bm25_postings", "term"), ("bm25_statistics", "term"),
+    *((t, c) for t in ("bm25_postings", "bm25_statistics") for c in ("leg", "scope", "lexeme")),
 })
 
 
