@@ -140,6 +140,8 @@ def test_every_seeded_secret_is_replaced_by_its_typed_placeholder() -> None:
     assert redact_secrets("My password is hunter2!").text == "My password is [secret: password]"
     assert redact_secrets("It is hunter2. My password is hunter2.").text == "It is [secret: password]. My password is [secret: password]."
     assert redact_secrets("card 4111 1111 1111 1111").text == "card [secret: payment card]"
+    # An IBAN followed by words in capitals ends where its country's length says.
+    assert redact_secrets("IBAN DE89 3704 0044 0532 0130 00 BY FRIDAY").text == "IBAN [secret: iban] BY FRIDAY"
 
 
 @pytest.mark.parametrize("text", [
@@ -150,6 +152,7 @@ def test_every_seeded_secret_is_replaced_by_its_typed_placeholder() -> None:
     "The api key is in the vault; ask Jo for a token of appreciation.",
     "ISBN 978-3-16-148410-0, invoice INV-2024-000123, flight LH 454 on 2024-05-06.",
     "My SSN-like code 123-45-6789 and zip 94103; 4111 apples, version 1.2.3.4.",
+    "Love you, xoxo-hugs-and-kisses! The passcode: see email.",
     "UUID 123e4567-e89b-12d3-a456-426614174000 and sha256 e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
 ])
 def test_ordinary_look_alikes_are_left_alone(text: str) -> None:

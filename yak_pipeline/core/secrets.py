@@ -86,7 +86,8 @@ _FORMATS: Final[tuple[tuple[re.Pattern[str], SecretKind, int], ...]] = (
     (re.compile(r"(?<![A-Za-z0-9_])whsec_[0-9A-Za-z]{24,}"), "api key", 0),                        # Stripe webhooks
     (re.compile(r"(?<![A-Za-z0-9_])hf_[A-Za-z0-9]{30,}"), "access token", 0),                      # Hugging Face
     (re.compile(r"(?<![A-Za-z0-9_])github_pat_[A-Za-z0-9_]{40,}"), "access token", 0),             # GitHub fine-grained
-    (re.compile(r"(?<![A-Za-z0-9_-])xox[abposr]-[A-Za-z0-9-]{10,}"), "access token", 0),           # Slack, any shape
+    # Slack, any shape (with a digit: "xoxo-hugs-and-kisses" is not one)
+    (re.compile(r"(?<![A-Za-z0-9_-])xox[abposr]-(?=[A-Za-z-]*\d)[A-Za-z0-9-]{10,}"), "access token", 0),
     (re.compile(r"(?<![A-Za-z0-9_-])glpat-[A-Za-z0-9_-]{20,}"), "access token", 0),                # GitLab
     # The AWS secret access key beside its name (``aws_secret_access_key = …``), quoted or not.
     (re.compile(r"(?i)aws.{0,20}?secret.{0,20}?[=:]\s*[\"']?([A-Za-z0-9/+]{40})(?![A-Za-z0-9/+])"), "api key", 1),
@@ -118,6 +119,7 @@ being been set reset changed updated wrong right correct incorrect different sam
 weak strong secure safe long short hard easy simple complex required needed missing expired
 saved stored written hidden lost forgotten protected encrypted case sensitive something nothing
 what which there here my your our their his her mine yours in on at for to of and or but
+see check ask below above attached sent email somewhere unknown
 """.split())
 _PIN_VALUE_RE: Final = re.compile(r"\d{4,8}")
 
@@ -234,9 +236,18 @@ def _format_spans(text: str) -> Iterator[SecretFound]:
         if 13 <= len(digits) <= 19 and _CARD_PREFIX_RE.match(digits) and luhn_valid(digits):
             yield SecretFound(match.start(), match.end(), "payment card")
     for match in _IBAN_RE.finditer(text):
-        candidate = match.group(1).rstrip()
-        if iban_valid(candidate):
-            yield SecretFound(match.start(1), match.start(1) + len(candidate), "iban")
+        # The pattern may run on into a following word in capitals ("… 00 BY FRIDAY"): the
+        # country's length says where the IBAN ends.
+        start, length = match.start(1), _IBAN_LENGTHS.get(match.group(1)[:2])
+        if length is None:
+            continue
+        taken = end = 0
+        for end, char in enumerate(text[start:match.end(1)], start=start + 1):
+            taken += char != " "
+            if taken == length:
+                break
+        if taken == length and iban_valid(text[start:end]):
+            yield SecretFound(start, end, "iban")
 
 
 def find_secrets(text: str) -> list[SecretFound]:
