@@ -22,9 +22,11 @@ from yak_pipeline.api.dependencies import ApiServices
 from yak_pipeline.api.mcp_server import MCP_PATH, mcp_http_app
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
-from yak_pipeline_tests.api_fixtures import serve_in_thread
+from yak_pipeline.store.api_keys import create_api_key
+from yak_pipeline_tests.api_fixtures import Seeded, api_settings, app, seeded, serve_in_thread  # noqa: F401
 from yak_pipeline_tests.fake_openai import FakeOpenAIServer, chat_replier
 from yak_pipeline_tests.reliability_helpers import YAK, yak_env, yak_serve
+from yak_pipeline_tests.test_web_page import signed_in
 
 ADMIN_KEY = "adm-trust-35-readonly-key"
 READ_ONLY = "this API key is read-only: it can recall and search, not write or forget"
@@ -105,3 +107,16 @@ def test_a_read_only_key_reads_everywhere_and_writes_nowhere(db_url: str, databa
             time.sleep(0.5)  # the proxy stores a turn just after answering: give it the chance it must not take
             after = _counts(database)
     assert after == before  # not a memory, turn or audited change more
+
+
+def test_the_web_page_shows_a_read_only_key_its_user_and_refuses_its_forms(app, seeded: Seeded,  # noqa: ANN001, F811
+                                                                          database: Database) -> None:
+    with database.connection() as conn:
+        _, key = create_api_key(conn, user_id="alice", label="tablet", read_only=True)
+    client, csrf = signed_in(app, key)
+    assert client.get("/ui/u/alice").status_code == 200
+    before = _counts(database)
+    refused = client.post(f"/ui/u/alice/m/{seeded.alice.memory_id}/forget", data={"csrf_token": csrf})
+    assert refused.status_code == 403 and READ_ONLY in refused.text
+    assert _counts(database) == before
+    assert client.post("/ui/logout", data={"csrf_token": csrf}).status_code == 303  # signing out still works
