@@ -338,3 +338,21 @@ def test_refuse_policy_rejects_every_write_with_one_line_and_stores_nothing(
         assert rows_mentioning(conn, secret) == {}
         assert conn.execute("SELECT count(*) FROM memories").fetchone()[0] == 1
     assert secret not in logs
+
+
+def test_a_record_quarantined_for_another_reason_does_not_keep_its_secret(database: Database) -> None:
+    from datetime import datetime, timezone
+
+    from yak_pipeline.core.exchange_files import ExchangeRecord
+    from yak_pipeline.ingestion.records import ingest_records
+
+    secret = "ghp_" + "Qr7" * 12
+    report = ingest_records(database, [
+        ExchangeRecord("sam", f"User: push with {secret}\nAssistant: ok", datetime(1999, 1, 1, tzinfo=timezone.utc), 1),
+        ExchangeRecord("sam", f"User: and again {secret}\nAssistant: ok", None, 2),
+    ], source="drop_folder")
+    (rejected,) = report.rejected
+    assert "before 2000" in rejected.reason and secret not in rejected.raw and "[secret: access token]" in rejected.raw
+    assert len(report.stored) == 1
+    with database.connection() as conn:
+        assert rows_mentioning(conn, secret) == {}
