@@ -162,6 +162,14 @@ class Settings(BaseSettings):
         default=False,
         description="The memory proxy logs the memory block it injects into each chat (a debugging aid: the block holds private memories; true/false).",
     )
+    secrets: Literal["redact", "refuse"] = Field(
+        default="redact",
+        description="What a write does with a secret in its text (API keys, tokens, private keys, passwords, card numbers, IBANs): redact replaces each with a typed placeholder such as [secret: api key]; refuse rejects the write with a one-line error.",
+    )
+    access_log: bool = Field(
+        default=False,
+        description="`yak serve` / `yak proxy` log one line per HTTP request (method, path without the query string, status); off by default: paths and queries can hold private text (true/false).",
+    )
     dagster_ui_url: str = Field(
         default="http://127.0.0.1:3000",
         description="The Dagster UI the web page (/ui) links to for runs and lineage; `yak up` sets it to the one it starts.",

@@ -50,7 +50,7 @@ def open_database(settings: Settings, *, url: str | None = None, auto_migrate: b
             if pending:
                 raise SchemaMismatch(f"the database has pending migrations ({', '.join(pending)}): run `yak db migrate`")
             check_embedding_compatibility(read_meta(conn), dimensions=embedder.dimensions, model_name=embedder.model_name)
-    return Database(url, max_size=max_size).open()
+    return Database(url, max_size=max_size, secrets=settings.secrets).open()
 
 
 _SHARED: dict[str, Database] = {}

@@ -42,7 +42,8 @@ DESIGN_NAMES = ("yak_requests_total", "yak_distillations_created", "yak_distilla
                 "yak_warmth_updates", "yak_conflicts_detected", "yak_errors_total")
 PROXY_NAMES = ("yak_proxy_requests_total", "yak_proxy_memories_injected", "yak_proxy_degradations_total",
                "yak_mcp_tool_calls_total")
-ALL_NAMES = DESIGN_NAMES + PROXY_NAMES
+TRUST_NAMES = ("yak_secrets_redacted_total",)  # issue 35
+ALL_NAMES = DESIGN_NAMES + PROXY_NAMES + TRUST_NAMES
 TYPES = {"yak_recall_latency_ms": "histogram", "yak_distillation_latency_ms": "histogram", "yak_queue_size": "gauge"}
 
 
@@ -63,7 +64,7 @@ def total(family: dict, suffix: str = "") -> float:
     return sum(v for (name, _), v in family["samples"].items() if name.endswith(suffix))
 
 
-def test_exactly_the_ten_metrics_and_issue_13s_four_with_their_types(admin) -> None:  # noqa: ANN001
+def test_exactly_the_ten_metrics_issue_13s_four_and_issue_35s_one_with_their_types(admin) -> None:  # noqa: ANN001
     assert [m.name for m in METRICS] == list(ALL_NAMES)
     families = scrape(admin)
     assert set(families) == set(ALL_NAMES)
@@ -223,5 +224,5 @@ def test_openmetrics_when_the_scraper_asks(admin) -> None:  # noqa: ANN001
     response = admin.get("/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"})
     assert response.headers["content-type"].startswith("application/openmetrics-text")
     assert response.text.endswith("# EOF\n")
-    assert len(list(parse_openmetrics(response.text))) == 14
+    assert len(list(parse_openmetrics(response.text))) == len(ALL_NAMES)
     assert admin.get("/metrics").headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"

@@ -148,7 +148,7 @@ def test_operations_commands(run, seeded: Seeded) -> None:  # noqa: ANN001
     assert queue["pending_turns"] == 2
     metrics = ok_json(run("metrics", "--json"))
     assert {"yak_distillations_created", "yak_queue_size", "yak_recall_latency_ms"} <= set(metrics)
-    assert len(metrics) == 14  # DESIGN §6's ten, the memory proxy's three, the MCP server's one
+    assert len(metrics) == 15  # DESIGN §6's ten, the memory proxy's three, the MCP server's one, issue 35's redactions
     raw = run("metrics")
     assert raw.exit_code == 0 and "# TYPE yak_queue_size gauge" in raw.stdout
 

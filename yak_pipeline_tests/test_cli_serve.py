@@ -139,7 +139,7 @@ def test_cli_against_a_real_server(server: Server, database: Database) -> None:
         assert rows_mentioning(conn, "Marta") == {}
 
     metrics = _ok(remote("metrics", "--json"))
-    assert len(metrics) == 14  # DESIGN §6's ten, the memory proxy's three, the MCP server's one
+    assert len(metrics) == 15  # DESIGN §6's ten, the memory proxy's three, the MCP server's one, issue 35's redactions
     for family in ("yak_requests", "yak_distillations_created", "yak_memories_deleted", "yak_recall_latency_ms"):
         assert any(s["value"] > 0 for s in metrics[family]["samples"]), family
     assert _ok(remote("health", "--json"))["status"] == "ok"

@@ -17,16 +17,23 @@ from fastapi import HTTPException, status
 
 from yak_pipeline.services.api_keys import find_key
 
+READ_ONLY_DETAIL = "this API key is read-only: it can recall and search, not write or forget"
+# What a read-only key may ask by POST: the reads whose question is a body (everything else it
+# may do is a GET). A route added later is a write for it until it is listed here.
+READ_ONLY_POSTS = frozenset({"/api/distillations/search", "/api/context"})
+
 if TYPE_CHECKING:
     from yak_pipeline.api.dependencies import ApiServices
 
 
 @dataclass(frozen=True)
 class Principal:
-    """The caller: ``user_id`` None means admin. ``actor`` names the key in the audit log."""
+    """The caller: ``user_id`` None means admin. ``actor`` names the key in the audit log;
+    ``read_only`` keys recall and search, and nothing else (:meth:`require_write`)."""
 
     user_id: str | None
     actor: str
+    read_only: bool = False
 
     @property
     def is_admin(self) -> bool:
@@ -49,6 +56,11 @@ class Principal:
         if requested is not None:
             return self.acting_for(requested)
         return self.user_id
+
+    def require_write(self) -> None:
+        """403 for a read-only key: it may recall and search, never write or forget."""
+        if self.read_only:
+            raise HTTPException(status.HTTP_403_FORBIDDEN, READ_ONLY_DETAIL)
 
     def require_admin(self) -> None:
         """403 unless this is an admin key."""
@@ -87,4 +99,4 @@ def authenticate(services: ApiServices, key: str | None) -> Principal:
     if record is None:
         raise HTTPException(status.HTTP_401_UNAUTHORIZED, "invalid or revoked API key",
                             headers={"WWW-Authenticate": "ApiKey"})
-    return Principal(user_id=record.user_id, actor=f"api:key:{record.prefix}")
+    return Principal(user_id=record.user_id, actor=f"api:key:{record.prefix}", read_only=record.read_only)

@@ -13,7 +13,7 @@ from fastapi import Depends, Request, Security
 from fastapi.security import APIKeyHeader
 
 from yak_pipeline.alerts import Alerter
-from yak_pipeline.api.auth import Principal, authenticate
+from yak_pipeline.api.auth import READ_ONLY_POSTS, Principal, authenticate
 from yak_pipeline.api.metrics import MetricsBuffer
 from yak_pipeline.embeddings import Embedder, get_embedder
 from yak_pipeline.llm import get_llm_provider
@@ -128,9 +128,17 @@ api_key_header = APIKeyHeader(name="X-API-Key", auto_error=False,
                               description="An admin key, or a key scoped to one user id (`yak keys create`).")
 
 
-def get_principal(services: Services, key: Annotated[str | None, Security(api_key_header)]) -> Principal:
-    """The caller, from the ``X-API-Key`` header (401 without a valid key)."""
-    return authenticate(services, key)
+def get_principal(request: Request, services: Services,
+                  key: Annotated[str | None, Security(api_key_header)]) -> Principal:
+    """The caller, from the ``X-API-Key`` header (401 without a valid key).
+
+    A read-only key gets 403 for anything but a GET and the searches: deny by default, so a route
+    added later cannot let it write by forgetting to check."""
+    principal = authenticate(services, key)
+    if principal.read_only and request.method not in ("GET", "HEAD", "OPTIONS") \
+            and request.url.path.rstrip("/") not in READ_ONLY_POSTS:
+        principal.require_write()
+    return principal
 
 
 Caller = Annotated[Principal, Depends(get_principal)]

@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from yak_pipeline.core.secrets import SecretRefused
 from yak_pipeline.core.types import InvalidUserId
 from yak_pipeline.llm.errors import one_line as collapse_to_one_line
 from yak_pipeline.recall_models import RelevanceModelMissing
@@ -158,6 +159,11 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _invalid_user(request: Request, exc: InvalidUserId) -> JSONResponse:
         return JSONResponse({"detail": f"user_id: {one_line(exc)}",
                              "errors": [{"field": "user_id", "reason": one_line(exc)}]}, status_code=422)
+
+    @app.exception_handler(SecretRefused)
+    async def _secret_refused(request: Request, exc: SecretRefused) -> JSONResponse:
+        # YAK_SECRETS=refuse: the text held a secret; the message names its kinds, never its value.
+        return JSONResponse(_with_openai_error(request, {"detail": one_line(exc)}, 422), status_code=422)
 
     @app.exception_handler(psycopg.errors.DataError)
     @app.exception_handler(psycopg.errors.IntegrityError)

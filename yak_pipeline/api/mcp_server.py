@@ -34,10 +34,11 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from yak_pipeline.api.auth import Principal, authenticate, key_from_headers
+from yak_pipeline.api.auth import READ_ONLY_DETAIL, Principal, authenticate, key_from_headers
 from yak_pipeline.api.dependencies import ApiServices
 from yak_pipeline.core.exchanges import MAX_RECALL_QUERY_CHARS, MAX_TURN_MESSAGE_CHARS, format_exchange, turn_refusal
 from yak_pipeline.core.forget import ForgetCommandError
+from yak_pipeline.core.secrets import SecretRefused
 from yak_pipeline.services.forget import ForgetOutcome, confirm_forget, run_forget_command
 from yak_pipeline.services.memories import list_memories, store_memory
 from yak_pipeline.services.memory_export import memory_markdown
@@ -47,6 +48,8 @@ from yak_pipeline.store.errors import DatabaseUnavailable
 logger = logging.getLogger("yak.mcp")
 
 MCP_PATH = "/mcp"
+# The tools a read-only key may not call (it searches and lists, issue 35).
+WRITING_TOOLS = frozenset({"memory_save", "memory_forget"})
 MEMORY_RESOURCE_URI = "yak://memory.md"
 MEMORY_RESOURCE_TEMPLATE = MEMORY_RESOURCE_URI + "{?user_id}"
 INSTRUCTIONS = """Yak is the user's long-term memory. Search it (memory_search) before answering anything
@@ -149,13 +152,15 @@ def build_mcp_server(services: ApiServices, *, user: str | None, stdio: bool = T
             else:
                 raise ToolError("an admin key cannot say whose memories to use: use a key scoped to one user "
                                 "(yak keys create --user U)")
+            if principal is not None and principal.read_only and tool in WRITING_TOOLS:
+                raise ToolError(READ_ONLY_DETAIL)
             result = await anyio.to_thread.run_sync(lambda: work(user_id, actor))
             outcome = "ok"
             return result
         except ToolError:
             outcome = "refused"
             raise
-        except ForgetCommandError as exc:
+        except (ForgetCommandError, SecretRefused) as exc:
             outcome = "refused"
             raise ToolError(str(exc)) from None
         except DatabaseUnavailable:

@@ -41,6 +41,7 @@ METRIC_LABELS: Final[dict[str, tuple[str, ...]]] = {
     "yak_proxy_requests_total": ("outcome", "stream"),
     "yak_proxy_degradations_total": ("reason",),
     "yak_mcp_tool_calls_total": ("tool", "outcome"),
+    "yak_secrets_redacted_total": ("kind",),
 }
 QUEUES: Final = ("memories", "turns")
 FLUSH_INTERVAL_SECONDS: Final = 2.0

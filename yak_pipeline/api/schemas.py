@@ -480,6 +480,7 @@ class KeyCreate(RequestBody):
     user_id: UserId | None = None
     admin: bool = False
     label: Annotated[str | None, Field(default=None, max_length=200)] = None
+    read_only: bool = Field(default=False, description="The key may recall and search, never write or forget.")
 
     @model_validator(mode="after")
     def _one_kind(self) -> KeyCreate:
@@ -498,6 +499,7 @@ class KeyOut(BaseModel):
     label: str | None
     created_at: datetime
     revoked_at: datetime | None
+    read_only: bool = False
 
 
 class KeyCreated(KeyOut):

@@ -145,6 +145,44 @@ def index_command(
                   f"built {len(indexes)} per-user recall indexes")
 
 
+@app.command("scan-secrets")
+@friendly_errors
+def scan_secrets_command(
+    dry_run: bool = typer.Option(False, "--dry-run", help="Only count the secrets found; change nothing."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Find secrets already stored (API keys, tokens, private keys, passwords, cards, IBANs) and redact them.
+
+    Every column that holds what people said is read (exchanges, turns, distillations and their
+    versions, errors, conflict resolutions); each secret becomes a typed placeholder such as
+    ``[secret: api key]``, as new writes get (``YAK_SECRETS``), and the changed rows' vectors are
+    made again from the redacted text. Progress goes to stderr; interrupting keeps what is done,
+    and running it again finds the rest. The audit log records each redaction by kind, never
+    the secret.
+    """
+    from yak_pipeline.embeddings import get_embedder
+    from yak_pipeline.services.secret_scan import scan_secrets
+    from yak_pipeline.wiring import open_database
+
+    settings = get_settings()
+    db = open_database(settings)
+    progress = make_console(stderr=True)
+    try:
+        report = scan_secrets(db, None if dry_run else get_embedder(settings), dry_run=dry_run,
+                              on_progress=lambda name, read, total: progress.print(f"{name}: {read}/{total} rows read …"))
+    finally:
+        db.close()
+    if as_json:
+        print(json.dumps(report.as_dict()))
+        return
+    found = sum(report.secrets.values())
+    kinds = ", ".join(f"{count} {kind}" for kind, count in sorted(report.secrets.items())) or "none"
+    rows = sum(report.rows_with_secrets.values())
+    verb = "would redact" if dry_run else "redacted"
+    console.print(f"read {sum(report.rows_read.values())} texts: {verb} {found} secrets ({kinds}) in {rows} rows"
+                  + ("" if dry_run else f"; {report.exchanges_reembedded} exchanges embedded again"))
+
+
 @app.command("upgrade")
 @friendly_errors
 def upgrade_command(as_json: bool = JsonOption) -> None:

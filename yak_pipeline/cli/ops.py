@@ -252,18 +252,22 @@ def keys_create_command(
     user: Annotated[str | None, typer.Option("--user", help="Scope the key to this user id.")] = None,
     admin: Annotated[bool, typer.Option("--admin", help="An admin key (every user).")] = False,
     label: Annotated[str | None, typer.Option("--label", help="A note on what the key is for.")] = None,
+    read_only: Annotated[bool, typer.Option("--read-only", help="The key may recall and search, never write or forget.")] = False,
     remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False,
 ) -> None:
-    """Create an API key and print it; it is shown this once."""
+    """Create an API key and print it; it is shown this once. ``--read-only``: a key for recall and
+    search only (the API, the memory proxy, MCP and the web page refuse its writes and forgets)."""
     if admin == (user is not None):
         raise fail("give either --user USER or --admin", USAGE_EXIT)
-    data = call_api(remote, api_key, "POST", "/api/keys", json_body={"user_id": user, "admin": admin, "label": label})
+    data = call_api(remote, api_key, "POST", "/api/keys",
+                    json_body={"user_id": user, "admin": admin, "label": label, "read_only": read_only})
     if as_json:
         emit(data, True, print)
         return
     print(data["key"])
-    make_console(stderr=True).print(f"{'admin key' if data['admin'] else 'key for user ' + data['user_id']} "
-                               f"{data['prefix']}… created; it is not shown again")
+    kind = 'admin key' if data['admin'] else 'key for user ' + data['user_id']
+    make_console(stderr=True).print(f"{'read-only ' if data.get('read_only') else ''}{kind} "
+                                    f"{data['prefix']}… created; it is not shown again")
 
 
 @keys_app.command("show-admin")

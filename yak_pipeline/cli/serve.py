@@ -63,6 +63,7 @@ def register(app: typer.Typer) -> None:
         import uvicorn
 
         from yak_pipeline.api.app import create_app
+        from yak_pipeline.api.access_log import uvicorn_log_options
         from yak_pipeline.wiring import shared_database
 
         settings = get_settings()
@@ -92,7 +93,8 @@ def register(app: typer.Typer) -> None:
         # it found: the default one would end the process before the record is removed.
         signal.signal(signal.SIGTERM, _exit_on_signal)
         try:
-            uvicorn.run(create_app(settings, database=database), host=host, port=port, log_level="info")
+            uvicorn.run(create_app(settings, database=database), host=host, port=port,
+                        **uvicorn_log_options(settings.access_log))
         finally:
             forget()
 
@@ -109,6 +111,7 @@ def register(app: typer.Typer) -> None:
         import uvicorn
 
         from yak_pipeline.api.app import create_proxy_app
+        from yak_pipeline.api.access_log import uvicorn_log_options
         from yak_pipeline.wiring import shared_database
 
         settings = get_settings()
@@ -129,7 +132,8 @@ def register(app: typer.Typer) -> None:
             print(f"Yak memory proxy on {info['url']} (upstream: {info['upstream'] or 'none'})", flush=True)
             for warning in warnings:
                 print(f"warning: {warning}", file=sys.stderr, flush=True)
-        uvicorn.run(create_proxy_app(settings, database=database), host=host, port=port, log_level="info")
+        uvicorn.run(create_proxy_app(settings, database=database), host=host, port=port,
+                    **uvicorn_log_options(settings.access_log))
 
 
     @app.command("mcp")
@@ -165,9 +169,12 @@ def register(app: typer.Typer) -> None:
             return
         import uvicorn
 
+        from yak_pipeline.api.access_log import uvicorn_log_options
+
         print(f"Yak MCP server on http://{host}:{port}{MCP_PATH} (streamable HTTP; send a user-scoped API key)",
               file=sys.stderr, flush=True)
-        uvicorn.run(mcp_http_app(services, user=user, host=host), host=host, port=port, log_level="info")
+        uvicorn.run(mcp_http_app(services, user=user, host=host), host=host, port=port,
+                    **uvicorn_log_options(settings.access_log))
 
 def _without_credentials(url: str | None) -> str | None:
     """``url`` without a user name or password, fit to print."""

@@ -97,7 +97,9 @@ def render_memory_block(memories: Sequence[BlockMemory]) -> str:
         if memory.tier not in TIERS:
             raise ValueError(f"memory {memory.id} has unknown tier {memory.tier!r}")
         text = neutralise_memory_text(memory.content)
-        lines.append(f"- ({_label(memory)}) " + (f'"{text}"' if memory.kind == "raw" else text))
+        # The user's words are quoted; a quote mark in them is escaped so they cannot end the
+        # quotation early and go on as if the block itself said the rest.
+        lines.append(f"- ({_label(memory)}) " + (f'"{text.replace(chr(34), "&quot;")}"' if memory.kind == "raw" else text))
     lines.append(BLOCK_CLOSE)
     return "\n".join(lines)
 

@@ -10,6 +10,7 @@ from datetime import date, datetime, timedelta, timezone
 import psycopg
 
 from yak_pipeline.core.exchange_files import ExchangeRecord, RejectedRecord
+from yak_pipeline.core.secrets import redact_secrets
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.memories import insert_memory
 
@@ -56,7 +57,9 @@ def exchange_partition(record: ExchangeRecord, received: datetime) -> tuple[str,
 
 
 def _reject(record: ExchangeRecord, reason: str) -> RejectedRecord:
-    raw = json.dumps({"user_id": record.user_id, "content": record.content,
+    # The quarantined copy is what storing it would keep: its secrets replaced (a record refused
+    # for a bad date must not keep the key it held either; dropped again, it stores the same text).
+    raw = json.dumps({"user_id": record.user_id, "content": redact_secrets(record.content).text,
                       "occurred_at": record.occurred_at.isoformat() if record.occurred_at else None})
     return RejectedRecord(line=record.line, raw=raw, reason=reason)
 
@@ -93,7 +96,8 @@ def ingest_records(
             try:
                 with conn.transaction():
                     stored = insert_memory(conn, user_id=record.user_id, content=record.content, source=source,
-                                           occurred_at=when, source_ref=_source_ref(source_ref, record.ref))
+                                           occurred_at=when, source_ref=_source_ref(source_ref, record.ref),
+                                           secrets=db.secrets)
             except (ValueError, psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
                 report.rejected.append(_reject(record, " ".join(str(exc).split())[:300]))
                 continue

@@ -7,6 +7,8 @@ them from transport errors, which may echo request details).
 
 from __future__ import annotations
 
+import re
+
 # Long enough to quote the start of a bad reply, short enough for a log line or a table cell.
 MAX_REASON_CHARS = 500
 
@@ -15,6 +17,19 @@ def one_line(text: object, limit: int = MAX_REASON_CHARS) -> str:
     """``text`` collapsed to a single line of at most ``limit`` characters."""
     flat = " ".join(str(text).split())
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+# The end of a reason that quotes the model's reply (``…: 'Sure! The user lives in …'``).
+_QUOTED_REPLY = re.compile(r""":\s*(['"]).*$""", re.DOTALL)
+
+
+def reason_for_log(reason: str) -> str:
+    """``reason`` without the quoted reply it may end with, for logs and alerts.
+
+    A reply is made from someone's memories, so it stays out of log lines and webhooks; the
+    memory's stored error (``last_error``, shown by ``/api/queue``) keeps it for diagnosis.
+    """
+    return _QUOTED_REPLY.sub(": <the reply is not shown>", reason)
 
 
 def redact(text: str, *secrets: str | None) -> str:

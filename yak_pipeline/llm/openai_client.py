@@ -33,7 +33,7 @@ from pydantic import BaseModel
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from yak_pipeline.llm import prompts
-from yak_pipeline.llm.errors import LLMError, LLMOutputError, LLMRequestRejected, LLMUnavailable, redact
+from yak_pipeline.llm.errors import LLMError, LLMOutputError, LLMRequestRejected, LLMUnavailable, reason_for_log, redact
 from yak_pipeline.llm.models import (
     ConsolidationOutput,
     ConsolidationResult,
@@ -303,7 +303,7 @@ class OpenAIChatProvider:
         def log(state: RetryCallState) -> None:
             """Log the failed attempt's reason and the coming wait."""
             exc = state.outcome.exception() if state.outcome is not None else None
-            reason = exc.reason if isinstance(exc, LLMError) else repr(exc)
+            reason = reason_for_log(exc.reason) if isinstance(exc, LLMError) else type(exc).__name__
             wait = state.next_action.sleep if state.next_action is not None else 0.0
             logger.warning(
                 "LLM %s attempt %d/%d failed (%s); retrying in %.2f s",

@@ -16,10 +16,12 @@ from yak_pipeline.store.database import Database
 __all__ = ["ApiKey", "create_key", "find_key", "first_admin_key", "list_keys", "revoke_key"]
 
 
-def create_key(db: Database, *, user_id: str | None, label: str | None, actor: str) -> tuple[ApiKey, str]:
-    """A new key (admin when ``user_id`` is None): its record and its text, which is never shown again."""
+def create_key(db: Database, *, user_id: str | None, label: str | None, actor: str,
+               read_only: bool = False) -> tuple[ApiKey, str]:
+    """A new key (admin when ``user_id`` is None; ``read_only``: recall and search only): its record and
+    its text, which is never shown again."""
     with db.connection() as conn:
-        return keys_store.create_api_key(conn, user_id=user_id, label=label, actor=actor)
+        return keys_store.create_api_key(conn, user_id=user_id, label=label, actor=actor, read_only=read_only)
 
 
 def list_keys(db: Database, *, include_revoked: bool = False) -> list[ApiKey]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 from uuid import UUID
 
+from yak_pipeline.core.secrets import screen_secrets
 from yak_pipeline.embeddings import Embedder
 from yak_pipeline.llm.provider import LLMProvider
 from yak_pipeline.store import conflicts as conflicts_store
@@ -20,6 +21,7 @@ from yak_pipeline.store import review as review_store
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.distillations import MAX_USER_WEIGHT, add_version, get_distillation, set_distillation_status
 from yak_pipeline.store.reembed import replace_embedding
+from yak_pipeline.store.secret_redactions import record_redaction
 from yak_pipeline.store.review import ReviewOutcome
 
 __all__ = ["MAX_USER_WEIGHT", "ReviewOutcome"]  # re-exported for the shells, which import no store module
@@ -29,13 +31,19 @@ MERGEABLE_STATUSES = ("active", "review")
 
 def write_manual_version(db: Database, embedder: Embedder, distillation_id: UUID, *, content: str,
                          user_id: str | None, actor: str) -> bool:
-    """Give a distillation new text from a person; False when it is not found (for ``user_id``)."""
-    vector = embedder.embed_documents([content])[0]
+    """Give a distillation new text from a person; False when it is not found (for ``user_id``).
+
+    A secret in the text is replaced (or refused) before it is embedded or stored, as for an exchange."""
+    screened = screen_secrets(content, db.secrets)
+    vector = embedder.embed_documents([screened.text])[0]
     with db.connection() as conn:
-        if get_distillation(conn, distillation_id, user_id=user_id) is None:
+        found = get_distillation(conn, distillation_id, user_id=user_id)
+        if found is None:
             return False
-        add_version(conn, distillation_id, content=content, embedding=vector, embedding_model=embedder.model_name,
-                    reason="manual", actor=actor)
+        add_version(conn, distillation_id, content=screened.text, embedding=vector,
+                    embedding_model=embedder.model_name, reason="manual", actor=actor)
+        record_redaction(conn, kinds=screened.kinds, actor=actor, user_id=found["user_id"],
+                         target_type="distillation", target_id=distillation_id)
     return True
 
 
@@ -69,6 +77,8 @@ def merge_distillations(db: Database, llm: LLMProvider, embedder: Embedder, *, k
     if content is None:
         older, newer = sorted((keep, other), key=lambda r: (r["created_at"], str(r["id"])))
         content = llm.consolidate(older["content"], newer["content"]).content
+    else:  # a person's text: screened for secrets as any other write
+        content = screen_secrets(content, db.secrets).text
     vector = embedder.embed_documents([content])[0]
     with db.connection() as conn:
         add_version(conn, keep_id, content=content, embedding=vector, embedding_model=embedder.model_name,

@@ -19,7 +19,7 @@ from datetime import date
 from yak_pipeline.alerts import NULL_ALERTER, Alerter
 from yak_pipeline.core.gates import confidence_gate
 from yak_pipeline.embeddings import Embedder, EmbeddingError
-from yak_pipeline.llm.errors import LLMError
+from yak_pipeline.llm.errors import LLMError, reason_for_log
 from yak_pipeline.llm.prompts import OUTPUT_SCHEMA_VERSION
 from yak_pipeline.llm.provider import LLMProvider
 from yak_pipeline.services.recall import embed_pending_contexts
@@ -86,9 +86,10 @@ def _distill_one(job: DistillJob, memory_id: str) -> StageReport:
             record_memory_error(conn, memory_id, exc.reason, give_up=give_up)
             report.record_failed_call(exc)
             report.failed += 1
-            report.errors.append(f"{memory_id}: {exc.reason}")
+            # The run's log and the alert name the memory, not its text (nor a reply quoting it).
+            report.errors.append(f"{memory_id}: {reason_for_log(exc.reason)}")
             job.alerter.alert("distillation_failed", f"distilling memory {memory_id} failed", ids=(memory_id,),
-                              error=exc.reason, retry=(attempts + 1, job.max_attempts))
+                              error=reason_for_log(exc.reason), retry=(attempts + 1, job.max_attempts))
             return report
         report.record_call(result.stats)
         try:

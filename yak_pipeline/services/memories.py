@@ -34,7 +34,7 @@ def store_memory(db: Database, *, user_id: str, content: str, source: str, occur
     (its vectors are made here, after the commit: ``services.recall.embed_exchanges_now``)."""
     with db.connection() as conn:
         stored = memories_store.insert_memory(conn, user_id=user_id, content=content, source=source,
-                                              occurred_at=occurred_at, actor=actor)
+                                              occurred_at=occurred_at, actor=actor, secrets=db.secrets)
         row = memories_store.get_memory(conn, stored.id)
     if stored.created and embedder is not None:
         embed_exchanges_now(db, embedder, [str(stored.id)])
@@ -83,7 +83,7 @@ def record_turn(db: Database, *, user_id: str, user_message: str, assistant_mess
         known = memories_store.user_has_memories(conn, user_id)
         stored = store_exchange_turn(conn, user_id=user_id, user_message=user_message,
                                      assistant_message=assistant_message, recalled_ids=recalled_ids,
-                                     occurred_at=occurred_at, actor=actor)
+                                     occurred_at=occurred_at, actor=actor, secrets=db.secrets)
     if stored.created and embedder is not None:
         embed_exchanges_now(db, embedder, [str(stored.memory_id)])
     return known, stored

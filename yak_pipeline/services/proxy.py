@@ -482,7 +482,8 @@ class MemoryProxy:
             database = self._database()
             with database.connection() as conn:
                 stored = store_exchange_turn(conn, user_id=user_id, user_message=user_text, assistant_message=answer,
-                                             recalled_ids=recalled_ids, occurred_at=occurred_at, actor=actor)
+                                             recalled_ids=recalled_ids, occurred_at=occurred_at, actor=actor,
+                                             secrets=database.secrets)
             if stored.created:
                 # Recallable by meaning at the next turn, not only after the pipeline has run; this
                 # runs after the answer has gone out (the turn writer), never in the chat's way.
@@ -519,10 +520,17 @@ class MemoryProxy:
 
     # -- the chat
 
-    async def chat_completions(self, raw: bytes, *, key_user: str | None, actor: str) -> ProxyAnswer | ProxyStream:
-        """One chat completion through the proxy (module docstring); raises :class:`ProxyError` for the client."""
+    async def chat_completions(self, raw: bytes, *, key_user: str | None, actor: str,
+                               read_only: bool = False) -> ProxyAnswer | ProxyStream:
+        """One chat completion through the proxy (module docstring); raises :class:`ProxyError` for the client.
+
+        With a ``read_only`` key the chat is recalled for and answered, but its turn is not stored
+        and a forget command forgets nothing."""
         chat = parse_chat_request(raw, follow_up_words=self.settings.proxy_follow_up_words)
         user_id = resolve_user(key_user, chat.body)
+        if read_only and chat.user_text is not None and self._looks_like_forget(chat.user_text):
+            self.metrics.count_proxy_request("forget", stream=chat.stream)
+            return yak_answer("Nothing was forgotten: this API key is read-only.", body=chat.body, stream=chat.stream)
         if chat.user_text is not None and self._looks_like_forget(chat.user_text):
             text = await anyio.to_thread.run_sync(lambda: self._forget(user_id=user_id, text=chat.user_text,
                                                                        actor=actor))
@@ -536,7 +544,7 @@ class MemoryProxy:
         forwarded = {**chat.body, "messages": insert_memory_block(chat.body["messages"], block)}
         request = self._http().build_request("POST", f"{base_url}/chat/completions", headers=headers,
                                              content=json.dumps(forwarded).encode("utf-8"))
-        store = self._turn_storer(chat, user_id=user_id, recalled_ids=recalled_ids, actor=actor)
+        store = None if read_only else self._turn_storer(chat, user_id=user_id, recalled_ids=recalled_ids, actor=actor)
         if block and self.settings.proxy_show_block:
             block_logger.info("memory block for %s (%d memories):\n%s", user_id, len(recalled_ids), block)
         # Which memories went into the prompt, for the client to show or log (the ids only, never text).

@@ -36,7 +36,7 @@ from yak_pipeline.core.query_intent import asks_about_past
 from yak_pipeline.core.recall import RankedMemory, RecallParams
 from yak_pipeline.core.relevance import RelevanceModel, RelevanceSignals
 from yak_pipeline.embeddings import Embedder
-from yak_pipeline.llm.errors import LLMError
+from yak_pipeline.llm.errors import LLMError, reason_for_log
 from yak_pipeline.llm.rules.words import STOP_WORDS, words_of
 from yak_pipeline.llm.provider import LLMProvider
 from yak_pipeline.recall_models import load_relevance_model
@@ -137,7 +137,8 @@ class LLMRecallJudge:
             with ThreadPoolExecutor(max_workers=min(self.concurrency, len(memories))) as pool:
                 scores = list(pool.map(lambda memory: self.llm.relevance_score(memory, turn).score, memories))
         except LLMError as exc:
-            logger.warning("the LLM could not judge recall; keeping the engine's %d memories: %s", len(memories), exc)
+            logger.warning("the LLM could not judge recall; keeping the engine's %d memories: %s", len(memories),
+                           reason_for_log(exc.reason))
             return None
         return [(i, score) for i, score in enumerate(scores) if score >= self.keep]
 

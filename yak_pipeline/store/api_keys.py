@@ -21,7 +21,7 @@ from yak_pipeline.store.audit import write_audit
 
 KEY_PREFIX: Final = "yak_"
 _DISPLAY_CHARS: Final = 10
-_COLUMNS: Final = "id, key_hash, prefix, user_id, label, created_at, revoked_at"
+_COLUMNS: Final = "id, key_hash, prefix, user_id, label, created_at, revoked_at, read_only"
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,8 @@ class ApiKey:
     label: str | None
     created_at: datetime
     revoked_at: datetime | None
+    # Recall and search only: no write, no forget (issue 35).
+    read_only: bool = False
 
     @property
     def is_admin(self) -> bool:
@@ -53,19 +55,22 @@ def new_api_key_text() -> str:
 
 
 def create_api_key(
-    conn: psycopg.Connection, *, user_id: str | None, label: str | None = None, actor: str = "system"
+    conn: psycopg.Connection, *, user_id: str | None, label: str | None = None, actor: str = "system",
+    read_only: bool = False,
 ) -> tuple[ApiKey, str]:
-    """Store a new key (admin when ``user_id`` is None); returns the record and the key, shown once."""
+    """Store a new key (admin when ``user_id`` is None; ``read_only``: it may recall and search, never
+    write or forget); returns the record and the key, shown once."""
     if user_id is not None:
         validate_user_id(user_id)
     text = new_api_key_text()
     row = conn.execute(
-        f"INSERT INTO api_keys (key_hash, prefix, user_id, label) VALUES (%s, %s, %s, %s) RETURNING {_COLUMNS}",
-        (hash_api_key(text), text[:_DISPLAY_CHARS], user_id, label),
+        f"INSERT INTO api_keys (key_hash, prefix, user_id, label, read_only) VALUES (%s, %s, %s, %s, %s) "
+        f"RETURNING {_COLUMNS}",
+        (hash_api_key(text), text[:_DISPLAY_CHARS], user_id, label, read_only),
     ).fetchone()
     record = ApiKey(*row)
     write_audit(conn, actor=actor, action="key_create", target_type="api_key", target_id=record.id,
-                user_id=user_id, detail={"admin": record.is_admin, "prefix": record.prefix})
+                user_id=user_id, detail={"admin": record.is_admin, "prefix": record.prefix, "read_only": read_only})
     return record, text
 
 

@@ -13,6 +13,7 @@ from psycopg import sql
 from pgvector.psycopg import register_vector
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from yak_pipeline.core.secrets import SecretsPolicy
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.errors import DatabaseUnavailable, PgvectorMissing
 
@@ -150,10 +151,15 @@ def check_idle_connection(conn: psycopg.Connection) -> None:
 
 
 class Database:
-    """A connection pool for one database URL; every store function takes a connection from it."""
+    """A connection pool for one database URL; every store function takes a connection from it.
 
-    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10) -> None:
+    ``secrets`` is what writes through this pool do with a secret in their text (``YAK_SECRETS``,
+    core/secrets.py): the services hand it to the store's write functions.
+    """
+
+    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10, secrets: SecretsPolicy = "redact") -> None:
         self.url = url
+        self.secrets: SecretsPolicy = secrets
         self._pool = ConnectionPool(
             url,
             min_size=min_size,

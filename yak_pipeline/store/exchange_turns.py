@@ -15,6 +15,7 @@ from uuid import UUID
 import psycopg
 
 from yak_pipeline.core.exchanges import format_exchange
+from yak_pipeline.core.secrets import SecretsPolicy
 from yak_pipeline.store.memories import insert_memory
 from yak_pipeline.store.turns import insert_turn
 
@@ -38,10 +39,11 @@ def store_exchange_turn(
     occurred_at: datetime | None = None,
     source: str = "api",
     actor: str = "system",
+    secrets: SecretsPolicy = "redact",
 ) -> StoredTurn:
-    """Store the exchange (idempotent on its text) and queue its turn once."""
+    """Store the exchange (idempotent on its text) and queue its turn once; secrets as ``insert_memory``."""
     memory = insert_memory(conn, user_id=user_id, content=format_exchange(user_message, assistant_message),
-                           source=source, occurred_at=occurred_at, actor=actor)
+                           source=source, occurred_at=occurred_at, actor=actor, secrets=secrets)
     if not memory.created:
         existing = conn.execute(
             "SELECT id FROM turns WHERE memory_id = %s AND deleted_at IS NULL ORDER BY created_at LIMIT 1",

@@ -12,9 +12,11 @@ import numpy as np
 import psycopg
 
 from yak_pipeline.core.exchanges import content_sha256, normalise_exchange_text
+from yak_pipeline.core.secrets import SecretsPolicy, screen_secrets
 from yak_pipeline.core.types import MEMORY_SOURCES, validate_user_id
 from yak_pipeline.store.audit import write_audit
 from yak_pipeline.store.rows import claim_pending_rows, list_live_rows, live_row
+from yak_pipeline.store.secret_redactions import record_redaction
 
 # What distilling a memory reads of it, under its lock (``store.locking.lock_live_row``).
 DISTIL_COLUMNS = ("id", "user_id", "content", "occurred_at", "attempts", "status")
@@ -43,15 +45,20 @@ def insert_memory(
     occurred_at: datetime | None = None,
     source_ref: str | None = None,
     actor: str = "system",
+    secrets: SecretsPolicy = "redact",
 ) -> StoredMemory:
     """Store one exchange as a ``pending`` memory; the same exchange twice is stored once.
 
-    Returns the existing row (``created=False``) when the user already has this content.
+    Returns the existing row (``created=False``) when the user already has this content. Every
+    exchange that enters Yak passes here: a secret in its text is replaced by a placeholder (or,
+    with ``secrets="refuse"``, the write raises ``SecretRefused``) before it is stored, hashed,
+    embedded or distilled; the audit log and ``yak_secrets_redacted_total`` count it.
     """
     validate_user_id(user_id)
     if source not in MEMORY_SOURCES:
         raise ValueError(f"unknown memory source {source!r}")
-    text = normalise_exchange_text(content)
+    screened = screen_secrets(normalise_exchange_text(content), secrets)
+    text = screened.text
     if not text.strip():
         raise ValueError("memory content is empty")
     if occurred_at is not None and occurred_at.tzinfo is None:
@@ -68,6 +75,8 @@ def insert_memory(
     if row is not None:
         write_audit(conn, actor=actor, action="ingest", target_type="memory", target_id=row[0], user_id=user_id,
                     detail={"source": source})
+        record_redaction(conn, kinds=screened.kinds, actor=actor, user_id=user_id, target_type="memory",
+                         target_id=row[0])
         return StoredMemory(row[0], user_id, True, row[1], row[2], row[3])
     existing = conn.execute(
         "SELECT id, created_at, occurred_at, status FROM memories WHERE user_id = %s AND content_sha256 = %s",

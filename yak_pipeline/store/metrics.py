@@ -19,6 +19,8 @@ from typing import Final, Literal
 import psycopg
 from psycopg.types.json import Jsonb
 
+from yak_pipeline.core.secrets import SECRET_KINDS
+
 MetricKind = Literal["counter", "histogram", "gauge"]
 
 
@@ -58,6 +60,8 @@ METRICS: Final[tuple[MetricDefinition, ...]] = (
     MetricDefinition("yak_proxy_degradations_total", "counter",
                      "Memory proxy requests served with less than the full loop, by reason."),
     MetricDefinition("yak_mcp_tool_calls_total", "counter", "MCP tool calls (yak mcp), by tool and outcome."),
+    MetricDefinition("yak_secrets_redacted_total", "counter",
+                     "Secrets replaced by a placeholder before a text was stored, by kind (core/secrets.py)."),
 )
 METRICS_BY_NAME: Final[dict[str, MetricDefinition]] = {m.name: m for m in METRICS}
 
@@ -77,6 +81,7 @@ KNOWN_LABEL_VALUES: Final[dict[str, tuple[dict[str, str], ...]]] = {
     # Every route is too many series to invent; the scrape's own series is the one sure to come.
     "yak_requests_total": ({"method": "GET", "route": "/metrics", "status": "200"},),
     "yak_proxy_degradations_total": tuple({"reason": r} for r in KNOWN_DEGRADATIONS),
+    "yak_secrets_redacted_total": tuple({"kind": k} for k in SECRET_KINDS),
 }
 
 # Serialises concurrent folds (two scrapes at once) so each event is added exactly once.

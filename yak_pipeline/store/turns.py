@@ -9,6 +9,7 @@ from uuid import UUID
 
 import psycopg
 
+from yak_pipeline.core.secrets import redact_secrets
 from yak_pipeline.core.types import validate_user_id
 from yak_pipeline.store.rows import claim_pending_rows, live_row
 
@@ -31,8 +32,12 @@ def insert_turn(
     memory_id: UUID | str | None = None,
     occurred_at: datetime | None = None,
 ) -> UUID:
-    """Queue one turn for evaluation; recalled ids of other users are dropped, never evaluated."""
+    """Queue one turn for evaluation; recalled ids of other users are dropped, never evaluated.
+
+    Its messages are stored with their secrets replaced, as their exchange is (``insert_memory``,
+    which refuses or counts them: a turn is always written with its exchange)."""
     validate_user_id(user_id)
+    user_message, assistant_message = redact_secrets(user_message).text, redact_secrets(assistant_message).text
     ids = [str(i) for i in recalled_ids]
     # Scope the recalled ids to the user in SQL so a turn can never touch another user's warmth.
     row = conn.execute(

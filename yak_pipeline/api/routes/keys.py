@@ -16,14 +16,15 @@ router = APIRouter(prefix="/api/keys", tags=["keys"])
 
 def _out(key: ApiKey) -> dict:
     return {"id": key.id, "prefix": key.prefix, "user_id": key.user_id, "admin": key.is_admin, "label": key.label,
-            "created_at": key.created_at, "revoked_at": key.revoked_at}
+            "created_at": key.created_at, "revoked_at": key.revoked_at, "read_only": key.read_only}
 
 
 @router.post("", response_model=KeyCreated, status_code=status.HTTP_201_CREATED)
 def create_key(body: KeyCreate, caller: Caller, services: Services) -> KeyCreated:
     """Create a key, admin or scoped to one user; the key is in this answer and never again."""
     caller.require_admin()
-    record, key = api_keys.create_key(services.database, user_id=body.user_id, label=body.label, actor=caller.actor)
+    record, key = api_keys.create_key(services.database, user_id=body.user_id, label=body.label, actor=caller.actor,
+                                      read_only=body.read_only)
     return KeyCreated(**_out(record), key=key)
 
 

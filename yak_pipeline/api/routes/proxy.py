@@ -56,7 +56,8 @@ async def chat_completions(
     ``/forget …`` commands are answered by Yak. Bodies up to 16 MiB."""
     caller = await _caller(services, x_api_key, authorization)
     raw = await request.body()
-    answer = await services.proxy.chat_completions(raw, key_user=caller.user_id, actor=_actor(caller))
+    answer = await services.proxy.chat_completions(raw, key_user=caller.user_id, actor=_actor(caller),
+                                                   read_only=caller.read_only)
     return _response(answer)
 
 

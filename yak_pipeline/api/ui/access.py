@@ -28,7 +28,7 @@ from fastapi.templating import Jinja2Templates
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import RedirectResponse
 
-from yak_pipeline.api.auth import Principal, authenticate
+from yak_pipeline.api.auth import READ_ONLY_DETAIL, Principal, authenticate
 from yak_pipeline.api.dependencies import Services
 from yak_pipeline.api.errors import database_unavailable_response, one_line
 from yak_pipeline.api.ui.sessions import COOKIE_NAME, PageSession, SessionStore
@@ -102,7 +102,11 @@ def signed_in(request: Request, services: Services) -> Visitor:
     except HTTPException:
         session_store(request).drop(session.id)
         raise SignInRequired from None
-    return Visitor(session, Principal(user_id=principal.user_id, actor="web:" + principal.actor.removeprefix("api:")))
+    # A read-only key's session may read every page of its user and sign out; no other form.
+    if principal.read_only and request.method == "POST" and not request.url.path.endswith("/logout"):
+        raise PageError(403, READ_ONLY_DETAIL)
+    return Visitor(session, Principal(user_id=principal.user_id, actor="web:" + principal.actor.removeprefix("api:"),
+                                      read_only=principal.read_only))
 
 
 SignedIn = Annotated[Visitor, Depends(signed_in)]
