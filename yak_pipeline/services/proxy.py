@@ -1,5 +1,8 @@
 """The memory proxy (issue 13): an OpenAI chat-completions endpoint that remembers.
 
+Its memory flow (recall → block, forget in chat, the turn stored after the answer) is shared with
+the Anthropic Messages endpoint, whose wire protocol is :mod:`yak_pipeline.services.proxy_anthropic`.
+
 A client points its OpenAI base URL at Yak and its API key at a Yak key. For each chat:
 
 1. the user is the one the key is scoped to (an admin key names one in the body's ``user``);
