@@ -23,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Final
 
@@ -78,6 +78,8 @@ class SessionRead:
     rejected: list[RejectedRecord] = field(default_factory=list)
     skipped: int = 0
     resume_at: int = 0
+    # The number of a last line cut short (the file ends inside it), left for the next read.
+    cut_short_line: int | None = None
 
 
 def looks_like_session_entry(value: object) -> bool:
@@ -136,6 +138,7 @@ def read_session(data: bytes, *, user_id: str, max_record_chars: int, start: int
         except RecordError as error:
             if not complete:
                 stop = line_start  # cut short while being written: read it again, whole, next time
+                result.cut_short_line = line_number
                 break
             result.rejected.append(RejectedRecord(line_number, raw_bytes.decode("utf-8", "replace"),
                                                   one_line(str(error))))
@@ -188,7 +191,7 @@ def _typed_prompt(entry: dict) -> str | None:
         return None
     if not text or text.startswith(_NOT_TYPED_PREFIXES):
         return None
-    return text
+    return without_client_meta(text) or None
 
 
 def _assistant_texts(entry: dict, message: object) -> list[str]:
@@ -219,4 +222,8 @@ def _close(result: SessionRead, turn: _Turn | None, user_id: str, max_record_cha
     built = build_exchange_record(user_id, turn.prompt, "\n\n".join(turn.replies), when, line=turn.line,
                                   ref=f"claude-code:{result.session_id or '?'}:{turn.uuid}",
                                   max_record_chars=max_record_chars)
-    (result.records if isinstance(built, ExchangeRecord) else result.rejected).append(built)
+    if isinstance(built, ExchangeRecord):
+        # Any turn may be the one still being answered when the file was read: the next read replaces it.
+        result.records.append(replace(built, grows=True))
+    else:
+        result.rejected.append(built)
