@@ -74,6 +74,8 @@ class FakeAnthropicServer:
         self._queue: deque[Answer] = deque()
         self.received: list[Received] = []
         self.streams_sent: list[bytes] = []
+        # Added to every default answer (a benchmark tags its passes, so each stored turn is new).
+        self.tag = ""
         self._ids = itertools.count(1)
         owner = self
 
@@ -143,7 +145,7 @@ class FakeAnthropicServer:
         if route != "/v1/messages":
             self._send_json(handler, 404, {"type": "error", "error": {"type": "not_found_error", "message": path}})
             return
-        answer = answer or Answer(text=_last_user_text(body))
+        answer = answer or Answer(text=_last_user_text(body) + self.tag)
         if answer.status is not None:
             self._send_json(handler, answer.status, answer.error_body)
             return
