@@ -223,7 +223,8 @@ def _close(result: SessionRead, turn: _Turn | None, user_id: str, max_record_cha
                                   ref=f"claude-code:{result.session_id or '?'}:{turn.uuid}",
                                   max_record_chars=max_record_chars)
     if isinstance(built, ExchangeRecord):
-        # Any turn may be the one still being answered when the file was read: the next read replaces it.
-        result.records.append(replace(built, grows=True))
+        # Any turn may be the one still being answered when the file was read: the next read replaces it
+        # (found by its prompt's uuid, so only a turn that has one).
+        result.records.append(replace(built, grows=bool(turn.uuid)))
     else:
         result.rejected.append(built)
