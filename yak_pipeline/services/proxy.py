@@ -563,7 +563,7 @@ class MemoryProxy:
         # Only the messages change; every other field goes upstream as the client sent it.
         forwarded = {**chat.body, "messages": insert_memory_block(chat.body["messages"], block)}
         request = self.http().build_request("POST", f"{base_url}/chat/completions", headers=headers,
-                                             content=json.dumps(forwarded).encode("utf-8"))
+                                            content=json.dumps(forwarded).encode("utf-8"))
         store = self.turn_storer(chat.user_text if chat.storable else None, user_id=user_id,
                                  recalled_ids=recalled_ids, actor=actor)
         # Which memories went into the prompt, for the client to show or log (the ids only, never text).
