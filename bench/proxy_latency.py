@@ -19,6 +19,10 @@ goes first alternating:
   is served, as it would for a client that asks again at once; the upstream tags its answers
   with the run, so each stored turn is a new exchange.
 
+The same chats are also sent in Anthropic's Messages protocol (``/v1/messages``, issue 34) to a
+loopback Messages API, direct and through the same proxy process, streamed and not: the Messages
+rows beside the OpenAI ones.
+
 The figures are the per-chat differences (proxy − direct). The same chats are then sent through
 a proxy with ``YAK_PROXY_RECALL_LIMIT=0`` (no recall, everything else the same), which splits the
 added time into the proxy's own plumbing (keys, parsing, forwarding, relaying, storing the turn)
@@ -60,6 +64,7 @@ from recall_latency import (  # noqa: E402
 )
 
 from yak_pipeline.settings import get_settings  # noqa: E402
+from yak_pipeline_tests.fake_anthropic import FakeAnthropicServer  # noqa: E402
 from yak_pipeline_tests.fake_openai import FakeOpenAIServer, chat_replier  # noqa: E402
 
 TARGET_ADDED_P95_MS = 40.0
@@ -85,17 +90,23 @@ def _whole(client, url: str, headers: dict, body: dict) -> float:  # noqa: ANN00
     return (time.perf_counter() - began) * 1000
 
 
-def bench(url: str, queries: list, upstream: FakeOpenAIServer, *, recall: bool = True) -> dict:
-    """Every query direct and through a ``yak proxy`` process; the per-query differences."""
+def bench(url: str, queries: list, upstream: FakeOpenAIServer, anthropic: FakeAnthropicServer, *,
+          recall: bool = True) -> dict:
+    """Every query direct and through a ``yak proxy`` process, in both protocols; the per-query differences."""
     import httpx
 
     key = secrets.token_urlsafe(24)
     env = {**os.environ, "YAK_DATABASE_URL": url, "YAK_ADMIN_API_KEY": key, "YAK_UPSTREAM_BASE_URL": upstream.base_url,
+           "YAK_UPSTREAM_ANTHROPIC_BASE_URL": anthropic.base_url,
            "YAK_HOME": str(Path(os.environ.get("YAK_HOME", ROOT / ".yak")).resolve()),
            "YAK_PROXY_RECALL_LIMIT": "5" if recall else "0"}
     direct_headers, proxy_headers = {}, {"X-API-Key": key}
+    # Claude Code's way: its own Anthropic key goes upstream, the Yak key (admin: the user in metadata) beside it.
+    anthropic_headers = {"x-api-key": "sk-ant-bench", "anthropic-version": "2023-06-01"}
+    messages_direct, messages_proxy = anthropic_headers, {**anthropic_headers, "X-Yak-Key": key}
     with running_yak("proxy", env) as port, httpx.Client(timeout=60) as client:
-        base = f"http://127.0.0.1:{port}/v1"
+        root = f"http://127.0.0.1:{port}"  # Anthropic's clients add /v1/messages to it
+        base = f"{root}/v1"
 
         def body(user: str, text: str, stream: bool) -> dict:
             return {"model": "fake-model", "user": user, "stream": stream,
@@ -109,29 +120,53 @@ def bench(url: str, queries: list, upstream: FakeOpenAIServer, *, recall: bool =
             return {name: _whole(client, f"{where}/chat/completions", headers, body(user, f"{text} (whole)", False))
                     for name, where, headers in order}
 
+        def message(user: str, text: str, stream: bool) -> dict:
+            return {"model": "claude-fake-1", "max_tokens": 256, "stream": stream, "system": "You are terse.",
+                    "metadata": {"user_id": user}, "messages": [{"role": "user", "content": f"{text} (messages)"}]}
+
+        def messages_streamed(user: str, text: str, order: list) -> dict:
+            return {name: _chat(client, f"{where}/v1/messages", headers, message(user, text, True))
+                    for name, where, headers in order}
+
+        def messages_whole(user: str, text: str, order: list) -> dict:
+            return {name: _whole(client, f"{where}/v1/messages", headers, message(user, f"{text} (whole)", False))
+                    for name, where, headers in order}
+
         for user, text, _ in queries[:20]:  # loads the query embedder, warms the pool and the caches
             _chat(client, f"{base}/chat/completions", proxy_headers, body(user, f"warm up: {text}", True))
-        added_ttft, added_total, added_whole, direct_ttft, proxy_ttft = [], [], [], [], []
+            _chat(client, f"{root}/v1/messages", messages_proxy, message(user, f"warm up: {text}", True))
+        kinds = {protocol: {"ttft": [], "total": [], "whole": [], "direct_ttft": [], "proxy_ttft": []}
+                 for protocol in ("openai", "messages")}
         for i, (user, text, _) in enumerate(queries[20:]):
-            order = [("direct", upstream.base_url, direct_headers), ("proxy", base, proxy_headers)]
-            if i % 2:
-                order.reverse()
-            # Which kind goes first alternates too: the second recalls for nearly the same words and
-            # finds the first one's pages in PostgreSQL's buffers.
-            if (i // 2) % 2:
-                whole, timings = not_streamed(user, text, order), streamed(user, text, order)
-            else:
-                timings, whole = streamed(user, text, order), not_streamed(user, text, order)
-            added_ttft.append(timings["proxy"][0] - timings["direct"][0])
-            added_total.append(timings["proxy"][1] - timings["direct"][1])
-            added_whole.append(whole["proxy"] - whole["direct"])
-            direct_ttft.append(timings["direct"][0])
-            proxy_ttft.append(timings["proxy"][0])
+            runs = {"openai": ([("direct", upstream.base_url, direct_headers), ("proxy", base, proxy_headers)],
+                               streamed, not_streamed),
+                    "messages": ([("direct", anthropic.base_url, messages_direct),
+                                  ("proxy", root, messages_proxy)], messages_streamed, messages_whole)}
+            for protocol, (order, stream_kind, whole_kind) in runs.items():
+                if i % 2:
+                    order.reverse()
+                # Which kind goes first alternates too: the second recalls for nearly the same words and
+                # finds the first one's pages in PostgreSQL's buffers.
+                if (i // 2) % 2:
+                    whole, timings = whole_kind(user, text, order), stream_kind(user, text, order)
+                else:
+                    timings, whole = stream_kind(user, text, order), whole_kind(user, text, order)
+                measured = kinds[protocol]
+                measured["ttft"].append(timings["proxy"][0] - timings["direct"][0])
+                measured["total"].append(timings["proxy"][1] - timings["direct"][1])
+                measured["whole"].append(whole["proxy"] - whole["direct"])
+                measured["direct_ttft"].append(timings["direct"][0])
+                measured["proxy_ttft"].append(timings["proxy"][0])
             if (i + 1) % 50 == 0:
                 progress(f"  {'' if recall else 'no recall: '}{i + 1}/{len(queries) - 20} chats")
-    return {"added_ttft_ms": latency_summary(added_ttft), "added_total_ms": latency_summary(added_total),
-            "added_total_not_streamed_ms": latency_summary(added_whole),
-            "direct_ttft_ms": latency_summary(direct_ttft), "proxy_ttft_ms": latency_summary(proxy_ttft)}
+
+    def summary(measured: dict) -> dict:
+        return {"added_ttft_ms": latency_summary(measured["ttft"]), "added_total_ms": latency_summary(measured["total"]),
+                "added_total_not_streamed_ms": latency_summary(measured["whole"]),
+                "direct_ttft_ms": latency_summary(measured["direct_ttft"]),
+                "proxy_ttft_ms": latency_summary(measured["proxy_ttft"])}
+
+    return {**summary(kinds["openai"]), "messages": summary(kinds["messages"])}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,16 +192,17 @@ def main(argv: list[str] | None = None) -> int:
     # 9.7 for a new one at 100,000 memories (sql/006's context trigger, docs/BENCHMARKS.md §2h).
     run, tag = secrets.token_hex(4), {"pass": ""}
     replier = lambda request: chat_replier(request, tag=f"run {run}{tag['pass']}")  # noqa: E731
-    with database as url, FakeOpenAIServer(replier) as upstream:
+    with database as url, FakeOpenAIServer(replier) as upstream, FakeAnthropicServer() as anthropic:
         corpus = RealisticCorpus(args.data_dir) if args.corpus == "realistic" else None
         loaded = load_or_reuse(url, args, corpus)
         user_indexes = build_user_indexes(url, drop=args.no_user_indexes)
         queries = (corpus.queries(args.users, args.queries + 20, args.seed) if corpus is not None
                    else _queries(loaded["rows"], args.queries + 20, args.seed))
         freeze_heap()  # the client and the fake upstream run in this process, beside the corpus
-        figures = bench(url, queries, upstream)
+        figures = bench(url, queries, upstream, anthropic)
         tag["pass"] = ", no recall"
-        plumbing = bench(url, queries, upstream, recall=False)
+        anthropic.tag = " (no recall)"
+        plumbing = bench(url, queries, upstream, anthropic, recall=False)
     result = {"n": args.n, "users": args.users, "queries": args.queries, "corpus": args.corpus,
               "load_seconds": loaded["seconds"],
               "user_indexes": user_indexes, **figures, "without_recall": plumbing, "target_added_p95_ms": TARGET_ADDED_P95_MS,
@@ -176,13 +212,15 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result))
         return 0
     rows = []
-    for label, measured in (("", figures), ("no recall: ", plumbing)):
+    for label, measured in (("", figures), ("no recall: ", plumbing), ("Messages: ", figures["messages"]),
+                            ("Messages, no recall: ", plumbing["messages"])):
         for name, key in (("added TTFT (streamed)", "added_ttft_ms"), ("added total (streamed)", "added_total_ms"),
                           ("added total (not streamed)", "added_total_not_streamed_ms")):
             lat = measured[key]
             rows.append((f"{label}{name} p50 / p95", f"{lat['p50']:g} / {lat['p95']:g} ms",
-                         f"p95 ≤ {TARGET_ADDED_P95_MS:g} ms" if not label else "",
-                         verdict(lat["p95"], TARGET_ADDED_P95_MS, higher_is_better=False) if not label else ""))
+                         f"p95 ≤ {TARGET_ADDED_P95_MS:g} ms" if "no recall" not in label else "",
+                         verdict(lat["p95"], TARGET_ADDED_P95_MS, higher_is_better=False)
+                         if "no recall" not in label else ""))
     print_table(f"memory proxy, N = {args.n:,}, U = {args.users}, {args.corpus} corpus, {args.queries} chats "
                 f"(load {load_before} → {result['load_average_1m']['after']}; "
                 f"{user_indexes['in_all']} per-user recall indexes)", rows)

@@ -144,6 +144,13 @@ class Settings(BaseSettings):
     )
     upstream_api_key: SecretStr | None = _unset_secret(
         "API key the memory proxy sends to $YAK_UPSTREAM_BASE_URL (never logged, never the client's Yak key).")
+    upstream_anthropic_base_url: str = Field(
+        default="https://api.anthropic.com",
+        description="Anthropic Messages API endpoint (without /v1) the memory proxy's `/v1/messages` forwards to (Claude Code, Anthropic SDKs).",
+    )
+    upstream_anthropic_api_key: SecretStr | None = _unset_secret(
+        "Anthropic API key the memory proxy sends to $YAK_UPSTREAM_ANTHROPIC_BASE_URL; unset = the client's own key "
+        "(x-api-key or Authorization) goes upstream and the Yak key comes in X-Yak-Key (never logged).")
     upstream_timeout_seconds: float = Field(
         default=300.0, gt=0, description="How long the memory proxy waits for the upstream's next bytes, in seconds."
     )

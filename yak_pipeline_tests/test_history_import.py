@@ -123,7 +123,8 @@ def test_yak_import_reads_every_format_and_importing_again_adds_nothing(db_url: 
     assert code == 0, report
     assert [(f["format"], f["stored"], f["skipped"], f["quarantined"]) for f in report["files"]] == [
         ("chatgpt", 6, 1, 0), ("claude", 3, 1, 0), ("claude_code", 2, 1, 0)]
-    assert report["totals"] | {} == {"exchanges": 11, "already_stored": 0, "skipped": 3, "quarantined": 0,
+    assert report["totals"] | {} == {"exchanges": 11, "already_stored": 0, "updated": 0, "already_quarantined": 0,
+                                     "skipped": 3, "quarantined": 0,
                                      "failed_files": 0, "users": ["maria"], "first": "2024-10-05T09:00:00+00:00",
                                      "last": "2025-03-10T14:05:00+00:00", "embedded": 11}
     with connect(db_url) as conn:
@@ -214,7 +215,8 @@ def test_a_truncated_export_is_partly_imported_and_the_rest_quarantined(db_url: 
     truncated = tmp_path / "conversations.json"
     truncated.write_bytes(data[:cut_at])
     code, report = import_json([truncated], env, "--user", "maria")
-    assert code == 0
+    # Damaged: what was whole is stored, and the import says so by its exit code (issue 34).
+    assert code == 1 and report["files"][0]["damaged"].startswith("the export breaks off after 1 conversation")
     assert (report["files"][0]["stored"], report["files"][0]["quarantined"]) == (3, 1)
     failed = tmp_path / "drop" / "failed"
     reason = (failed / "conversations.rejected.json.error.txt").read_text()
@@ -263,7 +265,7 @@ def test_a_zip_cut_short_inside_conversations_json_is_salvaged(db_url: str, tmp_
     partial = tmp_path / "chatgpt-export.zip"
     partial.write_bytes(data[: len(data) // 2])
     code, report = import_json([partial], env, "--user", "maria")
-    assert code == 0, report
+    assert code == 1 and "breaks off after" in report["files"][0]["damaged"], report
     stored, quarantined = report["files"][0]["stored"], report["files"][0]["quarantined"]
     assert 0 < stored < 240 and quarantined == 1
     assert "breaks off after" in (tmp_path / "drop" / "failed" / "chatgpt-export.rejected.json.error.txt").read_text()

@@ -78,7 +78,8 @@ def create_app(
     document_error_bodies(app)
     # The middleware added last is outermost: bodies refused with 413 are still counted as requests.
     app.add_middleware(BodyLimitMiddleware,
-                       path_limits={f"{PROXY_PREFIX}/chat/completions": PROXY_MAX_BODY_BYTES})
+                       path_limits={f"{PROXY_PREFIX}/{path}": PROXY_MAX_BODY_BYTES
+                                    for path in ("chat/completions", "messages", "messages/count_tokens")})
     app.add_middleware(RequestMetricsMiddleware)
     for router in routers:
         app.include_router(router)

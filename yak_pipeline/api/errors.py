@@ -27,6 +27,7 @@ from yak_pipeline.core.types import InvalidUserId
 from yak_pipeline.llm.errors import one_line as collapse_to_one_line
 from yak_pipeline.recall_models import RelevanceModelMissing
 from yak_pipeline.services.proxy import PROXY_PREFIX, ProxyError
+from yak_pipeline.services.proxy_anthropic import AnthropicProxyError, anthropic_error_type
 from yak_pipeline.store.errors import DatabaseUnavailable, StoreError
 
 logger = logging.getLogger("yak.api")
@@ -50,7 +51,10 @@ def one_line(text: object) -> str:
 
 
 def _with_openai_error(request: Request, body: dict, status_code: int) -> dict:
-    """``body`` plus OpenAI's error object when the request was to the memory proxy."""
+    """``body`` plus OpenAI's error object when the request was to the memory proxy (Anthropic's on ``/v1/messages``)."""
+    if request.url.path.startswith(PROXY_PREFIX + "/messages"):
+        error = AnthropicProxyError(status_code, body["detail"], error_type=anthropic_error_type(status_code))
+        return {**body, **error.body()}
     if request.url.path.startswith(PROXY_PREFIX + "/"):
         error_type = "invalid_request_error" if status_code < 500 else "server_error"
         body = {**body, "error": ProxyError(status_code, body["detail"], error_type=error_type).body()["error"]}

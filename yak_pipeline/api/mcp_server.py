@@ -18,6 +18,7 @@ refused (an MCP client should hold a key that can reach one person's memories, n
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from datetime import datetime
@@ -29,6 +30,7 @@ from fastapi import HTTPException
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ResourceError, ToolError
+from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.responses import JSONResponse
@@ -39,6 +41,7 @@ from yak_pipeline.api.dependencies import ApiServices
 from yak_pipeline.core.exchanges import MAX_RECALL_QUERY_CHARS, MAX_TURN_MESSAGE_CHARS, format_exchange, turn_refusal
 from yak_pipeline.core.forget import ForgetCommandError
 from yak_pipeline.core.secrets import SecretRefused
+from yak_pipeline.llm.errors import one_line
 from yak_pipeline.services.forget import ForgetOutcome, confirm_forget, run_forget_command
 from yak_pipeline.services.memories import list_memories, store_memory
 from yak_pipeline.services.memory_export import memory_markdown
@@ -50,6 +53,15 @@ logger = logging.getLogger("yak.mcp")
 MCP_PATH = "/mcp"
 # The tools a read-only key may not call (it searches and lists, issue 35).
 WRITING_TOOLS = frozenset({"memory_save", "memory_forget"})
+# Where OAuth clients look for an authorization server after a 401 (RFC 9728, RFC 8414, OpenID).
+OAUTH_METADATA_PREFIX = "/.well-known/"
+HOW_TO_AUTHENTICATE = "send a Yak API key as X-API-Key or Authorization: Bearer (yak keys create --user U)"
+NO_OAUTH = f"Yak's MCP server does not use OAuth: {HOW_TO_AUTHENTICATE}"
+# A JSON-RPC server-defined error code (-32000…-32099) for a refused key.
+AUTH_ERROR_CODE = -32001
+_MAX_ARGUMENT_ERROR_CHARS = 300
+# How much of a refused request's body is read for its JSON-RPC id.
+_MAX_REFUSED_BODY_BYTES = 64 * 1024
 MEMORY_RESOURCE_URI = "yak://memory.md"
 MEMORY_RESOURCE_TEMPLATE = MEMORY_RESOURCE_URI + "{?user_id}"
 INSTRUCTIONS = """Yak is the user's long-term memory. Search it (memory_search) before answering anything
@@ -125,10 +137,34 @@ class YakMemoryTools:
                                      "status": r["status"]} for r in rows]})
 
 
+class YakMCPServer(MCPServer):
+    """The SDK's server, with arguments of the wrong type refused in one line the model can act on
+    (the SDK's own message is pydantic's multi-line dump, with a link to its docs)."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Context | None = None) -> Any:
+        """The SDK's call, its argument validation errors said in one line."""
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            if isinstance(exc.__cause__, ValidationError):
+                raise ToolError(f"{name}: {invalid_arguments(exc.__cause__)}") from None
+            raise
+
+
+def invalid_arguments(error: ValidationError) -> str:
+    """``limit: must be an integer (got 'many')``-style: each wrong argument and why, on one line."""
+    parts = []
+    for problem in error.errors(include_url=False):
+        where = ".".join(str(p) for p in problem.get("loc", ())) or "arguments"
+        given = f" (got {problem['input']!r})" if problem.get("type") != "missing" and "input" in problem else ""
+        parts.append(f"{where}: {problem.get('msg', 'invalid')}{given}")
+    return one_line("invalid arguments: " + "; ".join(parts), _MAX_ARGUMENT_ERROR_CHARS)
+
+
 def build_mcp_server(services: ApiServices, *, user: str | None, stdio: bool = True) -> MCPServer:
     """The MCP server acting for ``user`` (stdio), or for each HTTP request's key's user (``user`` then
     only serves admin keys; ``stdio=False``)."""
-    server = MCPServer("yak", instructions=INSTRUCTIONS, description="Yak, a personal memory for LLMs")
+    server = YakMCPServer("yak", instructions=INSTRUCTIONS, description="Yak, a personal memory for LLMs")
     tools = YakMemoryTools(services)
 
     def principal_of(ctx: Context) -> Principal | None:
@@ -253,7 +289,13 @@ def build_mcp_server(services: ApiServices, *, user: str | None, stdio: bool = T
 
 
 class ApiKeyGate:
-    """ASGI middleware: HTTP requests without a valid Yak API key get 401 before they reach the MCP SDK."""
+    """ASGI middleware: HTTP requests without a valid Yak API key get 401 before they reach the MCP SDK.
+
+    The 401's body is a JSON-RPC error naming the problem ("invalid Yak API key: …"), which the MCP
+    SDK shows as the request's error instead of "Server returned an error response". Yak's MCP
+    server does not use OAuth: the well-known OAuth metadata paths, which clients probe after a
+    401, get a 404 saying how to authenticate, so no client starts an OAuth flow.
+    """
 
     def __init__(self, app: ASGIApp, services: ApiServices) -> None:
         self.app = app
@@ -261,19 +303,39 @@ class ApiKeyGate:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
+            if scope.get("path", "").startswith(OAUTH_METADATA_PREFIX):
+                await JSONResponse({"detail": NO_OAUTH, "error": "not_found", "error_description": NO_OAUTH},
+                                   status_code=404)(scope, receive, send)
+                return
             headers = Headers(scope=scope)
             try:
                 await run_in_threadpool(authenticate, self.services,
                                         key_from_headers(headers.get("x-api-key"), headers.get("authorization")))
             except HTTPException as exc:
-                await JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)(
-                    scope, receive, send)
+                message = f"invalid Yak API key: {exc.detail}; {HOW_TO_AUTHENTICATE}"
+                request_id = await _request_id(receive) if scope.get("method") == "POST" else None
+                body = {"jsonrpc": "2.0", "id": request_id, "error": {"code": AUTH_ERROR_CODE, "message": message}}
+                await JSONResponse(body, status_code=exc.status_code, headers=exc.headers)(scope, receive, send)
                 return
             except DatabaseUnavailable:
                 await JSONResponse({"detail": "the database is unavailable; try again shortly"}, status_code=503,
                                    headers={"Retry-After": "5"})(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+async def _request_id(receive: Receive) -> str | int | None:
+    """The JSON-RPC id of a refused request's body (None when it has none or is no JSON-RPC request)."""
+    chunks, more = [], True
+    while more and sum(map(len, chunks)) < _MAX_REFUSED_BODY_BYTES:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        more = message.get("more_body", False)
+    try:
+        request_id = json.loads(b"".join(chunks)).get("id")
+    except (ValueError, AttributeError):
+        return None
+    return request_id if isinstance(request_id, (str, int)) and not isinstance(request_id, bool) else None
 
 
 def mcp_http_app(services: ApiServices, *, user: str | None = None, host: str = "127.0.0.1") -> ASGIApp:

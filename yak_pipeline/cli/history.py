@@ -54,9 +54,11 @@ def import_command(
     """Import chat history: each exchange of each file becomes a pending memory of the user.
 
     The format is told from the content. Importing a file again adds nothing; a Claude Code
-    session that grew is read from where the last import stopped. Bad records are quarantined
-    in the drop folder's failed/ with their reasons (`yak queue status` lists them), the rest
-    imported. Run `yak process` (or let `yak up` run) to distil what was imported.
+    session that grew is read from where the last import stopped, and an exchange stored while
+    still being answered is updated in place, never stored twice. Bad records are quarantined
+    once in the drop folder's failed/ with their reasons (`yak queue status` lists them), the rest
+    imported. A damaged file (cut mid-line) has what was whole imported and exits 1 saying so.
+    Run `yak process` (or let `yak up` run) to distil what was imported.
     """
     from yak_pipeline.ingestion.history import import_history, quarantine_import
     from yak_pipeline.wiring import open_database
@@ -93,7 +95,8 @@ def import_command(
         print(json.dumps(report))
     else:
         _print_import(report)
-    if any(r.get("error") for r in results):
+    # A damaged file (cut mid-line or mid-conversation) had what was whole stored, but is not all there.
+    if any(r.get("error") or r.get("damaged") for r in results):
         raise typer.Exit(FAILURE_EXIT)
 
 
@@ -118,6 +121,8 @@ def _import_totals(results: list[dict]) -> dict:
     firsts = [r["first"] for r in good if r.get("first")]
     lasts = [r["last"] for r in good if r.get("last")]
     return {"exchanges": sum(r["stored"] for r in good), "already_stored": sum(r["duplicates"] for r in good),
+            "updated": sum(r["updated"] for r in good),
+            "already_quarantined": sum(r["already_quarantined"] for r in good),
             "skipped": sum(r["skipped"] for r in good), "quarantined": sum(r["quarantined"] for r in good),
             "failed_files": sum(1 for r in results if r.get("error")),
             "users": sorted({u for r in good for u in r["users"]}),
@@ -130,6 +135,8 @@ def _print_import(report: dict) -> None:
         if r.get("error"):
             print(f"error: {r['file']}: {r['error']}", file=sys.stderr)
             continue
+        if r.get("damaged"):
+            print(f"error: {r['file']} is damaged: {r['damaged']}", file=sys.stderr)
         grid.add_row(r["file"], r["format"], str(r["stored"]), str(r["duplicates"]), str(r["skipped"]),
                      str(r["quarantined"]))
     totals = report["totals"]
@@ -137,7 +144,8 @@ def _print_import(report: dict) -> None:
         return
     console.print(grid)
     span = f", {totals['first'][:10]} to {totals['last'][:10]}" if totals["first"] else ""
-    console.print(f"{totals['exchanges']} exchanges imported ({totals['already_stored']} already there), "
+    grown = f", {totals['updated']} grown since and updated" if totals["updated"] else ""
+    console.print(f"{totals['exchanges']} exchanges imported ({totals['already_stored']} already there{grown}), "
                   f"{totals['skipped']} turns skipped, {totals['quarantined']} records quarantined; users: "
                   f"{', '.join(totals['users']) or '-'}{span}", highlight=False)
     for r in report["files"]:

@@ -104,10 +104,12 @@ def register(app: typer.Typer) -> None:
                       show_block: bool = typer.Option(
                           False, "--show-block",
                           help="Log the memory block injected into each chat (private text: for debugging).")) -> None:
-        """Run the memory proxy alone until Ctrl-C: an OpenAI-compatible /v1 that recalls before and
-        remembers after every chat, forwarding to YAK_UPSTREAM_BASE_URL (`yak serve` and `yak up`
-        serve it too, under /v1 of the API). Clients use a Yak API key as their OpenAI key; each
-        answer's X-Yak-Recalled-Ids header names the memories put into its prompt."""
+        """Run the memory proxy alone until Ctrl-C: /v1 that recalls before and remembers after every chat,
+        in OpenAI's protocol (/v1/chat/completions, forwarded to YAK_UPSTREAM_BASE_URL) and Anthropic's
+        (/v1/messages for Claude Code, forwarded to YAK_UPSTREAM_ANTHROPIC_BASE_URL) on one port (`yak serve`
+        and `yak up` serve it too, under /v1 of the API). OpenAI clients use a Yak API key as their key;
+        Anthropic clients send it in X-Yak-Key beside their own Anthropic key. Each answer's
+        X-Yak-Recalled-Ids header names the memories put into its prompt."""
         import uvicorn
 
         from yak_pipeline.api.app import create_proxy_app
@@ -120,7 +122,7 @@ def register(app: typer.Typer) -> None:
         upstream, _ = settings.resolved_upstream
         database, warnings = None, []
         if upstream is None:
-            warnings.append("no upstream model server: set YAK_UPSTREAM_BASE_URL (chats answer 503 until then)")
+            warnings.append("no upstream model server: set YAK_UPSTREAM_BASE_URL (OpenAI chats answer 503 until then)")
         try:
             database = shared_database(settings)
         except StoreError as exc:
@@ -129,7 +131,8 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(json.dumps(info), flush=True)
         else:
-            print(f"Yak memory proxy on {info['url']} (upstream: {info['upstream'] or 'none'})", flush=True)
+            print(f"Yak memory proxy on {info['url']} (upstream: {info['upstream'] or 'none'}; Anthropic /v1/messages: "
+                  f"{_without_credentials(settings.upstream_anthropic_base_url)})", flush=True)
             for warning in warnings:
                 print(f"warning: {warning}", file=sys.stderr, flush=True)
         uvicorn.run(create_proxy_app(settings, database=database), host=host, port=port,

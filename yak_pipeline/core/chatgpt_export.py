@@ -15,6 +15,8 @@ browsing results, reasoning), and a prompt that got no text answer.
 
 from __future__ import annotations
 
+import json
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final
@@ -29,6 +31,10 @@ from yak_pipeline.core.exchange_files import (
 )
 
 # Content types whose parts are what a person reads; the others are tool traffic and reasoning.
+# U+E200 opens a marker, U+E201 closes it, U+E202 separates its fields ("cite", "turn0search3", …).
+_CITATION_SPAN_RE: Final = re.compile(r"\ue200(?:cite|filecite|navlist|image_group|video|i)\b[^\ue201]*\ue201?")
+_MARKED_SPAN_RE: Final = re.compile(r"\ue200[a-z_]*\ue202?([^\ue200\ue201]*)\ue201")
+_PRIVATE_USE_RE: Final = re.compile(r"[\ue200-\ue2ff]")
 _TEXT_CONTENT_TYPES: Final = frozenset({"text", "multimodal_text"})
 
 
@@ -122,7 +128,32 @@ def _message_text(message: dict) -> tuple[str | None, str]:
     if not isinstance(parts, list):
         return role, ""
     # Images and files are dicts (asset pointers); only the text parts are kept.
-    return role, "\n".join(part for part in parts if isinstance(part, str)).strip()
+    return role, without_citation_markers("\n".join(part for part in parts if isinstance(part, str))).strip()
+
+
+def without_citation_markers(text: str) -> str:
+    """``text`` without ChatGPT's inline markers: private-use characters (U+E200…U+E2FF) around
+    ``cite turn0search3``-style references, which the app draws as links and an export keeps as text.
+
+    A citation, file citation or link list is dropped whole (it names a search result, not a word
+    said); any other marked span (an entity) keeps its text; stray markers go.
+    """
+    text = _CITATION_SPAN_RE.sub("", text)
+    text = _MARKED_SPAN_RE.sub(_shown_text, text)
+    text = _PRIVATE_USE_RE.sub("", text)
+    return re.sub(r"[ \t]+([.,;:!?)])", r"\1", text)
+
+
+def _shown_text(span: re.Match[str]) -> str:
+    """What a marked span shows: an entity's name (``["city", "Lyon", …]`` → ``Lyon``), else its text."""
+    inner = span.group(1)
+    try:
+        fields = json.loads(inner)
+    except ValueError:
+        return inner
+    if isinstance(fields, list) and len(fields) > 1 and isinstance(fields[1], str):
+        return fields[1]
+    return inner
 
 
 def _text_field(value: dict, key: str) -> str | None:

@@ -65,6 +65,9 @@ class ExchangeRecord:
     # Where in its source the exchange came from beyond the line (an export's conversation and
     # message ids), kept in the memory's source_ref so it can be traced back.
     ref: str | None = None
+    # Its answer may still grow (a Claude Code session read while open): a later import of the same
+    # ref updates the stored memory in place instead of storing a second one.
+    grows: bool = False
 
 
 @dataclass(frozen=True)

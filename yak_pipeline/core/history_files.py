@@ -86,6 +86,9 @@ class ParsedHistory:
     fatal: str | None = None
     quarantine_suffix: str = ".jsonl"
     session: SessionRead | None = None
+    # Why the file is damaged (it ends in the middle of a line or a conversation), in one line, when it
+    # is: what was whole is still stored, and ``yak import`` exits non-zero saying so.
+    damaged: str | None = None
 
 
 def history_file_suffix(name: str) -> str | None:
@@ -151,7 +154,11 @@ def parse_history_file(name: str, data: bytes, *, user_id: str | None = None, re
             f"or drop it into the drop folder's USER/ subfolder"))
     if kind == "claude_code":
         session = read_session(data, user_id=user_id, max_record_chars=max_record_chars, start=resume_at)
-        return ParsedHistory(kind, session.records, session.rejected, session.skipped, None, ".jsonl", session)
+        damaged = None if session.cut_short_line is None else (
+            f"line {session.cut_short_line} is cut short (the file ends in the middle of it): the exchanges before "
+            "it were imported; import again once the file is whole")
+        return ParsedHistory(kind, session.records, session.rejected, session.skipped, None, ".jsonl", session,
+                             damaged)
     if data.startswith(_ZIP_MAGIC):
         return _parse_zip(kind, data, user_id, max_record_chars)
     return _parse_conversations(kind, data, user_id, max_record_chars)
@@ -260,6 +267,7 @@ def _parse_conversations(kind: str, data: bytes, user_id: str, max_record_chars:
         result.skipped += read.skipped
     if broken is not None:
         result.rejected.append(RejectedRecord(len(items) + 1, broken[0], broken[1]))
+        result.damaged = broken[1]
     if not items and broken is None:
         result.fatal = "the export holds no conversation"
     return result
@@ -367,6 +375,7 @@ def _parse_zip(kind: str, data: bytes, user_id: str, max_record_chars: int) -> P
             result.records += part.records
             result.rejected += part.rejected
             result.skipped += part.skipped
+            result.damaged = result.damaged or part.damaged
     if not result.records and not result.rejected:
         result.fatal = "the zip holds no conversations.json with a conversation in it"
     return result

@@ -11,6 +11,7 @@ only once every batch is in.
 
 from __future__ import annotations
 
+import glob
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date, datetime
@@ -19,7 +20,7 @@ from pathlib import Path
 from yak_pipeline.core.claude_code_sessions import prefix_sha256, session_id_of
 from yak_pipeline.core.exchange_files import RejectedRecord
 from yak_pipeline.core.history_files import ParsedHistory, detect_format, parse_history_file
-from yak_pipeline.ingestion.drop_folder import quarantine_records
+from yak_pipeline.ingestion.drop_folder import ERROR_FILE_SUFFIX, failed_dir, quarantine_records
 from yak_pipeline.ingestion.records import exchange_partition, ingest_records
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.import_cursors import ImportCursor, get_import_cursor, save_import_cursor
@@ -38,9 +39,15 @@ class HistoryImport:
     format: str | None
     stored: int = 0
     duplicates: int = 0
+    # Exchanges stored unfinished by an earlier import, updated in place now that they grew.
+    updated: int = 0
     skipped: int = 0
     rejected: list[RejectedRecord] = field(default_factory=list)
     fatal: str | None = None
+    # Why the file is damaged (ParsedHistory.damaged): what was whole is stored all the same.
+    damaged: str | None = None
+    # Bad records an earlier import of the same file quarantined already (not written again).
+    already_quarantined: int = 0
     users: set[str] = field(default_factory=set)
     first: datetime | None = None
     last: datetime | None = None
@@ -53,7 +60,9 @@ class HistoryImport:
     def summary(self) -> dict:
         """The outcome as plain JSON values (``yak import --json``)."""
         return {"file": self.name, "format": self.format, "stored": self.stored, "duplicates": self.duplicates,
-                "skipped": self.skipped, "quarantined": len(self.rejected), "error": self.fatal,
+                "updated": self.updated,
+                "skipped": self.skipped, "quarantined": len(self.rejected),
+                "already_quarantined": self.already_quarantined, "damaged": self.damaged, "error": self.fatal,
                 "users": sorted(self.users), "first": self.first.isoformat() if self.first else None,
                 "last": self.last.isoformat() if self.last else None, "resumed_at_byte": self.resumed_at,
                 "quarantined_to": self.quarantined_to}
@@ -106,7 +115,8 @@ def import_history(db: Database, name: str, data: bytes, *, user_id: str | None,
     read = read_history(db, name, data, user_id=user_id)
     parsed, session_key, resume_at = read.parsed, read.session_key, read.resume_at
     result = HistoryImport(name, parsed.format, skipped=parsed.skipped, rejected=list(parsed.rejected),
-                           fatal=parsed.fatal, resumed_at=resume_at, quarantine_suffix=parsed.quarantine_suffix)
+                           fatal=parsed.fatal, damaged=parsed.damaged, resumed_at=resume_at,
+                           quarantine_suffix=parsed.quarantine_suffix)
     if parsed.fatal is not None:
         return result
     records = parsed.records
@@ -122,6 +132,7 @@ def import_history(db: Database, name: str, data: bytes, *, user_id: str | None,
         report = ingest_records(db, batch, source=source, source_ref=source_ref or name)
         result.stored += len(report.stored)
         result.duplicates += len(report.duplicates)
+        result.updated += len(report.grown)
         result.rejected += report.rejected
         result.partitions |= report.partitions
         done += len(batch)
@@ -134,9 +145,25 @@ def import_history(db: Database, name: str, data: bytes, *, user_id: str | None,
     return result
 
 
+def already_quarantined(name: str, drop_dir: Path) -> str:
+    """The records earlier imports of file ``name`` quarantined (``failed/<stem>.rejected*``), as one text:
+    importing the same bad lines again must not pile up copies of them for ``yak queue status``."""
+    directory = failed_dir(drop_dir)
+    stem = name[: len(name) - len(Path(name).suffix)]
+    if not directory.is_dir():
+        return ""
+    return "\n".join(path.read_text(encoding="utf-8", errors="replace")
+                     for path in sorted(directory.glob(f"{glob.escape(stem)}.rejected*"))
+                     if not path.name.endswith(ERROR_FILE_SUFFIX))
+
+
 def quarantine_import(result: HistoryImport, drop_dir: Path) -> None:
     """Keep the records an import rejected in the drop folder's ``failed/``, with their reasons,
     where ``yak queue status`` lists them (the imported file itself stays where it is)."""
+    kept = already_quarantined(result.name, drop_dir)
+    fresh = [record for record in result.rejected if not (record.raw.strip() and record.raw in kept)]
+    result.already_quarantined += len(result.rejected) - len(fresh)
+    result.rejected = fresh
     if result.rejected:
         path = quarantine_records(result.name, drop_dir, result.rejected, suffix=result.quarantine_suffix)
         result.quarantined_to = str(path)

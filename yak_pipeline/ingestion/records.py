@@ -11,7 +11,9 @@ import psycopg
 
 from yak_pipeline.core.exchange_files import ExchangeRecord, RejectedRecord
 from yak_pipeline.core.secrets import redact_secrets
+from yak_pipeline.core.exchanges import content_sha256, normalise_exchange_text
 from yak_pipeline.store.database import Database
+from yak_pipeline.store.grown_exchanges import grow_exchange, memories_by_ref
 from yak_pipeline.store.memories import insert_memory
 
 # An exchange dated earlier is a wrong date, not history (partitions no longer depend on it: the
@@ -27,6 +29,8 @@ class IngestReport:
 
     stored: list[str] = field(default_factory=list)
     duplicates: list[str] = field(default_factory=list)
+    # Memories whose exchange grew since it was stored, updated in place (store.grown_exchanges).
+    grown: list[str] = field(default_factory=list)
     rejected: list[RejectedRecord] = field(default_factory=list)
     partitions: set[tuple[str, date]] = field(default_factory=set)
 
@@ -71,6 +75,16 @@ def _source_ref(file_ref: str | None, record_ref: str | None) -> str | None:
     return record_ref if file_ref is None else f"{file_ref}#{record_ref}"
 
 
+def _stored_by_ref(conn: psycopg.Connection, records: Sequence[ExchangeRecord]) -> dict:
+    """The memories already stored for the growing records' refs, by ``(user_id, ref)``."""
+    refs: dict[str, list[str]] = {}
+    for record in records:
+        if record.grows and record.ref is not None:
+            refs.setdefault(record.user_id, []).append(record.ref)
+    return {(user_id, ref): stored for user_id, user_refs in refs.items()
+            for ref, stored in memories_by_ref(conn, user_id, user_refs).items()}
+
+
 def ingest_records(
     db: Database,
     records: Sequence[ExchangeRecord],
@@ -82,16 +96,39 @@ def ingest_records(
     """Store records as ``pending`` memories in one transaction, a savepoint per record.
 
     A record the database refuses is rejected with its reason while the others are kept; the
-    same exchange twice is stored once (``duplicates``). ``source_ref`` names the file; a
+    same exchange twice is stored once (``duplicates``); a record whose answer may still grow
+    (``grows``) and whose ref was stored before updates that memory in place (``grown``) instead
+    of adding a second one, unless it was forgotten since. ``source_ref`` names the file; a
     record's own ``ref`` (an export's conversation and message) is added to it.
     """
     report = IngestReport()
     received = now or datetime.now(timezone.utc)
     with db.connection() as conn:
+        by_ref = _stored_by_ref(conn, records)
         for record in records:
             when, refused = exchange_time(record, received)
             if refused is not None:
                 report.rejected.append(_reject(record, refused))
+                continue
+            earlier = by_ref.get((record.user_id, record.ref)) if record.grows else None
+            if earlier is not None:
+                # Compared as it would be stored (its secrets replaced), or a secret in it would make
+                # every re-import "grow" the exchange again.
+                if not earlier.forgotten and earlier.content_sha256 != content_sha256(
+                        redact_secrets(normalise_exchange_text(record.content)).text):
+                    try:
+                        with conn.transaction():
+                            grew = grow_exchange(conn, earlier.id, user_id=record.user_id, content=record.content,
+                                                 secrets=db.secrets)
+                    except ValueError as exc:  # YAK_SECRETS=refuse: the grown text held a secret
+                        report.rejected.append(_reject(record, " ".join(str(exc).split())[:300]))
+                        continue
+                    if grew:
+                        report.grown.append(str(earlier.id))
+                        report.partitions.add((record.user_id, when.astimezone(timezone.utc).date()))
+                        continue
+                # The same text, or forgotten since: forgotten stays forgotten.
+                report.duplicates.append(str(earlier.id))
                 continue
             try:
                 with conn.transaction():

@@ -1,5 +1,8 @@
 """The memory proxy (issue 13): an OpenAI chat-completions endpoint that remembers.
 
+Its memory flow (recall → block, forget in chat, the turn stored after the answer) is shared with
+the Anthropic Messages endpoint, whose wire protocol is :mod:`yak_pipeline.services.proxy_anthropic`.
+
 A client points its OpenAI base URL at Yak and its API key at a Yak key. For each chat:
 
 1. the user is the one the key is scoped to (an admin key names one in the body's ``user``);
@@ -207,16 +210,23 @@ def resolve_user(key_user: str | None, body: Mapping[str, Any]) -> str:
     A user-scoped key ignores ``user``: clients fill it with their own end-user ids, and a key
     must never reach another user's memories whatever the body says.
     """
+    return resolve_named_user(key_user, body.get("user"), field="user")
+
+
+def resolve_named_user(key_user: str | None, named: object, *, field: str) -> str:
+    """The key's user, else (an admin key) the user the request's ``field`` names: 400 without a valid one.
+
+    Both protocols' rule: OpenAI's ``user``, Anthropic's ``metadata.user_id``.
+    """
     if key_user is not None:
         return key_user
-    named = body.get("user")
     if named is None:
-        raise ProxyError(400, "user: an admin key must name the Yak user whose memories to use in the request's "
-                              "'user' field (or use a key scoped to that user)", param="user")
+        raise ProxyError(400, f"{field}: an admin key must name the Yak user whose memories to use in the "
+                              f"request's '{field}' field (or use a key scoped to that user)", param=field)
     try:
         return validate_user_id(named)
     except InvalidUserId as exc:
-        raise ProxyError(400, f"user: {exc}", param="user") from None
+        raise ProxyError(400, f"{field}: {exc}", param=field) from None
 
 
 # --- Yak's own answers (forget commands) -----------------------------------------------------
@@ -406,7 +416,8 @@ class MemoryProxy:
             headers["Authorization"] = f"Bearer {key.get_secret_value()}"
         return base_url.rstrip("/"), headers
 
-    def _http(self) -> httpx.AsyncClient:
+    def http(self) -> httpx.AsyncClient:
+        """The pooled upstream client, shared by both protocols (``/v1/chat/completions``, ``/v1/messages``)."""
         # One pooled client per event loop: uvicorn has one; each test client runs its own.
         loop = asyncio.get_running_loop()
         if self._client is None or self._client_loop is not loop:
@@ -424,7 +435,8 @@ class MemoryProxy:
             logger.warning("%d proxied turns were still being stored at shutdown", self.turns.waiting)
 
     @staticmethod
-    def _transport_error(exc: httpx.HTTPError) -> ProxyError:
+    def transport_error(exc: httpx.HTTPError) -> ProxyError:
+        """A failed upstream call as the client's error: 504 on a timeout, else 502."""
         # Only the error's type: its text can carry the upstream URL, which may hold credentials.
         logger.warning("upstream model server failed: %s", type(exc).__name__)
         if isinstance(exc, httpx.TimeoutException):
@@ -437,9 +449,9 @@ class MemoryProxy:
         """``GET /models`` of the upstream, passed through (its errors mapped like a chat's)."""
         base_url, headers = self._upstream()
         try:
-            response = await self._http().get(f"{base_url}/models", headers=headers)
+            response = await self.http().get(f"{base_url}/models", headers=headers)
         except httpx.HTTPError as exc:
-            raise self._transport_error(exc) from None
+            raise self.transport_error(exc) from None
         if response.status_code >= 400:
             raise upstream_error(response.status_code, response.content)
         return ProxyAnswer(response.status_code, response.content,
@@ -518,6 +530,28 @@ class MemoryProxy:
         except ForgetCommandError:
             return True  # meant as a command: Yak explains what is wrong, nothing goes upstream
 
+    # -- the memory flow both protocols share (recall → block, forget in chat, store the turn)
+
+    async def recall_block(self, user_id: str, recall_texts: Sequence[str]) -> tuple[str, list[str]]:
+        """The memory block and recalled ids for a chat's ``recall_texts`` (``("", [])`` when there is
+        nothing to recall for, recall is switched off, or it fails), logged when asked for."""
+        if not recall_texts or self.settings.proxy_recall_limit <= 0:
+            return "", []
+        block, recalled_ids = await anyio.to_thread.run_sync(self._recall, user_id, recall_texts)
+        if block and self.settings.proxy_show_block:
+            block_logger.info("memory block for %s (%d memories):\n%s", user_id, len(recalled_ids), block)
+        return block, recalled_ids
+
+    async def forget_answer(self, *, user_id: str, text: str | None, actor: str, read_only: bool = False) -> str | None:
+        """Yak's answer when ``text`` (the last user message) is a forget command, carried out (with a
+        ``read_only`` key: refused, nothing forgotten); else None."""
+        if text is None or not self._looks_like_forget(text):
+            return None
+        if read_only:
+            return "Nothing was forgotten: this API key is read-only."
+        answer = await anyio.to_thread.run_sync(lambda: self._forget(user_id=user_id, text=text, actor=actor))
+        return answer or ""
+
     # -- the chat
 
     async def chat_completions(self, raw: bytes, *, key_user: str | None, actor: str,
@@ -528,36 +562,31 @@ class MemoryProxy:
         and a forget command forgets nothing."""
         chat = parse_chat_request(raw, follow_up_words=self.settings.proxy_follow_up_words)
         user_id = resolve_user(key_user, chat.body)
-        if read_only and chat.user_text is not None and self._looks_like_forget(chat.user_text):
+        text = await self.forget_answer(user_id=user_id, text=chat.user_text, actor=actor, read_only=read_only)
+        if text is not None:
             self.metrics.count_proxy_request("forget", stream=chat.stream)
-            return yak_answer("Nothing was forgotten: this API key is read-only.", body=chat.body, stream=chat.stream)
-        if chat.user_text is not None and self._looks_like_forget(chat.user_text):
-            text = await anyio.to_thread.run_sync(lambda: self._forget(user_id=user_id, text=chat.user_text,
-                                                                       actor=actor))
-            self.metrics.count_proxy_request("forget", stream=chat.stream)
-            return yak_answer(text or "", body=chat.body, stream=chat.stream)
+            return yak_answer(text, body=chat.body, stream=chat.stream)
         base_url, headers = self._upstream()
-        block, recalled_ids = "", []
-        if chat.recall_texts and self.settings.proxy_recall_limit > 0:
-            block, recalled_ids = await anyio.to_thread.run_sync(self._recall, user_id, chat.recall_texts)
+        block, recalled_ids = await self.recall_block(user_id, chat.recall_texts)
         # Only the messages change; every other field goes upstream as the client sent it.
         forwarded = {**chat.body, "messages": insert_memory_block(chat.body["messages"], block)}
-        request = self._http().build_request("POST", f"{base_url}/chat/completions", headers=headers,
-                                             content=json.dumps(forwarded).encode("utf-8"))
-        store = None if read_only else self._turn_storer(chat, user_id=user_id, recalled_ids=recalled_ids, actor=actor)
-        if block and self.settings.proxy_show_block:
-            block_logger.info("memory block for %s (%d memories):\n%s", user_id, len(recalled_ids), block)
+        request = self.http().build_request("POST", f"{base_url}/chat/completions", headers=headers,
+                                            content=json.dumps(forwarded).encode("utf-8"))
+        # A read-only key is answered, but its turn is not stored (issue 35).
+        store = None if read_only else self.turn_storer(chat.user_text if chat.storable else None, user_id=user_id,
+                                                        recalled_ids=recalled_ids, actor=actor)
         # Which memories went into the prompt, for the client to show or log (the ids only, never text).
         shown = {RECALLED_IDS_HEADER: ",".join(recalled_ids)}
         if chat.stream:
             return replace(await self._stream(request, store), headers=shown)
         return replace(await self._complete(request, store), headers=shown)
 
-    def _turn_storer(self, chat: ChatRequest, *, user_id: str, recalled_ids: list[str],
-                     actor: str) -> Callable[[str | None], Any] | None:
-        if not chat.storable or chat.user_text is None:
+    def turn_storer(self, user_text: str | None, *, user_id: str, recalled_ids: list[str],
+                    actor: str) -> Callable[[str | None], Any] | None:
+        """What stores the turn once its answer is known (None when ``user_text`` is None: nothing to store);
+        the store itself runs on the turn writer, after the response."""
+        if user_text is None:
             return None
-        user_text = chat.user_text
 
         async def store(answer: str | None) -> None:
             if not answer:
@@ -572,10 +601,10 @@ class MemoryProxy:
 
     async def _complete(self, request: httpx.Request, store: Callable[[str | None], Any] | None) -> ProxyAnswer:
         try:
-            response = await self._http().send(request)
+            response = await self.http().send(request)
         except httpx.HTTPError as exc:
             self.metrics.count_proxy_request("upstream_error", stream=False)
-            raise self._transport_error(exc) from None
+            raise self.transport_error(exc) from None
         if response.status_code >= 400:
             self.metrics.count_proxy_request("upstream_error", stream=False)
             raise upstream_error(response.status_code, response.content)
@@ -601,10 +630,10 @@ class MemoryProxy:
     async def _stream(self, request: httpx.Request,
                       store: Callable[[str | None], Any] | None) -> ProxyStream | ProxyAnswer:
         try:
-            response = await self._http().send(request, stream=True)
+            response = await self.http().send(request, stream=True)
         except httpx.HTTPError as exc:
             self.metrics.count_proxy_request("upstream_error", stream=True)
-            raise self._transport_error(exc) from None
+            raise self.transport_error(exc) from None
         if response.status_code >= 400:
             content = await response.aread()
             await response.aclose()
