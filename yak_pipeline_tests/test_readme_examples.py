@@ -52,6 +52,9 @@ NOT_RUN = {
                                 "(the MCP server: test_mcp.py)",
     ".venv/bin/yak eval locomo": "needs LoCoMo data, downloaded: no data ships with Yak "
                                  "(the evaluation: test_eval_locomo.py)",
+    ".venv/bin/yak proxy                                       # also serves /v1/messages":
+        "runs `yak proxy` until Ctrl-C for Claude Code, a client Yak does not install, which talks to "
+        "Anthropic's API (the Messages path: test_proxy_anthropic.py, with the anthropic SDK)",
 }
 
 
