@@ -347,6 +347,8 @@ class ConflictOut(BaseModel):
     resolution: str | None
     created_at: datetime
     resolved_at: datetime | None
+    said_a: datetime | None = Field(default=None, description="When side a was said (its exchange's time).")
+    said_b: datetime | None = Field(default=None, description="When side b was said (its exchange's time).")
 
 
 class ConflictClose(RequestBody):

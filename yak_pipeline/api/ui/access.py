@@ -132,8 +132,13 @@ def user_url(user_id: str, *parts: object) -> str:
     return "/".join((f"{PREFIX}/u/{user_id}", *(str(p) for p in parts))).rstrip("/")
 
 
+def plural(count: int, word: str, words: str | None = None) -> str:
+    """``1 memory``, ``3 memories``: counts in words a person reads, not ``memory(ies)``."""
+    return f"{count} {word if count == 1 else words or word + 's'}"
+
+
 # What every template (and the macros, imported without context) may use.
-templates.env.globals.update(prefix=PREFIX, user_url=user_url)
+templates.env.globals.update(prefix=PREFIX, user_url=user_url, plural=plural)
 
 
 def redirect(url: str) -> RedirectResponse:
