@@ -75,6 +75,9 @@ def _refusal(exc: ValidationError) -> str:
     """The first reason a request model refused the text, as one line (``content: must not be blank``)."""
     first = exc.errors()[0]
     field = ".".join(str(p) for p in first.get("loc", ())) or "text"
+    if first.get("type") == "too_long":  # pydantic says "items after validation": count characters instead
+        ctx = first.get("ctx", {})
+        return f"{field}: at most {ctx.get('max_length')} characters, this has {ctx.get('actual_length')}"
     return f"{field}: {one_line(first.get('msg', 'invalid')).removeprefix('Value error, ')}"
 
 
