@@ -16,6 +16,7 @@ from starlette.testclient import TestClient
 
 from yak_pipeline.alerts import Alerter
 from yak_pipeline.core.dedup import newer_side
+from yak_pipeline.core.wording import plural, weight_note
 from yak_pipeline.services.curation import list_conflicts, set_tier
 from yak_pipeline.services.memory_export import memory_markdown
 from yak_pipeline.services.overview import distillation_page, user_overview, users_overview
@@ -25,6 +26,7 @@ from yak_pipeline.store.distillations import mark_superseded_by_newer, set_disti
 from yak_pipeline.store.memories import insert_memory
 from yak_pipeline_tests.api_fixtures import Seeded, api_settings, app, seeded  # noqa: F401
 from yak_pipeline_tests.store_helpers import seed_memory_with_distillation
+from yak_pipeline_tests.test_cli_inprocess import run  # noqa: F401 - the in-process `yak` fixture
 from yak_pipeline_tests.test_web_page import signed_in
 
 NOW = datetime.now(timezone.utc)
@@ -164,3 +166,21 @@ def test_notes_speak_plainly(app, seeded: Seeded, database: Database) -> None:  
     note = _flash(client, client.post(f"/ui/u/alice/m/{memory_id}/forget", data={"csrf_token": csrf}))
     assert re.fullmatch(rf"forgot memory {memory_id} and \d+ distillations? made from it", note)
     assert "(s)" not in note and "(ies)" not in note
+
+
+def test_wording_counts_in_words_and_says_what_a_pin_means() -> None:
+    assert [plural(n, "memory", "memories") for n in (0, 1, 3)] == ["0 memories", "1 memory", "3 memories"]
+    assert plural(1, "distillation") == "1 distillation" and plural(2, "distillation") == "2 distillations"
+    assert weight_note(1, 2) == "pinned: this memory counts twice as much in recall"
+    assert weight_note(None, 0.5) == "weighted down: this memory counts 0.5 times as much in recall"
+    assert weight_note(2, 2) == "unchanged: this memory already counts twice as much in recall"
+
+
+def test_the_cli_speaks_as_the_page_does(run, seeded: Seeded) -> None:  # noqa: ANN001, F811
+    pinned = run("distill", "pin", seeded.alice.distillation_id)
+    assert pinned.exit_code == 0, pinned.stdout
+    assert pinned.stdout.strip() == f"{seeded.alice.distillation_id} pinned: this memory counts twice as much in recall"
+    deleted = run("memory", "delete", seeded.alice.memory_id)
+    assert deleted.exit_code == 0, deleted.stdout
+    assert re.fullmatch(rf"forgot memory {seeded.alice.memory_id} and \d+ distillations? made from it",
+                        " ".join(deleted.stdout.split()))

@@ -185,5 +185,8 @@ def test_superseded_mark_on_the_memory_page(page: WebDriver, web: Web) -> None:
     page.get(f"{web.url}/ui/u/alice/recent")  # the list of memories marks it too
     row = page.find_element(By.XPATH, "//table[@id='recent-distillations']//tr[td/a[text()='The user lives in Lisbon.']]")
     assert row.find_elements(By.CSS_SELECTOR, ".mark-superseded")
+    page.get(f"{web.url}/ui/u/alice/review")  # so does the review queue (both sides of the conflict wait there)
+    assert page.find_elements(By.CSS_SELECTOR, f"tr[data-id='{web.ids['lisbon']}'] .mark-superseded")
+    assert not page.find_elements(By.CSS_SELECTOR, f"tr[data-id='{web.ids['porto']}'] .mark-superseded")
     page.get(f"{web.url}/ui/u/alice")  # and the overview counts it apart from the active memories
     assert page.find_element(By.ID, "count-superseded").text == "1"

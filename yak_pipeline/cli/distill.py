@@ -10,6 +10,7 @@ from yak_pipeline.cli.api_client import ApiKeyOption, JsonOption, RemoteOption, 
 from yak_pipeline.cli.api_command import ApiCall, api_command, call_and_print
 from yak_pipeline.cli.errors import friendly_errors
 from yak_pipeline.cli.render import make_console, print_page, short, table
+from yak_pipeline.core.wording import weight_note
 
 app = typer.Typer(help="Distillations: list, show, version, pin, merge, re-embed.", no_args_is_help=True)
 console = make_console()
@@ -78,7 +79,7 @@ def pin_command(
 ) -> ApiCall:
     """Pin a distillation: give it a user_weight (default 2) so recall ranks it higher; --weight 1 unpins."""
     return ApiCall("POST", _path(distillation_id, "/weight"),
-                   lambda d: console.print(f"{d['id']} user_weight {d['user_weight']:g}"),
+                   lambda d: console.print(f"{d['id']} {weight_note(None, d['user_weight'])}"),
                    json_body={"user_weight": weight})
 
 

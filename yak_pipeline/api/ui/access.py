@@ -33,6 +33,7 @@ from yak_pipeline.api.dependencies import Services
 from yak_pipeline.api.errors import database_unavailable_response, one_line
 from yak_pipeline.api.ui.sessions import COOKIE_NAME, PageSession, SessionStore
 from yak_pipeline.core.types import USER_ID_PATTERN
+from yak_pipeline.core.wording import plural
 from yak_pipeline.recall_models import RelevanceModelMissing
 from yak_pipeline.store.errors import DatabaseUnavailable
 
@@ -130,11 +131,6 @@ CsrfToken = Annotated[str, Form()]
 def user_url(user_id: str, *parts: object) -> str:
     """The page path of ``user_id`` (and a sub-page): ``/ui/u/alice/d/<id>``."""
     return "/".join((f"{PREFIX}/u/{user_id}", *(str(p) for p in parts))).rstrip("/")
-
-
-def plural(count: int, word: str, words: str | None = None) -> str:
-    """``1 memory``, ``3 memories``: counts in words a person reads, not ``memory(ies)``."""
-    return f"{count} {word if count == 1 else words or word + 's'}"
 
 
 # What every template (and the macros, imported without context) may use.

@@ -25,7 +25,6 @@ from yak_pipeline.api.ui.access import (
     PageRoute,
     SignedIn,
     checked_form,
-    plural,
     redirect,
     render,
     user_page,
@@ -36,6 +35,7 @@ from yak_pipeline.api.schemas import ManualVersion, MemoryCreate
 from yak_pipeline.api.ui.views import render_distillation, render_overview
 from yak_pipeline.core.forget import ForgetCommandError
 from yak_pipeline.core.types import Tier
+from yak_pipeline.core.wording import plural, weight_note
 from yak_pipeline.services.curation import (
     MAX_USER_WEIGHT,
     close_conflict,
@@ -54,21 +54,6 @@ _REVIEW_NOTES = {"approved": "approved: it is recallable now", "rejected": "reje
                  "not_flagged": "that distillation is not waiting for review (any more)"}
 _CONFLICT_NOTES = {"a": "kept the first side; the other is rejected", "b": "kept the second side; the other is rejected",
                    "both": "kept both sides", "dismiss": "dismissed: no contradiction"}
-
-
-def weight_note(before: float, after: float) -> str:
-    """What a pin did, in the terms of recall (gravity is tier × weight), not ``user_weight 1 → 2``."""
-    if after == before:
-        return f"unchanged: this memory already counts {_times(after)} in recall"
-    if after == 1:
-        return "unpinned: this memory counts as much as any other in recall"
-    return f"{'pinned' if after > 1 else 'weighted down'}: this memory counts {_times(after)} in recall"
-
-
-def _times(weight: float) -> str:
-    if weight == 1:
-        return "as much as any other"
-    return "twice as much" if weight == 2 else f"{weight:g} times as much"
 
 
 def _refusal(exc: ValidationError) -> str:
