@@ -24,7 +24,7 @@ from yak_pipeline.store.conflicts import record_conflict
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.distillations import mark_superseded_by_newer, set_distillation_status
 from yak_pipeline.store.memories import insert_memory
-from yak_pipeline_tests.api_fixtures import Seeded, api_settings, app, seeded  # noqa: F401
+from yak_pipeline_tests.api_fixtures import Seeded, api_settings, app, client_with, seeded  # noqa: F401
 from yak_pipeline_tests.store_helpers import seed_memory_with_distillation
 from yak_pipeline_tests.test_cli_inprocess import run  # noqa: F401 - the in-process `yak` fixture
 from yak_pipeline_tests.test_web_page import signed_in
@@ -184,3 +184,21 @@ def test_the_cli_speaks_as_the_page_does(run, seeded: Seeded) -> None:  # noqa: 
     assert deleted.exit_code == 0, deleted.stdout
     assert re.fullmatch(rf"forgot memory {seeded.alice.memory_id} and \d+ distillations? made from it",
                         " ".join(deleted.stdout.split()))
+
+
+def test_the_api_and_the_cli_set_the_tier_through_the_same_service(app, run, seeded: Seeded,  # noqa: ANN001, F811
+                                                                   database: Database) -> None:
+    target = seeded.alice.distillation_id  # seeded as core
+    with client_with(app, seeded.alice_key) as alice:
+        changed = alice.post(f"/api/distillations/{target}/tier", json={"tier": "low"})
+        assert changed.status_code == 200 and changed.json()["tier"] == "low"
+        assert alice.post(f"/api/distillations/{target}/tier", json={"tier": "urgent"}).status_code == 422
+        bobs = alice.post(f"/api/distillations/{seeded.bob.distillation_id}/tier", json={"tier": "low"})
+        assert bobs.status_code == 404  # another user's id is not found for Alice's key
+    done = run("distill", "tier", target, "medium")
+    assert done.exit_code == 0 and done.stdout.strip() == f"{target} tier medium", done.stdout
+    with database.connection() as conn:
+        details = [d for _, d in _audit(conn, "tier", target)]
+        bob_tier = conn.execute("SELECT tier FROM distillations WHERE id = %s", (seeded.bob.distillation_id,)).fetchone()
+    assert details == [{"before": "core", "after": "low"}, {"before": "low", "after": "medium"}]
+    assert bob_tier == ("core",)

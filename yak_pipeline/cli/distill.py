@@ -1,4 +1,5 @@
-"""``yak distill``: list and show distillations, write a version, merge two, re-embed one or all."""
+"""``yak distill``: list and show distillations, write a version, pin, set the tier, merge two,
+re-embed one or all."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from yak_pipeline.cli.errors import friendly_errors
 from yak_pipeline.cli.render import make_console, print_page, short, table
 from yak_pipeline.core.wording import weight_note
 
-app = typer.Typer(help="Distillations: list, show, version, pin, merge, re-embed.", no_args_is_help=True)
+app = typer.Typer(help="Distillations: list, show, version, pin, tier, merge, re-embed.", no_args_is_help=True)
 console = make_console()
 DistillationId = Annotated[str, typer.Argument(help="Distillation id.")]
 
@@ -81,6 +82,16 @@ def pin_command(
     return ApiCall("POST", _path(distillation_id, "/weight"),
                    lambda d: console.print(f"{d['id']} {weight_note(None, d['user_weight'])}"),
                    json_body={"user_weight": weight})
+
+
+@api_command(app, "tier")
+def tier_command(
+    distillation_id: DistillationId,
+    tier: Annotated[str, typer.Argument(help="core, medium or low.")],
+) -> ApiCall:
+    """Set a distillation's tier: core weighs twice as much in recall, low half as much."""
+    return ApiCall("POST", _path(distillation_id, "/tier"), lambda d: console.print(f"{d['id']} tier {d['tier']}"),
+                   json_body={"tier": tier})
 
 
 @api_command(app, "merge")
