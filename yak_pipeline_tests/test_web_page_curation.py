@@ -17,6 +17,9 @@ from starlette.testclient import TestClient
 from yak_pipeline.alerts import Alerter
 from yak_pipeline.core.dedup import newer_side
 from yak_pipeline.core.wording import plural, weight_note
+from yak_pipeline.api.app import create_app
+from yak_pipeline.embeddings.openai_embedder import OpenAIEmbedder
+from yak_pipeline.settings import Settings
 from yak_pipeline.services.curation import list_conflicts, set_tier
 from yak_pipeline.services.memory_export import memory_markdown
 from yak_pipeline.services.overview import distillation_page, user_overview, users_overview
@@ -24,7 +27,7 @@ from yak_pipeline.store.conflicts import record_conflict
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.distillations import mark_superseded_by_newer, set_distillation_status
 from yak_pipeline.store.memories import insert_memory
-from yak_pipeline_tests.api_fixtures import Seeded, api_settings, app, client_with, seeded  # noqa: F401
+from yak_pipeline_tests.api_fixtures import ADMIN_KEY, Seeded, api_settings, app, client_with, seeded  # noqa: F401
 from yak_pipeline_tests.store_helpers import seed_memory_with_distillation
 from yak_pipeline_tests.test_cli_inprocess import run  # noqa: F401 - the in-process `yak` fixture
 from yak_pipeline_tests.test_web_page import signed_in
@@ -202,3 +205,19 @@ def test_the_api_and_the_cli_set_the_tier_through_the_same_service(app, run, see
         bob_tier = conn.execute("SELECT tier FROM distillations WHERE id = %s", (seeded.bob.distillation_id,)).fetchone()
     assert details == [{"before": "core", "after": "low"}, {"before": "low", "after": "medium"}]
     assert bob_tier == ("core",)
+
+
+def test_an_edit_the_embedder_cannot_embed_is_not_saved_and_not_lost(api_settings: Settings, seeded: Seeded,  # noqa: F811
+                                                                     database: Database) -> None:
+    # Nothing listens on the discard port: the embedder fails at once, as an endpoint that is down.
+    down = OpenAIEmbedder(base_url="http://127.0.0.1:9/v1", model="m", dimensions=384, timeout_seconds=1,
+                          max_retries=0)
+    client, csrf = signed_in(create_app(api_settings, database=database, embedder=down), ADMIN_KEY)
+    typed = "The user's locker code changed to AZURE-9000."
+    answer = client.post(f"/ui/u/alice/d/{seeded.alice.distillation_id}/text", data={"csrf_token": csrf,
+                                                                                     "content": typed})
+    assert answer.status_code == 503 and "not saved, the embedder failed: embedding endpoint failed" in answer.text
+    assert f">{typed}</textarea>" in answer.text.replace("&#39;", "'")
+    with database.connection() as conn:
+        assert conn.execute("SELECT count(*) FROM distillation_versions WHERE distillation_id = %s",
+                            (seeded.alice.distillation_id,)).fetchone()[0] == 1

@@ -36,6 +36,7 @@ from yak_pipeline.api.ui.views import render_distillation, render_overview
 from yak_pipeline.core.forget import ForgetCommandError
 from yak_pipeline.core.types import Tier
 from yak_pipeline.core.wording import plural, weight_note
+from yak_pipeline.embeddings import EmbeddingError
 from yak_pipeline.services.curation import (
     MAX_USER_WEIGHT,
     close_conflict,
@@ -102,8 +103,16 @@ def edit_text(request: Request, user_id: str, distillation_id: UUID, visitor: Si
     except ValidationError as exc:
         return render_distillation(request, visitor, services, user_id, distillation_id, draft=content,
                                    error=_refusal(exc), status_code=422)
-    if not write_manual_version(services.database, services.embedder, distillation_id, content=body.content,
-                                user_id=user_id, actor=visitor.caller.actor):
+    try:
+        found = write_manual_version(services.database, services.embedder, distillation_id, content=body.content,
+                                     user_id=user_id, actor=visitor.caller.actor)
+    except EmbeddingError as exc:
+        # The new text needs its vector before it is stored (recall must find it by meaning): nothing
+        # was written, and the person's text stays in the editor to try again.
+        return render_distillation(request, visitor, services, user_id, distillation_id, draft=content,
+                                   error=f"not saved, the embedder failed: {one_line(exc)}; try again",
+                                   status_code=503)
+    if not found:
         raise PageError(404, f"distillation {distillation_id} not found")
     visitor.session.flash = "saved as a new version: the old text stays in the version history"
     return redirect(user_url(user_id, "d", distillation_id))
