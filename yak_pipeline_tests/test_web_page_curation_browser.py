@@ -166,7 +166,6 @@ def test_conflicts_page_dates_each_side_and_names_the_newer(page: WebDriver, web
     assert not lisbon.find_elements(By.CSS_SELECTOR, ".newer")
     side = porto.find_element(By.TAG_NAME, "h3").text.split()[0]  # "A" or "B": the store orders the pair by id
     assert conflict.find_element(By.CSS_SELECTOR, ".newer-note").text.startswith(f"{side} is newer")
-    shot(page, "conflicts-dated")
 
 
 def test_superseded_mark_on_the_memory_page(page: WebDriver, web: Web) -> None:
