@@ -175,11 +175,14 @@ def test_superseded_mark_on_the_memory_page(page: WebDriver, web: Web) -> None:
     assert meta.find_element(By.CSS_SELECTOR, ".mark-conflict").text == "in conflict"
     note = page.find_element(By.ID, "superseded-note")
     assert "The user lives in Porto." in note.text and f"said {PORTO_SAID:%Y-%m-%d %H:%M}" in note.text
+    other = page.find_element(By.CSS_SELECTOR, "li.other-side").text  # the conflict, dated, from this side
+    assert other.startswith(f"The user lives in Porto. — said {PORTO_SAID:%Y-%m-%d %H:%M}, newer"), other
     shot(page, "memory-superseded")
     follow(page, note.find_element(By.LINK_TEXT, "The user lives in Porto."))  # the newer one says what it replaced
     assert page.current_url == f"{web.url}/ui/u/alice/d/{web.ids['porto']}"
     assert not page.find_elements(By.CSS_SELECTOR, "article .mark-superseded")
     assert "The user lives in Lisbon." in page.find_element(By.ID, "supersedes-note").text
+    assert ", older (score" in page.find_element(By.CSS_SELECTOR, "li.other-side").text
 
     page.get(f"{web.url}/ui/u/alice/recent")  # the list of memories marks it too
     row = page.find_element(By.XPATH, "//table[@id='recent-distillations']//tr[td/a[text()='The user lives in Lisbon.']]")

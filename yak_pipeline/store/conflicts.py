@@ -52,13 +52,14 @@ def conflicting_ids(conn: psycopg.Connection, distillation_id: UUID | str) -> se
 
 
 def open_conflicts_of(conn: psycopg.Connection, distillation_id: UUID | str) -> list[dict[str, Any]]:
-    """The open conflicts one distillation is a side of, with the other side's text."""
+    """The open conflicts one distillation is a side of, with the other side's text and when it was said."""
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(
-            """SELECT c.id, c.score, o.id AS other_id, o.content AS other_content
+            """SELECT c.id, c.score, o.id AS other_id, o.content AS other_content, om.occurred_at AS other_said_at
                FROM conflicts c
                JOIN distillations o ON o.id = CASE WHEN c.distillation_a = %(id)s THEN c.distillation_b
                                                    ELSE c.distillation_a END AND o.deleted_at IS NULL
+               JOIN memories om ON om.id = o.memory_id
                WHERE c.status = 'open' AND (c.distillation_a = %(id)s OR c.distillation_b = %(id)s)""",
             {"id": str(distillation_id)},
         ).fetchall()

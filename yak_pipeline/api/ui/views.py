@@ -28,6 +28,10 @@ PAGE_ROWS: Final = 50
 MAX_QUARANTINE_SHOWN: Final = 20
 
 
+# How the other side of a conflict compares with this memory, by when each was said.
+_OTHER_SIDE: Final = {"a": "newer", "b": "older", None: "said at the same moment"}
+
+
 def _dagster_links(services: Services) -> dict[str, str]:
     base = services.settings.dagster_ui_url.rstrip("/")
     return {"runs": f"{base}/runs", "assets": f"{base}/assets", "home": base}
@@ -95,6 +99,9 @@ def render_distillation(request: Request, visitor: Visitor, services: Services, 
     page = distillation_page(services.database, distillation_id, user_id=user_id)
     if page is None:
         raise PageError(404, f"distillation {distillation_id} not found")
+    said = page["exchange"]["occurred_at"] if page["exchange"] else None
+    page["conflicts"] = [{**c, "other_is": _OTHER_SIDE[newer_side(c["other_said_at"], said) if said else None]}
+                         for c in page["conflicts"]]
     return render(request, "distillation.html", visitor=visitor, user_id=user_id, **page, max_weight=MAX_USER_WEIGHT,
                   tiers=TIERS, draft=page["d"]["content"] if draft is None else draft, error=error,
                   status_code=status_code, section="recent")
