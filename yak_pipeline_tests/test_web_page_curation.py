@@ -221,3 +221,24 @@ def test_an_edit_the_embedder_cannot_embed_is_not_saved_and_not_lost(api_setting
     with database.connection() as conn:
         assert conn.execute("SELECT count(*) FROM distillation_versions WHERE distillation_id = %s",
                             (seeded.alice.distillation_id,)).fetchone()[0] == 1
+
+
+def test_the_api_and_the_cli_say_which_distillation_is_superseded(app, run, database: Database) -> None:  # noqa: ANN001, F811
+    with database.connection() as conn:
+        _, lisbon = seed_memory_with_distillation(conn, user_id="maria", exchange="User: I live in Lisbon.",
+                                                  distillation="The user lives in Lisbon.",
+                                                  occurred_at=NOW - timedelta(days=30))
+        _, porto = seed_memory_with_distillation(conn, user_id="maria", exchange="User: I moved to Porto.",
+                                                 distillation="The user lives in Porto.",
+                                                 occurred_at=NOW - timedelta(days=2))
+        mark_superseded_by_newer(conn, lisbon, porto, actor="test", user_id="maria")
+    with client_with(app, ADMIN_KEY) as admin:
+        listed = admin.get("/api/distillations", params={"user_id": "maria", "status": "active"}).json()["items"]
+        shown = admin.get(f"/api/distillations/{lisbon}").json()
+    assert {d["content"]: d["superseded_by"] for d in listed} == {"The user lives in Lisbon.": str(porto),
+                                                                  "The user lives in Porto.": None}
+    assert shown["superseded_by"] == str(porto)
+    # The active memories a client counts from the API (status active, not superseded) are MEMORY.md's.
+    assert len([d for d in listed if d["superseded_by"] is None]) == memory_markdown(database, "maria")[1] == 1
+    printed = run("distill", "show", str(lisbon))
+    assert printed.exit_code == 0 and f"superseded by {porto}" in " ".join(printed.stdout.split())

@@ -258,6 +258,9 @@ class DistillationOut(BaseModel):
     prompt_version: str
     created_at: datetime
     updated_at: datetime
+    superseded_by: UUID | None = Field(default=None, description=(
+        "The newer distillation that replaced this one (a knowledge update): still recallable, ranked "
+        "below it, and not counted among the active memories MEMORY.md lists."))
 
 
 class VersionOut(BaseModel):

@@ -29,6 +29,8 @@ def render_distillation(d: dict) -> None:
                   f"{' (needs review)' if d['needs_review'] else ''}, tier {d['tier']}, "
                   f"confidence {d['confidence']:.2f}, warmth {d['warmth']:.2f}")
     console.print(d["content"], markup=False, highlight=False)
+    if d.get("superseded_by"):
+        console.print(f"superseded by {d['superseded_by']} (a newer memory; this one is kept for the past)")
     grid = table("version", "reason", "created", "content")
     for v in d["versions"]:
         grid.add_row(str(v["version"]), v["reason"], v["created_at"][:19], short(v["content"], 70))

@@ -25,7 +25,11 @@ MAX_USER_WEIGHT = 10.0
 
 _COLUMNS = (
     "id, memory_id, user_id, content, confidence, tier, warmth, user_weight, status, needs_review, "
-    "embedding_model, prompt_version, schema_version, refreshed_at, created_at, updated_at"
+    "embedding_model, prompt_version, schema_version, refreshed_at, created_at, updated_at, "
+    # The live newer distillation that replaced this one; a forgotten one does not count (as
+    # knowledge.ACTIVE_MEMORY_SQL and recall treat it).
+    "(SELECT s.id FROM distillations s WHERE s.id = distillations.superseded_by AND s.deleted_at IS NULL) "
+    "AS superseded_by"
 )
 
 
