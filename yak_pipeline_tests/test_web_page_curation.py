@@ -242,3 +242,19 @@ def test_the_api_and_the_cli_say_which_distillation_is_superseded(app, run, data
     assert len([d for d in listed if d["superseded_by"] is None]) == memory_markdown(database, "maria")[1] == 1
     printed = run("distill", "show", str(lisbon))
     assert printed.exit_code == 0 and f"superseded by {porto}" in " ".join(printed.stdout.split())
+
+
+def test_a_memory_added_with_the_day_it_was_said(app, seeded: Seeded, database: Database) -> None:  # noqa: ANN001, F811
+    client, csrf = signed_in(app, seeded.alice_key)
+    added = client.post("/ui/u/alice/memories", data={"csrf_token": csrf, "content": "I moved to Utrecht.",
+                                                      "said_on": "2026-05-03"})
+    assert _flash(client, added) == "added: recallable now; the pipeline distils it next"
+    with database.connection() as conn:
+        said = conn.execute("SELECT occurred_at FROM memories WHERE content = 'I moved to Utrecht.'").fetchone()[0]
+    assert said == datetime(2026, 5, 3, 12, tzinfo=timezone.utc)  # noon of that day in Yak's zone (UTC here)
+    for day, reason in (("1999-12-31", "said on: is before 2000-01-01"),
+                        ("03/05/2026", "said on: '03/05/2026' is not a date (YYYY-MM-DD)")):
+        refused = client.post("/ui/u/alice/memories", data={"csrf_token": csrf, "content": "I moved to Delft.",
+                                                            "said_on": day})
+        assert refused.status_code == 422 and reason in refused.text.replace("&#39;", "'"), refused.text[-800:]
+        assert ">I moved to Delft.</textarea>" in refused.text and f'value="{day}"' in refused.text

@@ -11,8 +11,10 @@ text still in its box and one line saying why.
 
 from __future__ import annotations
 
+from datetime import date, datetime, time
 from typing import Annotated, Literal
 from uuid import UUID
+from zoneinfo import ZoneInfo
 
 from fastapi import APIRouter, Form, Request, Response
 from pydantic import ValidationError
@@ -67,24 +69,39 @@ def _refusal(exc: ValidationError) -> str:
     return f"{field}: {one_line(first.get('msg', 'invalid')).removeprefix('Value error, ')}"
 
 
+def _said_at(said_on: str, time_zone: str) -> datetime | None:
+    """The day a person says a memory was said, as noon of that day in Yak's time zone (a day has
+    no hour; noon keeps it on that date in every nearby zone); None for no day. ``ValueError``
+    when it is not a date."""
+    if not said_on.strip():
+        return None
+    return datetime.combine(date.fromisoformat(said_on.strip()), time(12), ZoneInfo(time_zone))
+
+
 @router.post("/memories")
 def add_memory(request: Request, user_id: str, visitor: SignedIn, services: Services,
-               content: Annotated[str, Form()] = "", csrf_token: CsrfToken = "") -> Response:
-    """Add a memory: a plain sentence the user said, or "User: …" and "Assistant: …" lines (as
-    ``yak memory add`` and ``POST /api/memories/``, through the same service: stored as pending,
-    embedded at once, so it is recallable before the pipeline distils it)."""
+               content: Annotated[str, Form()] = "", said_on: Annotated[str, Form(max_length=40)] = "",
+               csrf_token: CsrfToken = "") -> Response:
+    """Add a memory: a plain sentence the user said, or "User: …" and "Assistant: …" lines, and
+    optionally the day it was said (as ``yak memory add [--occurred-at]`` and ``POST
+    /api/memories/``, through the same service: stored as pending, embedded at once, so it is
+    recallable before the pipeline distils it)."""
     user_page(visitor, user_id)
     checked_form(visitor, csrf_token)
     # A browser sends a textarea's line breaks as CRLF: the same text typed on the CLI or posted
     # to the API must be the same memory (its hash) with the same "User:/Assistant:" lines.
     content = content.replace("\r\n", "\n")
     try:
-        body = MemoryCreate(content=content, user_id=user_id)
+        occurred_at = _said_at(said_on, services.settings.timezone)
+        body = MemoryCreate(content=content, user_id=user_id, occurred_at=occurred_at)
     except ValidationError as exc:
-        return render_overview(request, visitor, services, user_id, draft=content, error=_refusal(exc),
-                               status_code=422)
+        return render_overview(request, visitor, services, user_id, draft=content, said_on=said_on,
+                               error=_refusal(exc).replace("occurred_at:", "said on:"), status_code=422)
+    except ValueError:
+        return render_overview(request, visitor, services, user_id, draft=content, said_on=said_on,
+                               error=f"said on: {said_on.strip()!r} is not a date (YYYY-MM-DD)", status_code=422)
     created, row = store_memory(services.database, user_id=user_id, content=body.content, source="api",
-                                occurred_at=None, actor=visitor.caller.actor, embedder=services.embedder)
+                                occurred_at=body.occurred_at, actor=visitor.caller.actor, embedder=services.embedder)
     visitor.session.flash = ("added: recallable now; the pipeline distils it next" if created
                              else f"already stored on {row['created_at']:%Y-%m-%d}: the same text is kept once")
     return redirect(user_url(user_id, "recent"))

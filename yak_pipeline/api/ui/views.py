@@ -38,12 +38,12 @@ def _dagster_links(services: Services) -> dict[str, str]:
 
 
 def render_overview(request: Request, visitor: Visitor, services: Services, user_id: str, *, draft: str = "",
-                    error: str | None = None, status_code: int = 200) -> Response:
-    """The overview page; after a refused "add a memory" form, with the typed text kept and the reason."""
+                    said_on: str = "", error: str | None = None, status_code: int = 200) -> Response:
+    """The overview page; after a refused "add a memory" form, with what was typed kept and the reason."""
     counts, queue = user_overview(services.database, services.alerter, user_id)
     return render(request, "overview.html", visitor=visitor, user_id=user_id, counts=counts, queue=queue,
-                  dagster=_dagster_links(services), draft=draft, error=error, status_code=status_code,
-                  section="overview")
+                  dagster=_dagster_links(services), draft=draft, said_on=said_on, error=error,
+                  status_code=status_code, section="overview")
 
 
 @router.get("")
