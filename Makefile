@@ -108,7 +108,8 @@ test-slow: setup setup-llm
 
 # Refreshes the page's screenshots in docs/screenshots/ (linked from the README) from the browser tests.
 screenshots: setup browser
-	SCREENSHOTS_DIR=$(CURDIR)/docs/screenshots $(BIN)/python -m pytest -q yak_pipeline_tests/test_web_page_browser.py
+	SCREENSHOTS_DIR=$(CURDIR)/docs/screenshots $(BIN)/python -m pytest -q yak_pipeline_tests/test_web_page_browser.py \
+	  yak_pipeline_tests/test_web_page_curation_browser.py
 
 clean-state:
 	-$(BIN)/yak db stop

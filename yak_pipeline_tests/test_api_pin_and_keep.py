@@ -80,7 +80,7 @@ def test_cli_pin_and_keep(db_url: str, monkeypatch: pytest.MonkeyPatch, seeded: 
     assert pinned.exit_code == 0, pinned.stderr
     assert json.loads(pinned.stdout)["user_weight"] == 2.0
     unpinned = runner.invoke(yak, ["distill", "pin", seeded.bob.distillation_id, "--weight", "1"])
-    assert unpinned.exit_code == 0 and "user_weight 1" in unpinned.stdout
+    assert unpinned.exit_code == 0 and "unpinned: this memory counts as much as any other in recall" in unpinned.stdout
     kept = runner.invoke(yak, ["conflicts", "keep", seeded.bob.conflict_id, "both"])
     assert kept.exit_code == 0 and "resolved (kept both)" in kept.stdout
     again = runner.invoke(yak, ["conflicts", "keep", seeded.bob.conflict_id, "both"])

@@ -183,7 +183,7 @@ def test_sign_in_search_and_open_a_hit(page: WebDriver, web: Web) -> None:
     assert page.current_url == f"{web.url}/ui/users"
     users = [a.text for a in page.find_elements(By.CSS_SELECTOR, "table a")]
     assert users[:2] == ["alice", "bob"]  # most recent exchange first
-    assert "0 exchange(s) waiting to be distilled" in page.find_element(By.ID, "queue-all").text
+    assert "0 exchanges waiting to be distilled" in page.find_element(By.ID, "queue-all").text
     assert "1 failed" in page.find_element(By.ID, "queue-all").text  # Alice's report that failed for good
     shot(page, "users")
     follow(page, page.find_element(By.LINK_TEXT, "alice"))

@@ -13,7 +13,7 @@ from uuid import UUID
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from yak_pipeline.core.exchanges import MAX_RECALL_QUERY_CHARS, MAX_TURN_MESSAGE_CHARS
-from yak_pipeline.core.types import USER_ID_PATTERN
+from yak_pipeline.core.types import USER_ID_PATTERN, Tier
 from yak_pipeline.ingestion.records import EARLIEST_EXCHANGE_DATE, FUTURE_TOLERANCE
 
 
@@ -258,6 +258,9 @@ class DistillationOut(BaseModel):
     prompt_version: str
     created_at: datetime
     updated_at: datetime
+    superseded_by: UUID | None = Field(default=None, description=(
+        "The newer distillation that replaced this one (a knowledge update): still recallable, ranked "
+        "below it, and not counted among the active memories MEMORY.md lists."))
 
 
 class VersionOut(BaseModel):
@@ -297,6 +300,12 @@ class WeightUpdate(RequestBody):
     """A person's weight for a distillation (pin): a factor of recall's gravity; 1 is neutral."""
 
     user_weight: Annotated[float, Field(gt=0, le=10, description="Above 0, at most 10; e.g. 2 to pin, 1 to unpin.")]
+
+
+class TierUpdate(RequestBody):
+    """A person's importance tier for a distillation: recall's tier multiplier and relevance gate."""
+
+    tier: Annotated[Tier, Field(description="core (weighs 2×, a looser gate), medium (1×) or low (0.5×, a stricter gate).")]
 
 
 class MergeRequest(RequestBody):
@@ -347,6 +356,8 @@ class ConflictOut(BaseModel):
     resolution: str | None
     created_at: datetime
     resolved_at: datetime | None
+    said_a: datetime | None = Field(default=None, description="When side a was said (its exchange's time).")
+    said_b: datetime | None = Field(default=None, description="When side b was said (its exchange's time).")
 
 
 class ConflictClose(RequestBody):

@@ -1,4 +1,5 @@
-"""``yak distill``: list and show distillations, write a version, merge two, re-embed one or all."""
+"""``yak distill``: list and show distillations, write a version, pin, set the tier, merge two,
+re-embed one or all."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from yak_pipeline.cli.api_client import ApiKeyOption, JsonOption, RemoteOption, 
 from yak_pipeline.cli.api_command import ApiCall, api_command, call_and_print
 from yak_pipeline.cli.errors import friendly_errors
 from yak_pipeline.cli.render import make_console, print_page, short, table
+from yak_pipeline.core.wording import weight_note
 
-app = typer.Typer(help="Distillations: list, show, version, pin, merge, re-embed.", no_args_is_help=True)
+app = typer.Typer(help="Distillations: list, show, version, pin, tier, merge, re-embed.", no_args_is_help=True)
 console = make_console()
 DistillationId = Annotated[str, typer.Argument(help="Distillation id.")]
 
@@ -27,6 +29,8 @@ def render_distillation(d: dict) -> None:
                   f"{' (needs review)' if d['needs_review'] else ''}, tier {d['tier']}, "
                   f"confidence {d['confidence']:.2f}, warmth {d['warmth']:.2f}")
     console.print(d["content"], markup=False, highlight=False)
+    if d.get("superseded_by"):
+        console.print(f"superseded by {d['superseded_by']} (a newer memory; this one is kept for the past)")
     grid = table("version", "reason", "created", "content")
     for v in d["versions"]:
         grid.add_row(str(v["version"]), v["reason"], v["created_at"][:19], short(v["content"], 70))
@@ -78,8 +82,18 @@ def pin_command(
 ) -> ApiCall:
     """Pin a distillation: give it a user_weight (default 2) so recall ranks it higher; --weight 1 unpins."""
     return ApiCall("POST", _path(distillation_id, "/weight"),
-                   lambda d: console.print(f"{d['id']} user_weight {d['user_weight']:g}"),
+                   lambda d: console.print(f"{d['id']} {weight_note(None, d['user_weight'])}"),
                    json_body={"user_weight": weight})
+
+
+@api_command(app, "tier")
+def tier_command(
+    distillation_id: DistillationId,
+    tier: Annotated[str, typer.Argument(help="core, medium or low.")],
+) -> ApiCall:
+    """Set a distillation's tier: core weighs twice as much in recall, low half as much."""
+    return ApiCall("POST", _path(distillation_id, "/tier"), lambda d: console.print(f"{d['id']} tier {d['tier']}"),
+                   json_body={"tier": tier})
 
 
 @api_command(app, "merge")

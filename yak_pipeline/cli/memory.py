@@ -10,6 +10,7 @@ import typer
 from yak_pipeline.cli.api_client import parse_id
 from yak_pipeline.cli.api_command import ApiCall, api_command
 from yak_pipeline.cli.render import make_console, print_page, short, table
+from yak_pipeline.core.wording import plural
 
 app = typer.Typer(help="Raw memories: add, list, show, delete, search.", no_args_is_help=True)
 console = make_console()
@@ -84,7 +85,8 @@ def delete_command(
 ) -> ApiCall:
     """Forget one memory and everything derived from it (cascade; an audit row keeps the ids)."""
     return ApiCall("DELETE", f"/api/memories/{parse_id(memory_id, 'memory id')}", lambda d: console.print(
-        f"forgot memory {', '.join(d['deleted_memory_ids'])} and {len(d['deleted_distillation_ids'])} distillations"),
+        f"forgot memory {', '.join(d['deleted_memory_ids'])} and "
+        f"{plural(len(d['deleted_distillation_ids']), 'distillation')} made from it"),
                    params={"soft": str(soft).lower()})
 
 

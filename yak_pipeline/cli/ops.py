@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 import typer
 
 from yak_pipeline.core.forget import ForgetCommandError, parse_forget_command
+from yak_pipeline.core.wording import plural
 from yak_pipeline.cli.api_client import (
     ApiError,
     ApiKeyOption,
@@ -152,8 +153,8 @@ def forget_command(
 
     def render(r: dict) -> None:
         if r["action"] == "deleted":
-            console.print(f"forgot {len(r['deleted_memory_ids'])} memories and "
-                          f"{len(r['deleted_distillation_ids'])} distillations"
+            console.print(f"forgot {plural(len(r['deleted_memory_ids']), 'memory', 'memories')} and "
+                          f"{plural(len(r['deleted_distillation_ids']), 'distillation')}"
                           + (f"; not found: {', '.join(r['not_found'])}" if r["not_found"] else ""))
         elif r["action"] == "nothing":
             console.print("no memory contains that phrase")

@@ -7,7 +7,7 @@ from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from numbers import Real
-from typing import Final
+from typing import Final, Literal
 
 NEAR_DUPLICATE_SIMILARITY: Final[float] = 0.85
 NEAR_DUPLICATE_TOP_K: Final[int] = 5
@@ -89,3 +89,11 @@ def conflict_candidates(
         raise ValueError(f"top_k must be >= 0, got {top_k}")
     similar = [n for n in _eligible(new_id, new_user_id, neighbours) if n.similarity >= min_similarity]
     return sorted(similar, key=_most_similar_first)[:top_k]
+
+
+def newer_side(said_a: datetime, said_b: datetime) -> Literal["a", "b"] | None:
+    """Which side of a conflict was said later (by its exchange's time, as supersession judges
+    it); None when both were said at the same moment and neither can be called newer."""
+    if said_a == said_b:
+        return None
+    return "a" if said_a > said_b else "b"

@@ -1,5 +1,5 @@
 """A person's curation of distillations: reading them, editing, merging, re-embedding, pinning,
-the review queue and settling conflicts (what the API and the web page offer).
+changing the tier, the review queue and settling conflicts (what the API and the web page offer).
 
 The LLM and the embedder are called before the transaction opens, so no row stays locked
 while a model thinks; the writes go through the store's versioning functions, so every text
@@ -128,6 +128,14 @@ def set_weight(db: Database, distillation_id: UUID | str, *, user_weight: float,
     with db.connection() as conn:
         return distillations_store.set_user_weight(conn, distillation_id, user_weight=user_weight, user_id=user_id,
                                                    actor=actor)
+
+
+def set_tier(db: Database, distillation_id: UUID | str, *, tier: str, user_id: str | None,
+             actor: str) -> str | None:
+    """A person's tier for a distillation (audited); the previous tier, or None when not found
+    (``ValueError`` for a tier that does not exist)."""
+    with db.connection() as conn:
+        return distillations_store.set_tier(conn, distillation_id, tier=tier, user_id=user_id, actor=actor)
 
 
 def review_queue(db: Database, *, user_id: str | None, limit: int = 50, offset: int = 0) -> list[dict[str, Any]]:

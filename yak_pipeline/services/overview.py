@@ -12,7 +12,7 @@ from yak_pipeline.services.queue_watch import watched_queue_counts
 from yak_pipeline.store import overview as overview_store
 from yak_pipeline.store.conflicts import open_conflicts_of
 from yak_pipeline.store.database import Database
-from yak_pipeline.store.distillations import get_distillation, list_versions
+from yak_pipeline.store.distillations import get_distillation, list_versions, supersession_of
 from yak_pipeline.store.memories import get_memory, list_memories
 from yak_pipeline.store.queue import QueueCounts
 from yak_pipeline.store.warmth import warmth_history
@@ -37,7 +37,8 @@ def exchanges_of(db: Database, memory_ids: Iterable[str], *, user_id: str) -> di
 
 
 def distillation_page(db: Database, distillation_id: UUID | str, *, user_id: str) -> dict[str, Any] | None:
-    """One distillation with its versions, raw exchange, latest warmth events and open conflicts; None when not found."""
+    """One distillation with its versions, raw exchange, latest warmth events, open conflicts and
+    supersession (the newer memory that replaced it, the older ones it replaced); None when not found."""
     with db.connection() as conn:
         row = get_distillation(conn, distillation_id, user_id=user_id)
         if row is None:
@@ -45,7 +46,8 @@ def distillation_page(db: Database, distillation_id: UUID | str, *, user_id: str
         return {"d": row, "versions": list_versions(conn, distillation_id),
                 "exchange": get_memory(conn, row["memory_id"], user_id=user_id),
                 "warmth": warmth_history(conn, distillation_id, limit=20),
-                "conflicts": open_conflicts_of(conn, distillation_id)}
+                "conflicts": open_conflicts_of(conn, distillation_id),
+                **supersession_of(conn, distillation_id)}
 
 
 def recent_changes(db: Database, user_id: str, *, limit: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

@@ -52,13 +52,14 @@ def conflicting_ids(conn: psycopg.Connection, distillation_id: UUID | str) -> se
 
 
 def open_conflicts_of(conn: psycopg.Connection, distillation_id: UUID | str) -> list[dict[str, Any]]:
-    """The open conflicts one distillation is a side of, with the other side's text."""
+    """The open conflicts one distillation is a side of, with the other side's text and when it was said."""
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(
-            """SELECT c.id, c.score, o.id AS other_id, o.content AS other_content
+            """SELECT c.id, c.score, o.id AS other_id, o.content AS other_content, om.occurred_at AS other_said_at
                FROM conflicts c
                JOIN distillations o ON o.id = CASE WHEN c.distillation_a = %(id)s THEN c.distillation_b
                                                    ELSE c.distillation_a END AND o.deleted_at IS NULL
+               JOIN memories om ON om.id = o.memory_id
                WHERE c.status = 'open' AND (c.distillation_a = %(id)s OR c.distillation_b = %(id)s)""",
             {"id": str(distillation_id)},
         ).fetchall()
@@ -67,14 +68,18 @@ def open_conflicts_of(conn: psycopg.Connection, distillation_id: UUID | str) -> 
 def list_conflicts(
     conn: psycopg.Connection, *, user_id: str | None = None, status: str | None = "open", limit: int = 50
 ) -> list[dict[str, Any]]:
-    """Conflicts with both sides' text, newest first; hides pairs with a forgotten side."""
+    """Conflicts with both sides' text and when each was said (``said_a``, ``said_b``: its
+    exchange's time, as supersession judges "newer"), newest first; hides pairs with a forgotten side."""
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(
             """SELECT c.id, c.user_id, c.distillation_a, a.content AS content_a, c.distillation_b,
-                      b.content AS content_b, c.score, c.status, c.resolution, c.created_at, c.resolved_at
+                      b.content AS content_b, c.score, c.status, c.resolution, c.created_at, c.resolved_at,
+                      ma.occurred_at AS said_a, mb.occurred_at AS said_b
                FROM conflicts c
                JOIN distillations a ON a.id = c.distillation_a AND a.deleted_at IS NULL
                JOIN distillations b ON b.id = c.distillation_b AND b.deleted_at IS NULL
+               JOIN memories ma ON ma.id = a.memory_id
+               JOIN memories mb ON mb.id = b.memory_id
                WHERE (%(user)s::text IS NULL OR c.user_id = %(user)s)
                  AND (%(status)s::text IS NULL OR c.status = %(status)s)
                ORDER BY c.created_at DESC LIMIT %(limit)s""",

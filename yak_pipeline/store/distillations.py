@@ -25,7 +25,11 @@ MAX_USER_WEIGHT = 10.0
 
 _COLUMNS = (
     "id, memory_id, user_id, content, confidence, tier, warmth, user_weight, status, needs_review, "
-    "embedding_model, prompt_version, schema_version, refreshed_at, created_at, updated_at"
+    "embedding_model, prompt_version, schema_version, refreshed_at, created_at, updated_at, "
+    # The live newer distillation that replaced this one; a forgotten one does not count (as
+    # knowledge.ACTIVE_MEMORY_SQL and recall treat it).
+    "(SELECT s.id FROM distillations s WHERE s.id = distillations.superseded_by AND s.deleted_at IS NULL) "
+    "AS superseded_by"
 )
 
 
@@ -199,6 +203,58 @@ def set_user_weight(conn: psycopg.Connection, distillation_id: UUID | str, *, us
     write_audit(conn, actor=actor, action="weight", target_type="distillation", target_id=distillation_id,
                 user_id=row[0], detail={"before": row[1], "after": user_weight})
     return float(row[1])
+
+
+def set_tier(conn: psycopg.Connection, distillation_id: UUID | str, *, tier: str, user_id: str | None = None,
+             actor: str = "system") -> str | None:
+    """A person's importance tier for a distillation (recall's tier multiplier and threshold, DESIGN §4).
+
+    Returns the previous tier, or None when there is no such live distillation (for ``user_id``).
+    A tier outside :data:`~yak_pipeline.core.types.TIERS` is a ``ValueError`` here, before any write.
+    """
+    if tier not in TIERS:
+        raise ValueError(f"tier must be one of {', '.join(TIERS)}, got {tier!r}")
+    row = conn.execute(
+        """UPDATE distillations d SET tier = %(tier)s, updated_at = now()
+           FROM (SELECT id, tier FROM distillations
+                 WHERE id = %(id)s AND deleted_at IS NULL AND (%(user)s::text IS NULL OR user_id = %(user)s)
+                 FOR UPDATE) before
+           WHERE d.id = before.id RETURNING d.user_id, before.tier""",
+        {"tier": tier, "id": str(distillation_id), "user": user_id},
+    ).fetchone()
+    if row is None:
+        return None
+    # Setting the tier it already has changes nothing and is not worth an audit row.
+    if row[1] != tier:
+        write_audit(conn, actor=actor, action="tier", target_type="distillation", target_id=distillation_id,
+                    user_id=row[0], detail={"before": row[1], "after": tier})
+    return str(row[1])
+
+
+def supersession_of(conn: psycopg.Connection, distillation_id: UUID | str) -> dict[str, Any]:
+    """What replaced a distillation and what it replaced, each with its text and when it was said.
+
+    ``superseded_by`` is the live newer distillation (None when there is none, or it was
+    forgotten: then this one is current again, as recall treats it); ``supersedes`` lists the
+    live older ones it replaced, oldest first.
+    """
+    with conn.cursor(row_factory=dict_row) as cur:
+        newer = cur.execute(
+            """SELECT s.id, s.content, m.occurred_at AS said_at, d.superseded_at
+               FROM distillations d
+               JOIN distillations s ON s.id = d.superseded_by AND s.deleted_at IS NULL
+               JOIN memories m ON m.id = s.memory_id
+               WHERE d.id = %s""",
+            (str(distillation_id),),
+        ).fetchone()
+        older = cur.execute(
+            """SELECT o.id, o.content, m.occurred_at AS said_at
+               FROM distillations o JOIN memories m ON m.id = o.memory_id
+               WHERE o.superseded_by = %s AND o.deleted_at IS NULL
+               ORDER BY m.occurred_at, o.id""",
+            (str(distillation_id),),
+        ).fetchall()
+    return {"superseded_by": newer, "supersedes": older}
 
 
 def flag_for_review(conn: psycopg.Connection, distillation_ids: Sequence[UUID | str]) -> None:

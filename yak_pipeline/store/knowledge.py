@@ -1,11 +1,21 @@
-"""What a user's memory holds now: the distillations a MEMORY.md lists."""
+"""What a user's memory holds now: the distillations a MEMORY.md lists, and the one definition
+of an "active memory" every count uses (the Users page, a user's overview, MEMORY.md)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 import psycopg
 from psycopg.rows import dict_row
+
+# An "active memory": a live ``active`` distillation (alias ``d``) whose exchange is live and that no
+# live newer distillation superseded (a forgotten superseder does not count). The Users page once
+# counted every ``active`` row (9) while MEMORY.md left the superseded one out (8): every count of
+# active memories now uses this condition, so they agree. Superseded rows stay recallable (a
+# question about the past may need them); they are counted apart, as superseded.
+ACTIVE_MEMORY_SQL: Final[str] = """d.status = 'active' AND d.deleted_at IS NULL
+  AND EXISTS (SELECT 1 FROM memories am WHERE am.id = d.memory_id AND am.deleted_at IS NULL)
+  AND NOT EXISTS (SELECT 1 FROM distillations asup WHERE asup.id = d.superseded_by AND asup.deleted_at IS NULL)"""
 
 
 def current_knowledge(conn: psycopg.Connection, user_id: str) -> list[dict[str, Any]]:
@@ -19,10 +29,7 @@ def current_knowledge(conn: psycopg.Connection, user_id: str) -> list[dict[str, 
         return cur.execute(
             """SELECT d.id, d.content, d.tier, d.confidence, d.needs_review, d.refreshed_at, m.occurred_at
                FROM distillations d JOIN memories m ON m.id = d.memory_id
-               WHERE d.user_id = %(user)s AND d.status = 'active' AND d.deleted_at IS NULL
-                 AND m.deleted_at IS NULL
-                 AND NOT EXISTS (SELECT 1 FROM distillations s
-                                 WHERE s.id = d.superseded_by AND s.deleted_at IS NULL)
+               WHERE d.user_id = %(user)s AND """ + ACTIVE_MEMORY_SQL + """
                ORDER BY d.refreshed_at, d.content, d.id""",
             {"user": user_id},
         ).fetchall()

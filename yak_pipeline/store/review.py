@@ -23,12 +23,15 @@ ReviewOutcome = Literal["approved", "rejected", "not_found", "not_flagged"]
 def list_review_queue(
     conn: psycopg.Connection, *, user_id: str | None = None, limit: int = 50, offset: int = 0
 ) -> list[dict[str, Any]]:
-    """Flagged distillations, oldest first (the order a person works through them)."""
+    """Flagged distillations, oldest first (the order a person works through them), each with
+    whether it is a side of an open conflict and the live newer distillation that superseded it."""
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(
             f"""SELECT id, memory_id, user_id, content, confidence, tier, warmth, status, needs_review, created_at,
                        EXISTS (SELECT 1 FROM conflicts c WHERE c.status = 'open'
-                               AND (c.distillation_a = d.id OR c.distillation_b = d.id)) AS in_conflict
+                               AND (c.distillation_a = d.id OR c.distillation_b = d.id)) AS in_conflict,
+                       (SELECT s.id FROM distillations s WHERE s.id = d.superseded_by AND s.deleted_at IS NULL)
+                         AS superseded_by
                 FROM distillations d
                 WHERE {_FLAGGED} AND (%(user)s::text IS NULL OR user_id = %(user)s)
                 ORDER BY created_at, id LIMIT %(limit)s OFFSET %(offset)s""",  # noqa: S608 - constant filter

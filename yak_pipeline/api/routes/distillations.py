@@ -1,4 +1,5 @@
-"""``/api/distillations``: recall search, list, show with versions, manual version, merge, re-embed."""
+"""``/api/distillations``: recall search, list, show with versions, manual version, merge, re-embed,
+pin and tier."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from yak_pipeline.api.schemas import (
     MergeRequest,
     SearchHit,
     SearchRequest,
+    TierUpdate,
     UserId,
     VersionOut,
     WeightUpdate,
@@ -27,6 +29,7 @@ from yak_pipeline.services.curation import (
     list_distillations,
     merge_distillations,
     reembed_distillation,
+    set_tier as set_distillation_tier,
     set_weight as set_distillation_weight,
     write_manual_version,
 )
@@ -135,6 +138,18 @@ def set_weight(distillation_id: UUID, body: WeightUpdate, caller: Caller, servic
     (tier gravity × user_weight); 1 is neutral. Audited with the weight before and after."""
     before = set_distillation_weight(services.database, distillation_id, user_weight=body.user_weight,
                                      user_id=caller.scope, actor=caller.actor)
+    if before is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"distillation {distillation_id} not found")
+    return _detail(services.database, distillation_id, caller.scope)
+
+
+@router.post("/{distillation_id}/tier", response_model=DistillationDetail)
+def set_tier(distillation_id: UUID, body: TierUpdate, caller: Caller, services: Services) -> DistillationDetail:
+    """Set a distillation's tier (``core``, ``medium``, ``low``): how much it weighs in recall and
+    how close a query must come. Audited with the tier before and after (the web page's tier form
+    calls the same service)."""
+    before = set_distillation_tier(services.database, distillation_id, tier=body.tier, user_id=caller.scope,
+                                   actor=caller.actor)
     if before is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"distillation {distillation_id} not found")
     return _detail(services.database, distillation_id, caller.scope)

@@ -33,6 +33,7 @@ from yak_pipeline.api.dependencies import Services
 from yak_pipeline.api.errors import database_unavailable_response, one_line
 from yak_pipeline.api.ui.sessions import COOKIE_NAME, PageSession, SessionStore
 from yak_pipeline.core.types import USER_ID_PATTERN
+from yak_pipeline.core.wording import plural
 from yak_pipeline.recall_models import RelevanceModelMissing
 from yak_pipeline.store.errors import DatabaseUnavailable
 
@@ -137,7 +138,7 @@ def user_url(user_id: str, *parts: object) -> str:
 
 
 # What every template (and the macros, imported without context) may use.
-templates.env.globals.update(prefix=PREFIX, user_url=user_url)
+templates.env.globals.update(prefix=PREFIX, user_url=user_url, plural=plural)
 
 
 def redirect(url: str) -> RedirectResponse:

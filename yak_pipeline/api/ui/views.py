@@ -11,7 +11,9 @@ from uuid import UUID
 from fastapi import APIRouter, Query, Request, Response
 
 from yak_pipeline.api.dependencies import Services
-from yak_pipeline.api.ui.access import PREFIX, PageError, PageRoute, SignedIn, render, user_page
+from yak_pipeline.api.ui.access import PREFIX, PageError, PageRoute, SignedIn, Visitor, render, user_page
+from yak_pipeline.core.dedup import newer_side
+from yak_pipeline.core.types import TIERS
 from yak_pipeline.ingestion.drop_folder import failed_dir, list_quarantine
 from yak_pipeline.services.curation import MAX_USER_WEIGHT, list_conflicts, review_queue
 from yak_pipeline.services.memories import user_has_memories
@@ -26,18 +28,30 @@ PAGE_ROWS: Final = 50
 MAX_QUARANTINE_SHOWN: Final = 20
 
 
+# How the other side of a conflict compares with this memory, by when each was said.
+_OTHER_SIDE: Final = {"a": "newer", "b": "older", None: "said at the same moment"}
+
+
 def _dagster_links(services: Services) -> dict[str, str]:
     base = services.settings.dagster_ui_url.rstrip("/")
     return {"runs": f"{base}/runs", "assets": f"{base}/assets", "home": base}
 
 
-@router.get("")
-def overview(request: Request, user_id: str, visitor: SignedIn, services: Services) -> Response:
-    """A user's memory at a glance: counts, what waits for a person, and the pipeline's state."""
-    user_page(visitor, user_id)
+def render_overview(request: Request, visitor: Visitor, services: Services, user_id: str, *, draft: str = "",
+                    said_on: str = "", error: str | None = None, status_code: int = 200) -> Response:
+    """The overview page; after a refused "add a memory" form, with what was typed kept and the reason."""
     counts, queue = user_overview(services.database, services.alerter, user_id)
     return render(request, "overview.html", visitor=visitor, user_id=user_id, counts=counts, queue=queue,
-                  dagster=_dagster_links(services), section="overview")
+                  dagster=_dagster_links(services), draft=draft, said_on=said_on, error=error,
+                  status_code=status_code, section="overview")
+
+
+@router.get("")
+def overview(request: Request, user_id: str, visitor: SignedIn, services: Services) -> Response:
+    """A user's memory at a glance: counts, what waits for a person, the pipeline's state, and a
+    form to add a memory."""
+    user_page(visitor, user_id)
+    return render_overview(request, visitor, services, user_id)
 
 
 @router.get("/search")
@@ -73,13 +87,24 @@ def search(
 def distillation(request: Request, user_id: str, distillation_id: UUID, visitor: SignedIn,
                  services: Services) -> Response:
     """One memory: its text and every version (what changed, merged from where), its raw exchange,
-    warmth history and open conflicts, with pin, review and forget."""
+    warmth history, open conflicts and supersession, with edit, tier, pin, review and forget."""
     user_page(visitor, user_id)
+    return render_distillation(request, visitor, services, user_id, distillation_id)
+
+
+def render_distillation(request: Request, visitor: Visitor, services: Services, user_id: str,
+                        distillation_id: UUID, *, draft: str | None = None, error: str | None = None,
+                        status_code: int = 200) -> Response:
+    """One memory's page; after a refused edit, with the typed text kept in the editor and the reason."""
     page = distillation_page(services.database, distillation_id, user_id=user_id)
     if page is None:
         raise PageError(404, f"distillation {distillation_id} not found")
+    said = page["exchange"]["occurred_at"] if page["exchange"] else None
+    page["conflicts"] = [{**c, "other_is": _OTHER_SIDE[newer_side(c["other_said_at"], said) if said else None]}
+                         for c in page["conflicts"]]
     return render(request, "distillation.html", visitor=visitor, user_id=user_id, **page, max_weight=MAX_USER_WEIGHT,
-                  section="recent")
+                  tiers=TIERS, draft=page["d"]["content"] if draft is None else draft, error=error,
+                  status_code=status_code, section="recent")
 
 
 @router.get("/recent")
@@ -101,9 +126,11 @@ def review(request: Request, user_id: str, visitor: SignedIn, services: Services
 
 @router.get("/conflicts")
 def conflicts(request: Request, user_id: str, visitor: SignedIn, services: Services) -> Response:
-    """Open conflicts, each side's text: keep one, keep both, or dismiss."""
+    """Open conflicts, each side's text and when it was said, the newer side named: keep one,
+    keep both, or dismiss."""
     user_page(visitor, user_id)
-    items = list_conflicts(services.database, user_id=user_id, status="open", limit=PAGE_ROWS)
+    items = [{**c, "newer": newer_side(c["said_a"], c["said_b"])}
+             for c in list_conflicts(services.database, user_id=user_id, status="open", limit=PAGE_ROWS)]
     return render(request, "conflicts.html", visitor=visitor, user_id=user_id, items=items, section="conflicts")
 
 
