@@ -82,7 +82,7 @@ def pin_command(
 ) -> ApiCall:
     """Pin a distillation: give it a user_weight (default 2) so recall ranks it higher; --weight 1 unpins."""
     return ApiCall("POST", _path(distillation_id, "/weight"),
-                   lambda d: console.print(f"{d['id']} {weight_note(None, d['user_weight'])}"),
+                   lambda d: console.print(f"{d['id']} {weight_note(None, d['user_weight'])}", soft_wrap=True),
                    json_body={"user_weight": weight})
 
 
