@@ -154,6 +154,11 @@ def test_every_seeded_secret_is_replaced_by_its_typed_placeholder() -> None:
     "My SSN-like code 123-45-6789 and zip 94103; 4111 apples, version 1.2.3.4.",
     "Love you, xoxo-hugs-and-kisses! The passcode: see email.",
     "UUID 123e4567-e89b-12d3-a456-426614174000 and sha256 e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855",
+    # Code talk (BEAM's coding chats): expressions, markup and variable names after "password".
+    "    password = data.get('password')\n    password = request.form[\"password\"]\n",
+    "    password = db.Column(db.String(120), nullable=False)\n    password = PasswordField('Password')",
+    "<label for=\"password\">Password:</label>\n<input type=\"password\"> password: {{ form.password }}",
+    "new_user = User(username=username, password=hashed_password)\npassword: config.DB_PASSWORD",
 ])
 def test_ordinary_look_alikes_are_left_alone(text: str) -> None:
     assert find_secrets(text) == []
