@@ -660,7 +660,8 @@ class BlockSpec:
 def _block(asked: _Asked, ranked: Sequence[RankedMemory], items: Sequence[frozenset[str]], texts: Sequence[str],
            spec: BlockSpec, *, cut: bool) -> tuple[list[frozenset[str]], int]:
     """The block's memories (each the turns it holds) and its estimated tokens; with ``cut`` False,
-    the first memories as they come (the block before the odds gap and the budget)."""
+    the first memories as they come (the block before the odds gap and the budget). The tokens are
+    each kept memory's whole line: a bound, since the block cuts a first line longer than the budget."""
     top = list(range(min(spec.limit, len(ranked))))
     tokens = [line_tokens(texts[i]) for i in top]
     if cut:
