@@ -572,9 +572,8 @@ class MemoryProxy:
         forwarded = {**chat.body, "messages": insert_memory_block(chat.body["messages"], block)}
         request = self.http().build_request("POST", f"{base_url}/chat/completions", headers=headers,
                                             content=json.dumps(forwarded).encode("utf-8"))
-        # A read-only key is answered, but its turn is not stored (issue 35).
-        store = None if read_only else self.turn_storer(chat.user_text if chat.storable else None, user_id=user_id,
-                                                        recalled_ids=recalled_ids, actor=actor)
+        store = self.turn_storer(chat.user_text if chat.storable else None, user_id=user_id,
+                                 recalled_ids=recalled_ids, actor=actor, read_only=read_only)
         # Which memories went into the prompt, for the client to show or log (the ids only, never text).
         shown = {RECALLED_IDS_HEADER: ",".join(recalled_ids)}
         if chat.stream:
@@ -582,10 +581,11 @@ class MemoryProxy:
         return replace(await self._complete(request, store), headers=shown)
 
     def turn_storer(self, user_text: str | None, *, user_id: str, recalled_ids: list[str],
-                    actor: str) -> Callable[[str | None], Any] | None:
-        """What stores the turn once its answer is known (None when ``user_text`` is None: nothing to store);
-        the store itself runs on the turn writer, after the response."""
-        if user_text is None:
+                    actor: str, read_only: bool = False) -> Callable[[str | None], Any] | None:
+        """What stores the turn once its answer is known (None when ``user_text`` is None: nothing to store,
+        or the key is ``read_only``: it is answered, never stored); the store itself runs on the turn
+        writer, after the response."""
+        if user_text is None or read_only:
             return None
 
         async def store(answer: str | None) -> None:

@@ -360,8 +360,8 @@ class AnthropicMessages:
             {**request.body, "system": with_memory_block(request.body.get("system"), block)}).encode("utf-8")
         upstream = self.proxy.http().build_request("POST", self._url(_MESSAGES_PATH, query), content=content,
                                                    headers=forwarded_headers(client_headers, credentials))
-        store = None if read_only else self.proxy.turn_storer(request.prompt_text if request.storable else None,
-                                                              user_id=user_id, recalled_ids=recalled_ids, actor=actor)
+        store = self.proxy.turn_storer(request.prompt_text if request.storable else None, user_id=user_id,
+                                       recalled_ids=recalled_ids, actor=actor, read_only=read_only)
         shown = {RECALLED_IDS_HEADER: ",".join(recalled_ids)}
         if request.stream:
             return await self._stream(upstream, store, shown)
