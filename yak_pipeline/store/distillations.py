@@ -10,6 +10,7 @@ from uuid import UUID
 
 import numpy as np
 import psycopg
+from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
@@ -190,19 +191,25 @@ def set_user_weight(conn: psycopg.Connection, distillation_id: UUID | str, *, us
     """
     if not 0.0 < user_weight <= MAX_USER_WEIGHT:
         raise ValueError(f"user_weight must be above 0 and at most {MAX_USER_WEIGHT:g}, got {user_weight!r}")
-    row = conn.execute(
-        """UPDATE distillations d SET user_weight = %(weight)s, updated_at = now()
-           FROM (SELECT id, user_weight FROM distillations
-                 WHERE id = %(id)s AND deleted_at IS NULL AND (%(user)s::text IS NULL OR user_id = %(user)s)
-                 FOR UPDATE) before
-           WHERE d.id = before.id RETURNING d.user_id, before.user_weight""",
-        {"weight": user_weight, "id": str(distillation_id), "user": user_id},
-    ).fetchone()
+    row = _set_live_column(conn, distillation_id, "user_weight", user_weight, user_id=user_id)
     if row is None:
         return None
     write_audit(conn, actor=actor, action="weight", target_type="distillation", target_id=distillation_id,
                 user_id=row[0], detail={"before": row[1], "after": user_weight})
     return float(row[1])
+
+
+def _set_live_column(conn: psycopg.Connection, distillation_id: UUID | str, column: str, value: object, *,
+                     user_id: str | None) -> tuple[str, Any] | None:
+    """Set one column of a live distillation (of ``user_id``, when given) under a row lock; its user and
+    the column's previous value, or None when there is no such distillation."""
+    query = sql.SQL(
+        """UPDATE distillations d SET {column} = %(value)s, updated_at = now()
+           FROM (SELECT id, {column} FROM distillations
+                 WHERE id = %(id)s AND deleted_at IS NULL AND (%(user)s::text IS NULL OR user_id = %(user)s)
+                 FOR UPDATE) before
+           WHERE d.id = before.id RETURNING d.user_id, before.{column}""").format(column=sql.Identifier(column))
+    return conn.execute(query, {"value": value, "id": str(distillation_id), "user": user_id}).fetchone()
 
 
 def set_tier(conn: psycopg.Connection, distillation_id: UUID | str, *, tier: str, user_id: str | None = None,
@@ -214,14 +221,7 @@ def set_tier(conn: psycopg.Connection, distillation_id: UUID | str, *, tier: str
     """
     if tier not in TIERS:
         raise ValueError(f"tier must be one of {', '.join(TIERS)}, got {tier!r}")
-    row = conn.execute(
-        """UPDATE distillations d SET tier = %(tier)s, updated_at = now()
-           FROM (SELECT id, tier FROM distillations
-                 WHERE id = %(id)s AND deleted_at IS NULL AND (%(user)s::text IS NULL OR user_id = %(user)s)
-                 FOR UPDATE) before
-           WHERE d.id = before.id RETURNING d.user_id, before.tier""",
-        {"tier": tier, "id": str(distillation_id), "user": user_id},
-    ).fetchone()
+    row = _set_live_column(conn, distillation_id, "tier", tier, user_id=user_id)
     if row is None:
         return None
     # Setting the tier it already has changes nothing and is not worth an audit row.
