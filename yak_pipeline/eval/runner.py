@@ -72,7 +72,7 @@ import psycopg
 from yak_pipeline.alerts import NULL_ALERTER
 from yak_pipeline.core.exchange_files import ExchangeRecord
 from yak_pipeline.core.block_choice import BlockChoice, choose_block, line_tokens
-from yak_pipeline.core.exchanges import content_sha256, users_words
+from yak_pipeline.core.exchanges import content_sha256
 from yak_pipeline.core.query_intent import asks_about_past, asks_about_present
 from yak_pipeline.core.recall import Candidate, RankedMemory, RecallParams, rank_memories
 from yak_pipeline.core.relevance import ANSWERABLE_FEATURES, FEATURES, RelevanceModel, answerable_features, relevance_features
@@ -89,15 +89,16 @@ from yak_pipeline.services.recall import (
     LLMRecallJudge,
     block_choice,
     embed_pending_exchanges,
+    recall_hits,
     recall_params,
     relevance_model,
 )
 from yak_pipeline.services.reports import StageReport
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database, create_database, drop_database, resolve_database_url, with_database
-from yak_pipeline.store.distillations import recall_hit_rows, status_counts
+from yak_pipeline.store.distillations import status_counts
 from yak_pipeline.store.errors import StoreError
-from yak_pipeline.store.memories import list_memories, raw_hit_rows
+from yak_pipeline.store.memories import list_memories
 from yak_pipeline.store.recall import active_distillation_ids, bm25_search, recall, recall_candidates, source_memories, vector_search
 
 Progress = Callable[[str], None]
@@ -640,12 +641,10 @@ def _rank(asked: _Asked, model: RelevanceModel, params: RecallParams) -> list[Ra
 
 
 def _hit_texts(conn: Any, ranked: Sequence[RankedMemory]) -> list[str]:
-    """What each ranked memory says, as the block shows it: a distillation's text, a raw
-    exchange's user side (``services.recall``'s hits)."""
-    distilled = recall_hit_rows(conn, [r.id for r in ranked if r.kind != "raw"])
-    raw = raw_hit_rows(conn, [r.id for r in ranked if r.kind == "raw"])
-    return [users_words(raw[r.id][1])[0] if r.kind == "raw" and r.id in raw
-            else distilled[r.id][2] if r.kind != "raw" and r.id in distilled else "" for r in ranked]
+    """What each ranked memory says, as the block shows it (``services.recall.recall_hits``: a
+    distillation's text, a raw exchange's user side); "" for one that is gone."""
+    shown = {(h.ranked.kind, h.ranked.id): h.content for h in recall_hits(conn, ranked)}
+    return [shown.get((r.kind, r.id), "") for r in ranked]
 
 
 @dataclass(frozen=True)
