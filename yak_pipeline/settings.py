@@ -123,6 +123,10 @@ class Settings(BaseSettings):
         default=600, ge=0, le=100_000,
         description="Token budget of the memory block's lines (estimated at 4 characters a token; the first memory always goes in, cut to fit; 0: no budget).",
     )
+    profile_tokens: int = Field(
+        default=300, ge=0, le=100_000,
+        description="Token budget of the profile part of the memory block: the user's standing instructions and preferences, sent with every prompt (instructions first, newest first; 0: no profile).",
+    )
     recall_present_newest_first: bool = Field(
         default=True,
         description="A question about the present (\"where do I live now?\") gets its first five recalled memories newest first, so the current value leads the block (true/false).",

@@ -32,6 +32,8 @@ from yak_pipeline.cli import history  # noqa: E402
 history.register(app)
 from yak_pipeline.cli import context as context_cli  # noqa: E402
 context_cli.register(app)
+from yak_pipeline.cli import profile as profile_cli  # noqa: E402
+app.add_typer(profile_cli.app, name="profile")
 
 
 @app.callback()

@@ -40,16 +40,20 @@ LABEL_TOKENS: Final[int] = 12
 @dataclass(frozen=True)
 class BlockChoice:
     """How the block is chosen from the ranked memories: the odds gap to the best (None: every
-    memory recall returned), and the token budget of the memory lines (0: no budget)."""
+    memory recall returned), and the token budget of the memory lines (0: no budget); and the
+    token budget of the profile part (``core.profile.choose_profile``; 0: no profile)."""
 
     odds_gap: float | None = 2.0
     token_budget: int = 600
+    profile_tokens: int = 300
 
     def __post_init__(self) -> None:
         if self.odds_gap is not None and not (self.odds_gap >= 0 and math.isfinite(self.odds_gap)):
             raise ValueError(f"odds_gap must be a finite number >= 0 or None, got {self.odds_gap!r}")
         if self.token_budget < 0:
             raise ValueError(f"token_budget must be >= 0, got {self.token_budget}")
+        if self.profile_tokens < 0:
+            raise ValueError(f"profile_tokens must be >= 0, got {self.profile_tokens}")
 
 
 def estimated_tokens(text: str) -> int:

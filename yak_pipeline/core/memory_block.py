@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
+from yak_pipeline.core.profile import PROFILE_KINDS
 from yak_pipeline.core.types import TIERS, Tier
 
 BLOCK_OPEN: Final[str] = "<memories>"
@@ -36,8 +37,14 @@ class BlockMemory:
     superseded: bool = False
     # It contradicts another memory and nobody has resolved which is right yet.
     in_conflict: bool = False
-    # "distilled" (a distillation) or "raw" (what the user said, no distillation stands for it yet).
+    # "distilled" (a distillation) or "raw" (what the user said, no distillation stands for it yet);
+    # "instruction" or "preference": a line of the user's profile (``core.profile``), sent every turn.
     kind: str = "distilled"
+
+    @property
+    def in_profile(self) -> bool:
+        """A profile line, not a memory recalled for the message."""
+        return self.kind in PROFILE_KINDS
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,8 @@ class PromptBuild:
 
     messages: list[dict[str, str]] = field(default_factory=list)
     recalled_ids: list[str] = field(default_factory=list)
+    # The profile lines the block carries (``store.profile`` ids), apart from the recalled memories.
+    profile_ids: list[str] = field(default_factory=list)
     recall_error: str | None = None
     # The memory block itself ("" when nothing was recalled), so no caller has to find it by position.
     block: str = ""
@@ -65,6 +74,11 @@ BLOCK_PREAMBLE: Final[str] = ("Background about the user from earlier conversati
                               "replaces an earlier one.")
 
 
+# The profile part's first line: these lines are the user's own standing requests, to be followed.
+PROFILE_PREAMBLE: Final[str] = ("The user's standing instructions and preferences, in their own words: follow them "
+                                "where they apply.")
+
+
 def said_on(when: datetime) -> str:
     """``27 Nov 2026``: a date no reader takes for something else (an ISO date in brackets in front
     of "my daughter is called Mia" was read as her birthday)."""
@@ -72,7 +86,10 @@ def said_on(when: datetime) -> str:
 
 
 def _label(memory: BlockMemory) -> str:
-    parts = ["the user's own words" if memory.kind == "raw" else "distilled memory"]
+    if memory.in_profile:
+        parts = [memory.kind]
+    else:
+        parts = ["the user's own words" if memory.kind == "raw" else "distilled memory"]
     if memory.occurred_at is not None:
         parts[0] += f", said on {said_on(memory.occurred_at)}"
     if memory.superseded:
@@ -82,24 +99,36 @@ def _label(memory: BlockMemory) -> str:
     return "; ".join(parts)
 
 
-def render_memory_block(memories: Sequence[BlockMemory]) -> str:
-    """``<memories>``, the preamble, then one ``- (what it is, said on <date>; marks) text`` line per
-    memory, or "" when there are none.
+def _line(memory: BlockMemory) -> str:
+    if memory.tier not in TIERS:
+        raise ValueError(f"memory {memory.id} has unknown tier {memory.tier!r}")
+    text = neutralise_memory_text(memory.content)
+    # The user's words are quoted; a quote mark in them is escaped so they cannot end the
+    # quotation early and go on as if the block itself said the rest.
+    quoted = memory.kind == "raw" or memory.in_profile
+    return f"- ({_label(memory)}) " + (f'"{text.replace(chr(34), "&quot;")}"' if quoted else text)
 
-    Each line says in words what it is — a distilled memory, or the user's own words (quoted) that
-    no distillation stands for yet — when it was said, and whether a newer memory replaced it or
-    it conflicts with another, so a model (and a person) reads it right.
+
+def render_memory_block(memories: Sequence[BlockMemory]) -> str:
+    """``<memories>``, then the profile part and the recalled part, each a preamble and one
+    ``- (what it is, said on <date>; marks) text`` line per memory; "" when there are none.
+
+    The profile part (lines whose kind is a profile kind, ``core.profile``) holds the user's
+    standing instructions and preferences, quoted, to be followed where they apply; the recalled
+    part is background, not instructions. Each recalled line says in words what it is — a
+    distilled memory, or the user's own words (quoted) that no distillation stands for yet — when
+    it was said, and whether a newer memory replaced it or it conflicts with another, so a model
+    (and a person) reads it right.
     """
     if not memories:
         return ""
-    lines = [BLOCK_OPEN, BLOCK_PREAMBLE]
-    for memory in memories:
-        if memory.tier not in TIERS:
-            raise ValueError(f"memory {memory.id} has unknown tier {memory.tier!r}")
-        text = neutralise_memory_text(memory.content)
-        # The user's words are quoted; a quote mark in them is escaped so they cannot end the
-        # quotation early and go on as if the block itself said the rest.
-        lines.append(f"- ({_label(memory)}) " + (f'"{text.replace(chr(34), "&quot;")}"' if memory.kind == "raw" else text))
+    profile = [m for m in memories if m.in_profile]
+    recalled = [m for m in memories if not m.in_profile]
+    lines = [BLOCK_OPEN]
+    if profile:
+        lines += [PROFILE_PREAMBLE, *map(_line, profile)]
+    if recalled:
+        lines += [BLOCK_PREAMBLE, *map(_line, recalled)]
     lines.append(BLOCK_CLOSE)
     return "\n".join(lines)
 
@@ -119,18 +148,21 @@ def build_prompt_messages(
     """
     block = ""
     recalled_ids: list[str] = []
+    profile_ids: list[str] = []
     recall_error: str | None = None
     try:
         memories = list(recall())
         block = render_memory_block(memories)
-        recalled_ids = [m.id for m in memories]
+        recalled_ids = [m.id for m in memories if not m.in_profile]
+        profile_ids = [m.id for m in memories if m.in_profile]
     except Exception as error:  # noqa: BLE001 - any recall failure degrades to "no memories"
         recall_error = _one_line(error)
     messages = [{"role": "system", "content": system_prompt}] if system_prompt.strip() else []
     if block:
         messages.append({"role": "system", "content": block})
     messages.append({"role": "user", "content": user_query})
-    return PromptBuild(messages=messages, recalled_ids=recalled_ids, recall_error=recall_error, block=block)
+    return PromptBuild(messages=messages, recalled_ids=recalled_ids, profile_ids=profile_ids,
+                       recall_error=recall_error, block=block)
 
 
 def insert_memory_block(messages: Sequence[Mapping[str, Any]], block: str) -> list[Mapping[str, Any]]:

@@ -23,6 +23,8 @@ And the measures of the *block*, the memories actually injected (:func:`block_sc
 precision (share of its memories that hold an evidence turn; none for an empty block), recall
 (share of evidence turns it holds), size, and for a knowledge update whether a memory holding
 only the superseded statement comes before every memory holding the current one (stale lead).
+For a question that tests a standing instruction or preference, :func:`profile_hit`: whether the
+block — its profile part or its recalled part — holds an evidence turn.
 """
 
 from __future__ import annotations
@@ -104,6 +106,17 @@ def abstained(items: Iterable[object]) -> float:
     holding no turns is still something returned.
     """
     return 0.0 if any(True for _ in items) else 1.0
+
+
+# BEAM's abilities whose questions never mention what they test: the profile's (issue 39).
+PROFILE_ABILITIES = frozenset({"instruction_following", "preference_following"})
+
+
+def profile_hit(block: Sequence[Iterable[str]], profile: Sequence[Iterable[str]], evidence: Iterable[str]) -> float:
+    """1.0 when the block's recalled memories or its profile lines (each the turn ids it holds)
+    hold an evidence turn, else 0.0."""
+    wanted = frozenset(evidence)
+    return float(any(wanted & frozenset(item) for item in [*block, *profile]))
 
 
 def block_scores(block: Sequence[Iterable[str]], evidence: Iterable[str],

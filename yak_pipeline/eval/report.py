@@ -78,7 +78,9 @@ def _measures_table(report: dict[str, Any], title: str = "Knowledge updates and 
 
 
 _BLOCK_COLUMNS = (("block_precision", "precision"), ("block_recall", "recall"), ("block_size", "size"),
-                  ("tokens", "tokens"), ("stale_lead", "stale lead"), ("empty", "empty"))
+                  ("tokens", "tokens"), ("tokens_with_profile", "+profile"), ("stale_lead", "stale lead"),
+                  ("empty", "empty"))
+_TOKEN_COLUMNS = frozenset({"tokens", "tokens_with_profile"})
 
 
 def _block_table(report: dict[str, Any], title: str) -> Table:
@@ -89,7 +91,7 @@ def _block_table(report: dict[str, Any], title: str) -> Table:
         table.add_column(column, justify="left" if column in ("method", "block", "category") else "right")
 
     def row(name: str, which: str, category: str, data: dict[str, Any]) -> None:
-        cells = ["—" if data.get(key) is None else f"{data[key]:.3f}" if key != "tokens" else f"{data[key]:.0f}"
+        cells = ["—" if data.get(key) is None else f"{data[key]:.0f}" if key in _TOKEN_COLUMNS else f"{data[key]:.3f}"
                  for key, _ in _BLOCK_COLUMNS]
         table.add_row(name, which, category, str(data["n"]), *cells, str(data["stale_lead_n"]))
 
@@ -108,7 +110,8 @@ def _block_table(report: dict[str, Any], title: str) -> Table:
 
 def _ability_table(report: dict[str, Any], title: str) -> Table | None:
     """Per ability (where the file names them, as BEAM does): each method's Recall@k at the largest
-    k, and the cross-validated Yak's block recall and precision; None when the file names none."""
+    k, and the cross-validated Yak's block recall and precision, and (instruction and preference
+    questions) its profile hit; None when the file names none."""
     methods = report["methods"]
     abilities = sorted({a for data in methods.values() for a in data.get("by_ability", {})})
     if not abilities:
@@ -122,12 +125,14 @@ def _ability_table(report: dict[str, Any], title: str) -> Table | None:
     default = methods.get(report.get("default_method", ""), {}).get("block", {}).get("by_ability", {})
     table.add_column("block recall", justify="right")
     table.add_column("block precision", justify="right")
+    table.add_column("profile hit", justify="right")
     for ability in abilities:
         cells = [data.get("by_ability", {}).get(ability) for data in methods.values()]
         n = next((int(c["n"]) for c in cells if c), 0)
         block = default.get(ability, {})
         table.add_row(ability, str(n), *("—" if c is None else f"{c[key]:.3f}" for c in cells),
-                      *("—" if block.get(m) is None else f"{block[m]:.3f}" for m in ("block_recall", "block_precision")))
+                      *("—" if block.get(m) is None else f"{block[m]:.3f}"
+                        for m in ("block_recall", "block_precision", "profile_hit")))
     return table
 
 
@@ -174,7 +179,8 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
         if block:
             console.print(_block_table({**section, "default_method": report["default_method"]},
                                        f"{name}: the injected block (first {block['limit']} recalled, odds gap "
-                                       f"{block['odds_gap']}, {block['token_budget']} tokens; superseded left out)"))
+                                       f"{block['odds_gap']}, {block['token_budget']} tokens; superseded left out; "
+                                       f"+profile: with the profile part, {block.get('profile_tokens', 0)} tokens at most)"))
         console.print(_target_line(section["target"], name))
     verdict = "met" if report["target"]["met"] else "NOT met"
     console.print(f"Target {verdict} on {'every file' if report['target']['met'] else 'not every file'} "

@@ -79,10 +79,20 @@ from yak_pipeline.core.relevance import ANSWERABLE_FEATURES, FEATURES, Relevance
 from yak_pipeline.embeddings import Embedder, get_embedder
 from yak_pipeline.eval.calibrate import Examples, fit_model
 from yak_pipeline.eval.locomo import CATEGORY_NAMES, KNOWLEDGE_UPDATE_CATEGORY, Conversation, Question
-from yak_pipeline.eval.metrics import ScoredQuestion, abstained, aggregate, block_scores, current_first, score_ranking
+from yak_pipeline.eval.metrics import (
+    PROFILE_ABILITIES,
+    ScoredQuestion,
+    abstained,
+    aggregate,
+    block_scores,
+    current_first,
+    profile_hit,
+    score_ranking,
+)
 from yak_pipeline.ingestion.records import ingest_records
 from yak_pipeline.llm import RulesProvider, get_llm_provider
 from yak_pipeline.llm.provider import LLMProvider
+from yak_pipeline.services.profile import block_profile
 from yak_pipeline.services.consolidate import ConsolidateJob, merge_near_duplicates, score_conflicts
 from yak_pipeline.services.distill import DistillJob, distill_memories, partition_memory_ids
 from yak_pipeline.services.recall import (
@@ -174,6 +184,10 @@ class _Conversation:
     distillation_turns: dict[str, frozenset[str]] = field(default_factory=dict)
     # Turns some active distillation holds (the ceiling of a recall of distillations alone).
     distilled_turns: frozenset[str] = frozenset()
+    # The profile every block of this user carries (``services.profile``): each line's turns, and
+    # the lines' tokens as the block shows them.
+    profile_turns: list[frozenset[str]] = field(default_factory=list)
+    profile_tokens: int = 0
 
 
 @dataclass
@@ -498,6 +512,9 @@ def collect(settings: Settings, datasets: Sequence[Dataset], options: EvalOption
             # question is a never-said one (for the answerability factor only).
             stranger = ingested[(index + 1) % len(ingested)] if len(ingested) > 1 else None
             questions = list(conversation.source.questions) + list(conversation.source.never_said)
+            profile = block_profile(db, conversation.user_id, token_budget=settings.profile_tokens)
+            conversation.profile_turns = [conversation.memory_turns.get(line.memory_id, frozenset()) for line in profile]
+            conversation.profile_tokens = sum(line_tokens(line.text) for line in profile)
             with db.connection() as conn:
                 ids = active_distillation_ids(conn, user_id=conversation.user_id, embedding_model=embedder.model_name)
                 held = _distillation_turns(conn, conversation, ids)
@@ -742,7 +759,12 @@ def _block_report(rows: Sequence[_BlockRow]) -> dict[str, Any]:
                 "block_size": mean("size"), "stale_lead": mean("stale_lead"),
                 "stale_lead_n": sum(1 for s, _ in rows if s["stale_lead"] is not None),
                 "empty": _mean_or_none([float(s["size"] == 0) for s, _ in rows]),
-                "tokens": _mean_or_none([float(t) for _, t in rows])}
+                "tokens": _mean_or_none([float(t) for _, t in rows]),
+                # The profile part (issue 39): sent with every block, apart from the recalled memories.
+                "profile_hit": mean("profile_hit"),
+                "profile_hit_n": sum(1 for s, _ in rows if s["profile_hit"] is not None),
+                "profile_tokens": mean("profile_tokens"),
+                "tokens_with_profile": _mean_or_none([float(t) + (s["profile_tokens"] or 0.0) for s, t in rows])}
 
     overall = summary([(score, tokens) for _, _, score, tokens in rows])
     return {**overall, "by_category": {key: summary(groups[key]) for key in sorted(groups, key=int)},
@@ -774,11 +796,14 @@ def _file_report(collected: CollectedFile, methods: Sequence[Method], models: _M
             if ranked is not None and not method.live and question.evidence:
                 with collected.db.connection() as conn:
                     texts = _hit_texts(conn, ranked[:block.limit])
+                profile = asked.conversation.profile_turns
                 for name, cut in (("block", True), ("fixed_block", False)):
                     chosen, tokens = _block(asked, ranked, items, texts, block, cut=cut)
-                    blocks[method.name][name].append((question.category, question.ability,
-                                                      block_scores(chosen, question.evidence, question.superseded),
-                                                      tokens))
+                    scores = block_scores(chosen, question.evidence, question.superseded)
+                    scores["profile_hit"] = (profile_hit(chosen, profile, question.evidence)
+                                             if question.ability in PROFILE_ABILITIES else None)
+                    scores["profile_tokens"] = float(asked.conversation.profile_tokens)
+                    blocks[method.name][name].append((question.category, question.ability, scores, tokens))
             if not question.evidence:
                 abstained_scores[method.name].append(abstained(items))
                 continue
@@ -947,7 +972,7 @@ def run_evaluation(settings: Settings, datasets: Sequence[Dataset], options: Eva
             "superseded_factor": settings.recall_superseded_factor, "leg_size": settings.recall_leg_size,
             "exchange_context": settings.recall_exchange_context,
             "block": {"limit": block.limit, "odds_gap": block.choice.odds_gap,
-                      "token_budget": block.choice.token_budget},
+                      "token_budget": block.choice.token_budget, "profile_tokens": block.choice.profile_tokens},
         },
         "notes": [n for n in (in_sample_note,) if n],
         # The model fitted on everything (what `yak eval calibrate` writes), to inspect or ship.

@@ -43,6 +43,7 @@ from yak_pipeline.store.backup import (
 )
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.migrations import migration_states, read_meta
+from yak_pipeline.store.profile import rebuild_profile_lines
 
 BACKUP_VERSION: Final = 1
 _BATCH: Final = 500
@@ -145,6 +146,9 @@ def restore_backup(db: Database, lines: Callable[[], Iterable[str]], *, name: st
                 if on_progress is not None:
                     on_progress(done, total)
             finish_restore(conn)
+            # The profile is read from the exchanges again (a line dropped before the backup is back).
+            for user in sorted(checked.users):
+                rebuild_profile_lines(conn, user_id=user)
             write_audit(conn, actor=actor, action="restore", target_type="backup", target_id=None,
                         user_id=header.get("user_id"), detail={"file": name, "counts": summary.counts})
     except psycopg.errors.UniqueViolation as exc:

@@ -40,6 +40,7 @@ from yak_pipeline.llm.errors import LLMError, reason_for_log
 from yak_pipeline.llm.rules.words import STOP_WORDS, words_of
 from yak_pipeline.llm.provider import LLMProvider
 from yak_pipeline.recall_models import load_relevance_model
+from yak_pipeline.services.profile import block_profile
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database, connect
 from yak_pipeline.store.distillations import recall_hit_rows
@@ -188,7 +189,8 @@ def recall_params(settings: Settings, *, threshold: float = 0.7, limit: int = 5)
 
 def block_choice(settings: Settings) -> BlockChoice:
     """How the memory block is chosen from what recall ranks: the configured odds gap and token budget."""
-    return BlockChoice(odds_gap=settings.recall_block_odds_gap, token_budget=settings.recall_block_tokens)
+    return BlockChoice(odds_gap=settings.recall_block_odds_gap, token_budget=settings.recall_block_tokens,
+                       profile_tokens=settings.profile_tokens)
 
 
 @lru_cache(maxsize=16)
@@ -305,7 +307,9 @@ def build_context(
     """The memory block for ``query`` and the prompt messages around it; recall failures degrade.
 
     The block holds only what answers (``core.block_choice``, ``choice``): the memories within the
-    odds gap of the best, within the token budget.
+    odds gap of the best, within the token budget. Ahead of them, apart, it carries the user's
+    profile (``services.profile``: their standing instructions and preferences) within
+    ``choice.profile_tokens``, whatever the message.
 
     A superseded memory (a newer one replaced it) is left out unless the query asks about the past
     (``core.query_intent.asks_about_past``) or recall is ``as_of`` a past moment.
@@ -343,10 +347,15 @@ def build_context(
             hits = [h for h in hits if h.superseded_by is None]
         # Then the token budget, over the lines as the block shows them (the first always, cut to fit).
         kept = within_token_budget([line_tokens(h.content) for h in hits], choice.token_budget)
-        return [BlockMemory(id=h.id, content=fit_text(h.content, choice.token_budget), tier=h.tier,
-                            occurred_at=h.occurred_at, superseded=h.superseded_by is not None,
-                            in_conflict=h.in_conflict, kind=h.kind)
-                for h in (hits[i] for i in kept)]
+        # The user's standing instructions and preferences go first, whatever the message
+        # (services.profile), within their own budget.
+        profile = [BlockMemory(id=line.id, content=line.text, tier="core", occurred_at=line.said_at, kind=line.kind)
+                   for line in block_profile(db, ask["user_id"], token_budget=choice.profile_tokens,
+                                             as_of=ask.get("as_of"))]
+        return profile + [BlockMemory(id=h.id, content=fit_text(h.content, choice.token_budget), tier=h.tier,
+                                      occurred_at=h.occurred_at, superseded=h.superseded_by is not None,
+                                      in_conflict=h.in_conflict, kind=h.kind)
+                          for h in (hits[i] for i in kept)]
 
     built = build_prompt_messages(system_prompt, ask["query"], _recall)
     return built.block, built

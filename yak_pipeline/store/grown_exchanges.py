@@ -19,6 +19,7 @@ import psycopg
 from yak_pipeline.core.exchanges import content_sha256, normalise_exchange_text
 from yak_pipeline.core.secrets import SecretsPolicy, screen_secrets
 from yak_pipeline.store.audit import write_audit
+from yak_pipeline.store.profile import write_profile_lines
 from yak_pipeline.store.secret_redactions import record_redaction
 
 
@@ -71,4 +72,5 @@ def grow_exchange(conn: psycopg.Connection, memory_id: UUID, *, user_id: str, co
                 detail={"previous_content": before[0], "previous_sha256": content_sha256(before[0])})
     record_redaction(conn, kinds=screened.kinds, actor=actor, user_id=user_id, target_type="memory",
                      target_id=memory_id)
+    write_profile_lines(conn, memory_id=memory_id, user_id=user_id, content=text)
     return True

@@ -15,6 +15,7 @@ from yak_pipeline.core.exchanges import content_sha256, normalise_exchange_text
 from yak_pipeline.core.secrets import SecretsPolicy, screen_secrets
 from yak_pipeline.core.types import MEMORY_SOURCES, validate_user_id
 from yak_pipeline.store.audit import write_audit
+from yak_pipeline.store.profile import write_profile_lines
 from yak_pipeline.store.rows import claim_pending_rows, list_live_rows, live_row
 from yak_pipeline.store.secret_redactions import record_redaction
 
@@ -52,7 +53,8 @@ def insert_memory(
     Returns the existing row (``created=False``) when the user already has this content. Every
     exchange that enters Yak passes here: a secret in its text is replaced by a placeholder (or,
     with ``secrets="refuse"``, the write raises ``SecretRefused``) before it is stored, hashed,
-    embedded or distilled; the audit log and ``yak_secrets_redacted_total`` count it.
+    embedded or distilled; the audit log and ``yak_secrets_redacted_total`` count it. The
+    instructions and preferences the user states in it join their profile (``store.profile``).
     """
     validate_user_id(user_id)
     if source not in MEMORY_SOURCES:
@@ -77,6 +79,8 @@ def insert_memory(
                     detail={"source": source})
         record_redaction(conn, kinds=screened.kinds, actor=actor, user_id=user_id, target_type="memory",
                          target_id=row[0])
+        # The user's standing instructions and preferences, in the profile at once (store.profile).
+        write_profile_lines(conn, memory_id=row[0], user_id=user_id, content=text, fresh=True)
         return StoredMemory(row[0], user_id, True, row[1], row[2], row[3])
     existing = conn.execute(
         "SELECT id, created_at, occurred_at, status FROM memories WHERE user_id = %s AND content_sha256 = %s",

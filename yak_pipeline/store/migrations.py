@@ -11,6 +11,7 @@ embedder of another size fail with a one-line error instead of storing garbage s
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from importlib.resources import files
@@ -20,11 +21,15 @@ import psycopg
 
 from yak_pipeline.store.database import connect
 from yak_pipeline.store.errors import PgvectorMissing, SchemaMismatch
+from yak_pipeline.store.profile import rebuild_profile_lines
 
 SQL_DIR: Traversable = files("yak_pipeline") / "sql"
 _MIGRATION_NAME = re.compile(r"^(\d{3})_[a-z0-9_]+\.sql$")
 # Serialises concurrent `yak db migrate` runs against one database.
 _MIGRATION_LOCK_KEY = 0x59414B  # "YAK"
+
+# Migrations whose new table is filled from the existing rows by the code that keeps it afterwards.
+_FILLED_AFTER: dict[int, Callable[[psycopg.Connection], object]] = {16: rebuild_profile_lines}
 
 # The tables of DESIGN §3, which `yak db status` counts.
 DATA_TABLES = (
@@ -159,6 +164,9 @@ def migrate(url: str, *, dimensions: int, model_name: str, sql_dir: Traversable 
                         "INSERT INTO schema_migrations (version, name) VALUES (%s, %s)",
                         (migration.version, migration.name),
                     )
+                    # A migration whose rows are read from the data by Python code, not SQL.
+                    if migration.version in _FILLED_AFTER:
+                        _FILLED_AFTER[migration.version](conn)
                     if migration.version == 1:
                         conn.execute(
                             "INSERT INTO yak_meta (key, value) VALUES ('embedding_dim', %s), ('embedding_model', %s)",

@@ -29,12 +29,12 @@ def context(body: ContextRequest, caller: Caller, services: Services) -> Context
                                  choice=block_choice(services.settings))
     services.metrics.observe_recall((time.perf_counter() - started) * 1000)
     note = None
-    if not built.recalled_ids and built.recall_error is None:
+    if not built.recalled_ids and not built.profile_ids and built.recall_error is None:
         # Still 200 with a prompt (an assistant's first turn with a new user must work), but a
         # mistyped user id should not look the same as "nothing relevant".
         if not user_has_memories(services.database, user_id):
             note = f"user {user_id!r} has no memories"
-    return ContextOut(block=block, recalled_ids=built.recalled_ids, messages=built.messages,
+    return ContextOut(block=block, recalled_ids=built.recalled_ids, profile_ids=built.profile_ids, messages=built.messages,
                       recall_error=built.recall_error, note=note)
 
 

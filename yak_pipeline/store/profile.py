@@ -1,0 +1,111 @@
+"""The profile's rows (sql/016): each exchange's instructions and preferences, as the user said them.
+
+They are written with their exchange (``store.memories.insert_memory``, and again when an exchange
+grows), read for the memory block by :func:`profile_lines`, and live and die with the exchange: a
+forgotten exchange's lines are not read (soft) or are gone (hard, the cascade). A user can drop a
+line from the profile (:func:`set_profile_line_status`): the exchange stays a memory, recallable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg.rows import dict_row
+
+from yak_pipeline.core.exchanges import users_words
+from yak_pipeline.core.profile import ProfileLine, profile_statements
+from yak_pipeline.store.audit import write_audit
+
+PROFILE_LINE_STATUSES = ("active", "dropped")
+
+
+def write_profile_lines(conn: psycopg.Connection, *, memory_id: UUID | str, user_id: str, content: str,
+                        fresh: bool = False) -> int:
+    """(Re)write the profile lines of one exchange from its text (the user's side of it); how many.
+
+    ``fresh``: the exchange was just inserted (it has no lines yet; most exchanges state none, and
+    then this costs no statement). A line the user dropped stays dropped when the same sentence is
+    read again."""
+    statements = profile_statements(users_words(content)[0])
+    dropped: set[str] = set()
+    if not fresh:
+        dropped = {row[0] for row in conn.execute(
+            "SELECT content FROM profile_lines WHERE memory_id = %s AND status = 'dropped'", (memory_id,)).fetchall()}
+        conn.execute("DELETE FROM profile_lines WHERE memory_id = %s", (memory_id,))
+    if statements:
+        with conn.cursor() as cur:
+            cur.executemany(
+                """INSERT INTO profile_lines (memory_id, user_id, kind, content, position, status)
+                   VALUES (%s, %s, %s, %s, %s, %s)""",
+                [(memory_id, user_id, s.kind, s.text, s.position, "dropped" if s.text in dropped else "active")
+                 for s in statements])
+    return len(statements)
+
+
+def rebuild_profile_lines(conn: psycopg.Connection, *, user_id: str | None = None, batch: int = 2000) -> int:
+    """Read every live exchange (of ``user_id``, or everyone) again for its profile lines; how many
+    exchanges hold one. Used when the profile table first appears (the migration), after a restore,
+    and by ``yak profile rebuild`` when the patterns change."""
+    found = 0
+    last = None
+    while True:
+        rows = conn.execute(
+            """SELECT id, user_id, content FROM memories
+                WHERE deleted_at IS NULL AND (%(user)s::text IS NULL OR user_id = %(user)s)
+                  AND (%(last)s::uuid IS NULL OR id > %(last)s::uuid)
+                ORDER BY id LIMIT %(batch)s""",
+            {"user": user_id, "last": last, "batch": batch}).fetchall()
+        if not rows:
+            return found
+        for memory_id, owner, content in rows:
+            found += write_profile_lines(conn, memory_id=memory_id, user_id=owner, content=content) > 0
+        last = rows[-1][0]
+
+
+def profile_lines(conn: psycopg.Connection, user_id: str, *, as_of: datetime | None = None,
+                  include_dropped: bool = False) -> list[ProfileLine]:
+    """The user's profile lines of live exchanges (said by ``as_of`` when given), newest first."""
+    rows = conn.execute(
+        """SELECT p.id::text, p.memory_id::text, p.kind, p.content, m.occurred_at, p.status
+             FROM profile_lines p JOIN memories m ON m.id = p.memory_id
+            WHERE p.user_id = %(user)s AND m.deleted_at IS NULL
+              AND (%(dropped)s OR p.status = 'active')
+              AND (%(as_of)s::timestamptz IS NULL OR m.occurred_at <= %(as_of)s)
+            ORDER BY m.occurred_at DESC, p.position""",
+        {"user": user_id, "as_of": as_of, "dropped": include_dropped}).fetchall()
+    return [ProfileLine(id=r[0], memory_id=r[1], kind=r[2], text=r[3], said_at=r[4], dropped=r[5] == "dropped")
+            for r in rows]
+
+
+def get_profile_line(conn: psycopg.Connection, line_id: UUID | str, *, user_id: str) -> dict[str, Any] | None:
+    """One of the user's profile lines (of a live exchange) by id, or None."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            """SELECT p.id::text AS id, p.memory_id::text AS memory_id, p.kind, p.content, p.status,
+                      m.occurred_at AS said_at
+                 FROM profile_lines p JOIN memories m ON m.id = p.memory_id
+                WHERE p.id = %s AND p.user_id = %s AND m.deleted_at IS NULL""",
+            (str(line_id), user_id)).fetchone()
+
+
+def set_profile_line_status(conn: psycopg.Connection, line_ids: Sequence[UUID | str], *, user_id: str, status: str,
+                            actor: str) -> list[str]:
+    """Drop lines from the user's profile, or take them back (``status``); the ids changed, audited."""
+    if status not in PROFILE_LINE_STATUSES:
+        raise ValueError(f"unknown profile line status {status!r}")
+    rows = conn.execute(
+        """UPDATE profile_lines p SET status = %s, updated_at = now()
+             FROM memories m
+            WHERE p.id = ANY(%s::uuid[]) AND p.user_id = %s AND m.id = p.memory_id AND m.deleted_at IS NULL
+              AND p.status <> %s
+        RETURNING p.id::text""",
+        (status, [str(i) for i in line_ids], user_id, status)).fetchall()
+    changed = [r[0] for r in rows]
+    for line_id in changed:
+        write_audit(conn, actor=actor, action="profile_drop" if status == "dropped" else "profile_keep",
+                    target_type="profile_line", target_id=line_id, user_id=user_id, detail={"status": status})
+    return changed
