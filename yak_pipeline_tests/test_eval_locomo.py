@@ -176,7 +176,7 @@ def test_a_whole_run_ingests_through_the_pipeline_and_scores_three_methods(setti
     assert report["settings"]["relevance_models"]["shipped"].startswith("feature-hashing-384@")
     assert 0.0 < section["distilled_evidence"] <= 1.0
     # The injected block: measured for each Yak method beside the uncut first memories, never larger.
-    assert report["settings"]["block"] == {"limit": 5, "odds_gap": 2.0, "token_budget": 600}
+    assert report["settings"]["block"] == {"limit": 5, "odds_gap": 2.0, "token_budget": 600, "profile_tokens": 300}
     for name in ("Yak", "Yak (in-sample)", "Yak (shipped model)"):
         chosen, fixed = section["methods"][name]["block"], section["methods"][name]["fixed_block"]
         assert chosen["n"] == fixed["n"] == 5 and set(chosen["by_category"]) == {"1", "2", "3", "4"}
@@ -208,6 +208,23 @@ def test_a_whole_run_ingests_through_the_pipeline_and_scores_three_methods(setti
     printed = console.export_text()
     assert "synthetic: overall" in printed and "Yak (shipped model)" in printed and "target" in printed
     assert "the injected block" in printed and "first, uncut" in printed and "synthetic: per ability" in printed
+    assert "profile hit" in printed and "+profile" in printed
+
+
+def test_the_profile_hit_measures_whether_a_standing_instruction_reaches_the_block(settings: Settings) -> None:
+    """Issue 39: an instruction the question never mentions is in the block through the profile."""
+    data = synthetic_locomo()
+    data[1]["conversation"]["session_1"].append(
+        _turn("Cy", "D1:3", "Always give distances in kilometres when I ask about travel."))
+    data[1]["qa"].append({"question": "How far is it from Porto to Faro?", "answer": "about 550 km",
+                          "evidence": ["D1:3"], "category": 4, "ability": "instruction_following"})
+    report = run_locomo_eval(settings, parse_locomo(data), EvalOptions(ks=(1, 5)), data_label="synthetic")
+    chosen = report["files"]["synthetic"]["methods"]["Yak"]["block"]
+    assert chosen["by_ability"]["instruction_following"]["profile_hit"] == 1.0
+    assert chosen["by_ability"]["information_extraction"]["profile_hit"] is None
+    assert chosen["profile_hit_n"] == 1
+    # Cy's blocks carry the line (one of the two conversations): the tokens with the profile are more.
+    assert chosen["profile_tokens"] > 0 and chosen["tokens_with_profile"] > chosen["tokens"]
 
 
 def test_the_llm_judge_is_scored_as_its_own_method(settings: Settings, openai_server: FakeOpenAIServer) -> None:
