@@ -8,7 +8,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from yak_pipeline.core.block_choice import line_tokens
-from yak_pipeline.core.profile import MAX_LINE_WORDS, ProfileLine, choose_profile, profile_statements
+from yak_pipeline.core.profile import MAX_LINE_WORDS, ProfileLine, choose_profile, profile_reference, profile_statements
 
 
 @pytest.mark.parametrize(("said", "kind", "text"), [
@@ -67,3 +67,12 @@ def test_the_block_carries_instructions_first_newest_first_one_per_wording_withi
     assert [line.id for line in choose_profile(lines, line_tokens("Never use emojis.") - 1)] == ["id-1"]
     assert choose_profile(lines, line_tokens("I prefer tea") - 1) == []
     assert choose_profile(lines, 0) == []
+
+
+@pytest.mark.parametrize(("phrase", "meant"), [
+    ("that preference", ("preference", False)), ("my instructions", ("instruction", True)),
+    ("the last instruction.", ("instruction", False)), ("Preferences", ("preference", True)),
+    ("my preference for tea", None), ("minimal dependencies", None),
+])
+def test_a_forget_phrase_can_name_the_profile(phrase: str, meant: tuple[str, bool] | None) -> None:
+    assert profile_reference(phrase) == meant

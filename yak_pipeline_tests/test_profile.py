@@ -137,3 +137,71 @@ def test_lines_follow_their_exchange_when_it_grows_and_come_back_on_a_rebuild(da
         conn.execute("DELETE FROM profile_lines")
         assert rebuild_profile_lines(conn) == 1
         assert sorted(x.text for x in profile_lines(conn, "alice")) == ["Always cite sources.", "I prefer short answers"]
+
+
+def test_the_page_shows_what_is_sent_and_drops_or_puts_back_a_line(app, database: Database) -> None:  # noqa: ANN001
+    from yak_pipeline_tests.test_web_page import signed_in
+
+    with database.connection() as conn:
+        insert_memory(conn, user_id="alice", content=f"User: {BRITISH}\nAssistant: Right.", source="api")
+        insert_memory(conn, user_id="alice", content=f"User: {MINIMAL}.\nAssistant: Noted.", source="api")
+        [line] = [x for x in profile_lines(conn, "alice") if x.text == MINIMAL]
+    client, csrf = signed_in(app, ADMIN_KEY)
+    page = client.get("/ui/u/alice/profile")
+    assert page.status_code == 200 and BRITISH in page.text and MINIMAL in page.text
+    assert page.text.count('class="sent">sent<') == 2 and 'href="/ui/u/alice/profile"' in page.text
+    dropped = client.post(f"/ui/u/alice/profile/{line.id}", data={"csrf_token": csrf})
+    assert dropped.status_code == 303 and dropped.headers["location"].endswith("/ui/u/alice/profile")
+    after = client.get("/ui/u/alice/profile").text
+    assert "dropped from the profile: blocks no longer carry it" in after
+    assert "not sent: dropped from the profile" in after and after.count('class="sent">sent<') == 1
+    with database.connection() as conn:
+        assert [x.text for x in profile_lines(conn, "alice")] == [BRITISH]
+    client.post(f"/ui/u/alice/profile/{line.id}", data={"csrf_token": csrf, "keep": "true"})
+    with database.connection() as conn:
+        assert sorted(x.text for x in profile_lines(conn, "alice")) == [BRITISH, MINIMAL]
+    # Without the session's token nothing changes.
+    assert client.post(f"/ui/u/alice/profile/{line.id}", data={"csrf_token": "forged"}).status_code in (400, 403)
+
+
+def test_through_a_real_yak_serve_the_profile_rides_every_context_until_forgotten(db_url: str, tmp_path) -> None:  # noqa: ANN001
+    """Issue 39's done-when: two standing statements, an unrelated coding question, then "forget that preference"."""
+    import json
+    import os
+    import subprocess
+
+    import httpx
+
+    from yak_pipeline_tests.test_cli_serve import YAK, start_serve, stop_serve
+
+    home = tmp_path / "home"
+    env = {**os.environ, "YAK_DATABASE_URL": db_url, "YAK_EMBEDDER": "hashing", "YAK_HOME": str(home)}
+    process, url, _ = start_serve(env, tmp_path)
+
+    def yak(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(YAK), *args], env=env, capture_output=True, text=True, timeout=120)
+
+    try:
+        for said in (f"User: {BRITISH}\nAssistant: Certainly.", f"User: {MINIMAL}.\nAssistant: Noted."):
+            assert yak("memory", "add", said, "--user", "alice").returncode == 0
+        key = (home / "admin-api-key").read_text().strip()
+        api = httpx.Client(base_url=url, headers={"X-API-Key": key}, timeout=30)
+        body = api.post("/api/context", json={"query": CODING, "user_id": "alice"}).json()
+        profile_part = body["block"].split(BLOCK_PREAMBLE)[0]
+        assert profile_part.startswith(f"<memories>\n{PROFILE_PREAMBLE}")
+        assert BRITISH in profile_part and MINIMAL in profile_part and len(body["profile_ids"]) == 2
+
+        shown = json.loads(yak("profile", "show", "--user", "alice", "--json").stdout)
+        assert [line["id"] for line in shown["sent"]] == body["profile_ids"]
+        printed = yak("context", CODING, "--user", "alice")
+        assert printed.returncode == 0 and printed.stdout.rstrip("\n") == body["block"]
+
+        asked = api.post("/api/forget", json={"user_id": "alice", "command": "/forget that preference"}).json()
+        assert asked["action"] == "confirm" and [c["content"] for c in asked["candidates"]] == [
+            f"User: {MINIMAL}.\nAssistant: Noted."]
+        done = api.post("/api/forget/confirm", json={"user_id": "alice", "token": asked["confirmation_token"]})
+        assert done.status_code == 200 and done.json()["action"] == "deleted"
+        after = api.post("/api/context", json={"query": CODING, "user_id": "alice"}).json()
+        assert BRITISH in after["block"] and MINIMAL not in after["block"] and len(after["profile_ids"]) == 1
+    finally:
+        stop_serve(process)

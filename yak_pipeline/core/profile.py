@@ -123,6 +123,21 @@ def profile_statements(said: str) -> list[ProfileStatement]:
     return found
 
 
+_REFERENCE: Final = re.compile(r"^(?:(that|this|the|my)\s+)?(?:(last|latest|newest)\s+)?(instruction|preference)(s)?$",
+                               re.IGNORECASE)
+
+
+def profile_reference(phrase: str) -> tuple[ProfileKind, bool] | None:
+    """What a forget phrase such as "that preference" or "my instructions" points at: the kind of
+    profile line and whether it means every one (a plural) or only the newest; None for any other
+    phrase (then the phrase is looked for in the memories' text)."""
+    match = _REFERENCE.match(" ".join(phrase.split()).strip(" .!?"))
+    if match is None:
+        return None
+    kind: ProfileKind = "instruction" if match.group(3).lower() == "instruction" else "preference"
+    return kind, bool(match.group(4))
+
+
 def _same(text: str) -> str:
     return " ".join(re.sub(r"[^\w\s]", " ", text.casefold()).split())
 

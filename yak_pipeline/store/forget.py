@@ -19,6 +19,7 @@ from uuid import UUID
 import psycopg
 from psycopg.rows import dict_row
 
+from yak_pipeline.core.profile import profile_reference
 from yak_pipeline.store.audit import write_audit
 from yak_pipeline.store.warmth import undo_turn_warmth
 
@@ -51,23 +52,32 @@ def resolve_memory_ids(conn: psycopg.Connection, *, user_id: str, ids: Sequence[
 def find_forget_candidates(
     conn: psycopg.Connection, *, user_id: str, phrase: str, limit: int = 20
 ) -> list[dict[str, Any]]:
-    """The user's memories whose exchange or distillation contains ``phrase`` (case-insensitive).
+    """The user's memories whose exchange or distillation contains ``phrase`` (case-insensitive);
+    for a phrase naming the profile ("that preference", "my instructions":
+    ``core.profile.profile_reference``), the memories holding the newest such line (or all of them).
 
     Candidates only: a phrase never deletes without confirmation.
     """
+    reference = profile_reference(phrase)
     pattern = "%" + phrase.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+    matching = """(m.content ILIKE %(pattern)s OR EXISTS (
+                        SELECT 1 FROM distillations d WHERE d.memory_id = m.id AND d.deleted_at IS NULL
+                          AND d.content ILIKE %(pattern)s))"""
+    if reference is not None:
+        matching = """m.id IN (SELECT p.memory_id FROM profile_lines p JOIN memories pm ON pm.id = p.memory_id
+                                WHERE p.user_id = %(user)s AND p.kind = %(kind)s AND p.status = 'active'
+                                  AND pm.deleted_at IS NULL
+                                ORDER BY pm.occurred_at DESC LIMIT %(lines)s)"""
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(
             """SELECT m.id AS memory_id, m.occurred_at, left(m.content, 300) AS content,
                       (SELECT array_agg(d.content ORDER BY d.created_at) FROM distillations d
                         WHERE d.memory_id = m.id AND d.deleted_at IS NULL) AS distillations
                FROM memories m
-               WHERE m.user_id = %(user)s AND m.deleted_at IS NULL
-                 AND (m.content ILIKE %(pattern)s OR EXISTS (
-                        SELECT 1 FROM distillations d WHERE d.memory_id = m.id AND d.deleted_at IS NULL
-                          AND d.content ILIKE %(pattern)s))
+               WHERE m.user_id = %(user)s AND m.deleted_at IS NULL AND """ + matching + """
                ORDER BY m.occurred_at DESC LIMIT %(limit)s""",
-            {"user": user_id, "pattern": pattern, "limit": limit},
+            {"user": user_id, "pattern": pattern, "limit": limit,
+             "kind": reference[0] if reference else None, "lines": limit if reference and reference[1] else 1},
         ).fetchall()
 
 

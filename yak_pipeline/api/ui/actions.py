@@ -49,6 +49,7 @@ from yak_pipeline.services.curation import (
     write_manual_version,
 )
 from yak_pipeline.services.forget import confirm_forget, run_forget_command
+from yak_pipeline.services.profile import drop_profile_lines
 from yak_pipeline.services.memories import memory_with_distillations, store_memory
 
 router = APIRouter(prefix=f"{PREFIX}/u/{{user_id}}", include_in_schema=False, route_class=PageRoute)
@@ -133,6 +134,20 @@ def edit_text(request: Request, user_id: str, distillation_id: UUID, visitor: Si
         raise PageError(404, f"distillation {distillation_id} not found")
     visitor.session.flash = "saved as a new version: the old text stays in the version history"
     return redirect(user_url(user_id, "d", distillation_id))
+
+
+@router.post("/profile/{line_id}")
+def drop_profile_line(user_id: str, line_id: UUID, visitor: SignedIn, services: Services,
+                      keep: Annotated[bool, Form()] = False, csrf_token: CsrfToken = "") -> Response:
+    """Take a line out of the profile (``keep``: put it back), as ``yak profile drop`` and ``POST
+    /api/profile/drop``; the exchange stays a memory."""
+    user_page(visitor, user_id)
+    checked_form(visitor, csrf_token)
+    changed = drop_profile_lines(services.database, user_id, [str(line_id)], actor=visitor.caller.actor, keep=keep)
+    visitor.session.flash = ("unchanged: that line is not in this profile" + ("" if keep else " (any more)")
+                             if not changed else "put back: every block carries it again" if keep
+                             else "dropped from the profile: blocks no longer carry it (the memory stays)")
+    return redirect(user_url(user_id, "profile"))
 
 
 @router.post("/d/{distillation_id}/tier")

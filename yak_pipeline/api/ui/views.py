@@ -17,6 +17,7 @@ from yak_pipeline.core.types import TIERS
 from yak_pipeline.ingestion.drop_folder import failed_dir, list_quarantine
 from yak_pipeline.services.curation import MAX_USER_WEIGHT, list_conflicts, review_queue
 from yak_pipeline.services.memories import user_has_memories
+from yak_pipeline.services.profile import show_profile
 from yak_pipeline.services.overview import distillation_page, exchanges_of, recent_changes, user_overview
 from yak_pipeline.services.queue_watch import queue_status
 from yak_pipeline.services.recall import recall_params, relevance_model, search_memories
@@ -105,6 +106,15 @@ def render_distillation(request: Request, visitor: Visitor, services: Services, 
     return render(request, "distillation.html", visitor=visitor, user_id=user_id, **page, max_weight=MAX_USER_WEIGHT,
                   tiers=TIERS, draft=page["d"]["content"] if draft is None else draft, error=error,
                   status_code=status_code, section="recent")
+
+
+@router.get("/profile")
+def profile(request: Request, user_id: str, visitor: SignedIn, services: Services) -> Response:
+    """The profile: exactly the standing instructions and preferences every memory block carries,
+    then the lines it does not carry and why, each with "drop" (or "put back") and "forget"."""
+    user_page(visitor, user_id)
+    shown = show_profile(services.database, user_id, token_budget=services.settings.profile_tokens).as_dict()
+    return render(request, "profile.html", visitor=visitor, user_id=user_id, profile=shown, section="profile")
 
 
 @router.get("/recent")
