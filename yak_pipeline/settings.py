@@ -127,6 +127,10 @@ class Settings(BaseSettings):
         default=300, ge=0, le=100_000,
         description="Token budget of the profile part of the memory block: the user's standing instructions and preferences, sent with every prompt (instructions first, newest first; 0: no profile).",
     )
+    recall_query_parts: bool = Field(
+        default=True,
+        description="A question that lists things to weigh together (\"Considering A, B and C, …\", \"between A and B\") is also recalled for each of them, the rankings interleaved (true/false).",
+    )
     recall_present_newest_first: bool = Field(
         default=True,
         description="A question about the present (\"where do I live now?\") gets its first five recalled memories newest first, so the current value leads the block (true/false).",

@@ -153,7 +153,8 @@ def test_a_whole_run_ingests_through_the_pipeline_and_scores_three_methods(setti
     assert any("distilled" in line for line in lines) and any("asked" in line for line in lines)
     assert report["data"] == ["synthetic"] and list(report["files"]) == ["synthetic"]
     section = report["files"]["synthetic"]
-    assert list(section["methods"]) == ["BM25", "dense", "Yak", "Yak (in-sample)", "Yak (shipped model)"]
+    assert list(section["methods"]) == ["BM25", "dense", "Yak", "Yak (in-sample)", "Yak (shipped model)",
+                                        "Yak, question whole"]
     assert section["questions"]["scored"] == 5 and section["turns"] == 9
     # Two people talking (no assistant): one exchange per turn, as before.
     assert section["exchanges"] == 9 and section["paired_conversations"] == 0
@@ -242,7 +243,7 @@ def test_the_llm_judge_is_scored_as_its_own_method(settings: Settings, openai_se
     assert report["distiller"] == "llm"  # the configured endpoint distils when none is named
     section = report["files"]["synthetic"]
     assert list(section["methods"]) == ["BM25", "dense", "Yak", "Yak (in-sample)", "Yak (shipped model)",
-                                        "Yak + LLM judge"] and section["ablations"] == {}
+                                        "Yak, question whole", "Yak + LLM judge"] and section["ablations"] == {}
     judged, default = section["methods"]["Yak + LLM judge"], section["methods"]["Yak"]
     assert judged["kind"] == "yak_judged" and judged["overall"]["n"] == default["overall"]["n"] == 5
     # Only the kitten question keeps its evidence (the judge dropped every other memory).

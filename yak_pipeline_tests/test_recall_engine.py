@@ -7,6 +7,7 @@ import math
 import select
 import time
 from collections import Counter
+from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import numpy as np
@@ -14,7 +15,8 @@ import psycopg
 import pytest
 
 from yak_pipeline.core.block_choice import BlockChoice
-from yak_pipeline.core.recall import RecallParams, rank_memories, relevance_odds
+from yak_pipeline.core.query_intent import query_parts
+from yak_pipeline.core.recall import RecallParams, interleave, rank_memories, relevance_odds
 from yak_pipeline.core.relevance import RelevanceModel
 from yak_pipeline.core.scoring import decay_factor
 from yak_pipeline.recall_models import RelevanceModelMissing, load_relevance_model
@@ -308,6 +310,38 @@ def test_production_recall_is_the_one_engine(settings: Settings, database: Datab
     assert [h.score for h in hits] == [r.score for r in expected]
     assert hits[0].explain() == {"why": list(hits[0].why), **expected[0].explain()} and hits[0].relevance >= 0.7
     assert list(hits[0].why[:-1]) == expected[0].reasons(NOW) and hits[0].why[-1] == "matched words: leeds"
+
+
+def test_a_question_listing_things_gets_a_memory_of_each(settings: Settings, database: Database) -> None:
+    """``core.query_intent.query_parts``: "Considering A and B" is recalled for A and for B too, interleaved."""
+    with database.connection() as conn:
+        _seed(conn, "alice")
+    embed_pending_exchanges(database, EMBEDDER)
+    query = "Considering my kitten Miso and the peanuts, what should I pack for the trip?"
+    model = relevance_model(settings, EMBEDDER)
+    whole_only = replace(recall_params(settings, threshold=0.0, limit=6), query_parts=False)
+    parts = replace(whole_only, query_parts=True)
+    found = search_memories(database, EMBEDDER, user_id="alice", query=query, params=parts, model=model, now=NOW)
+    whole = search_memories(database, EMBEDDER, user_id="alice", query=query, params=whole_only, model=model, now=NOW)
+    with database.connection() as conn:
+        rankings = [recall(conn, user_id="alice", query=text, query_embedding=EMBEDDER.embed_query(text),
+                           embedding_model=MODEL, params=whole_only, model=model, now=NOW, echo=query)
+                    for text in (query, "my kitten Miso", "the peanuts")]
+    # The whole question's best, then each part's best, and so on, each memory once.
+    assert [h.id for h in found] == [r.id for r in interleave(rankings, 6)]
+    assert [h.id for h in whole] == [r.id for r in rankings[0]]
+    assert {"User adopted a grey kitten called Miso.", "User is allergic to peanuts."} <= {h.content for h in found[:3]}
+    first = rankings[0]
+    assert interleave([first[:2], first[1:3], []], 10) == first[:3]
+    assert interleave([first[:2], first[2:3]], 2) == [first[0], first[2]]
+
+
+def test_query_parts_names_the_listed_things() -> None:
+    assert query_parts("Considering my form validation code, lazy loading setup, and GA4 tracking, how do I ship?") == [
+        "my form validation code", "lazy loading setup", "GA4 tracking"]
+    assert query_parts("How many days between when I logged 3,600 words and my deadline?") == [
+        "when I logged 3,600 words", "my deadline"]
+    assert query_parts("What is my sister's job in Leeds?") == [] and query_parts("Considering everything?") == []
 
 
 # --- as_of ------------------------------------------------------------------------------------------

@@ -1,5 +1,10 @@
 """What a recall query asks about, read from its words alone (deterministic, before any model).
 
+A question that names several things to weigh together ("Considering my form validation code,
+lazy loading setup and GA4 tracking, …", "How many days between finishing my draft and the
+deadline?") needs a memory about each; :func:`query_parts` names them, so recall can look for
+each as well as for the whole (``services.recall.search_memories``).
+
 A question about the *present* ("Which town do I live in now?", "What's my usual drink these
 days?", "Do I still play bass?") is answered by the latest of the memories on its topic: people
 change jobs, homes, diets and partners, and each change is said once, after the old value was.
@@ -47,3 +52,30 @@ def asks_about_past(question: str) -> bool:
     """True for a question about what was true before ("What did I use to drink?", "Where did I
     live before?"), or about a change, whose answer needs the old value too."""
     return bool(PAST_CUE.search(question))
+
+
+# A question that lists things to weigh together: "Considering A, B and C, …", "between A and B".
+_LISTING: Final = re.compile(r"\b(?:considering|between)\s+(.+)", re.IGNORECASE)
+# Where the list ends: the question goes on ("…, how should I …") or ends.
+_LIST_END: Final = re.compile(r",\s*(?:and\s+)?(?:how|what|which|where|when|why|who|can|could|should|would|do|does|did|is|are|"
+                              r"will)\b|\?", re.IGNORECASE)
+# Between the items: a comma (not inside a number such as 3,600), "and", "or".
+_ITEM_SEPARATOR: Final = re.compile(r"(?<!\d),(?!\d)\s*(?:and\s+|or\s+)?|\s+(?:and|or)\s+", re.IGNORECASE)
+MAX_QUERY_PARTS: Final = 4
+
+
+def query_parts(question: str) -> list[str]:
+    """The things a question lists to weigh together (at least two, at most :data:`MAX_QUERY_PARTS`),
+    or [] for a question about one thing.
+
+    "Considering my form validation code, lazy loading setup, and GA4 tracking, how …" gives the
+    three; "How many days between finishing my draft and the scholarship deadline?" the two ends.
+    Each is looked for on its own as well as within the whole question, so the block gets a
+    memory of each even when one dominates the whole question's similarity."""
+    match = _LISTING.search(question)
+    if match is None:
+        return []
+    listed = _LIST_END.split(match.group(1), maxsplit=1)[0]
+    items = [item.strip(" ,.;:") for item in _ITEM_SEPARATOR.split(listed)]
+    items = [item for item in items if len(item.split()) >= 1 and any(c.isalpha() for c in item)]
+    return items[:MAX_QUERY_PARTS] if len(items) >= 2 else []

@@ -41,7 +41,7 @@ For each candidate:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Final, Literal
@@ -89,6 +89,9 @@ class RecallParams:
     # Exchanges no active distillation holds are candidates too, as the user's own words (kind
     # "raw"); False: distillations only (the offline warmth judge, ablations).
     raw_exchanges: bool = True
+    # A question that lists things to weigh together (``core.query_intent.query_parts``) is also
+    # recalled for each of them, and the rankings interleaved (:func:`interleave`).
+    query_parts: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.threshold <= 1.0:
@@ -333,3 +336,22 @@ def rank_memories(
     ]
     ranked = newest_first(ranked) if about_present and params.present_newest_first else ranked
     return current_before_superseded(ranked)
+
+
+def interleave(rankings: Sequence[Sequence[RankedMemory]], limit: int) -> list[RankedMemory]:
+    """One ranking from several (the whole question's first, then each of its parts'): their first
+    memories, then their second ones, and so on, each memory once, up to ``limit``.
+
+    A question that lists several things needs a memory about each: the whole question's
+    similarity favours whichever thing dominates its wording, and each part's own ranking
+    brings its best memory forward. Round by round, the whole question's memory leads."""
+    merged: list[RankedMemory] = []
+    seen: set[tuple[str, str]] = set()
+    for depth in range(max((len(r) for r in rankings), default=0)):
+        for ranking in rankings:
+            if depth < len(ranking) and (key := (ranking[depth].kind, ranking[depth].id)) not in seen:
+                seen.add(key)
+                merged.append(ranking[depth])
+                if len(merged) >= limit:
+                    return merged
+    return merged

@@ -73,8 +73,8 @@ from yak_pipeline.alerts import NULL_ALERTER
 from yak_pipeline.core.exchange_files import ExchangeRecord
 from yak_pipeline.core.block_choice import BlockChoice, choose_block, line_tokens
 from yak_pipeline.core.exchanges import content_sha256
-from yak_pipeline.core.query_intent import asks_about_past, asks_about_present
-from yak_pipeline.core.recall import Candidate, RankedMemory, RecallParams, rank_memories
+from yak_pipeline.core.query_intent import asks_about_past, asks_about_present, query_parts
+from yak_pipeline.core.recall import Candidate, RankedMemory, RecallParams, interleave, rank_memories
 from yak_pipeline.core.relevance import ANSWERABLE_FEATURES, FEATURES, RelevanceModel, answerable_features, relevance_features
 from yak_pipeline.embeddings import Embedder, get_embedder
 from yak_pipeline.eval.calibrate import Examples, fit_model
@@ -126,6 +126,7 @@ BASELINES = ("BM25", "dense")
 YAK = "Yak"
 YAK_IN_SAMPLE = "Yak (in-sample)"
 YAK_SHIPPED = "Yak (shipped model)"
+YAK_WHOLE_QUESTION = "Yak, question whole"
 YAK_JUDGED = "Yak + LLM judge"
 DEFAULT_FOLDS = 5
 _DISTIL_CHUNK = 100
@@ -205,6 +206,8 @@ class _Asked:
     baselines_ms: dict[str, float]
     # The best cosines of another person's memories for this question (answerability negatives).
     stranger_best: list[float] | None = None
+    # The candidates of each thing the question lists (``core.query_intent.query_parts``), if any.
+    part_candidates: list[list[Candidate]] = field(default_factory=list)
 
 
 @dataclass
@@ -259,6 +262,8 @@ def build_methods(settings: Settings, options: EvalOptions) -> list[Method]:
                note="the default recall with a relevance model fitted on all these conversations"),
         Method(YAK_SHIPPED, "yak", base, model="shipped",
                note="the default recall with the installed relevance model (recall_models)"),
+        Method(YAK_WHOLE_QUESTION, "yak", replace(base, query_parts=False), model="cross_validated",
+               note="the default recall, cross-validated, without recalling for each thing a question lists"),
     ]
     if options.llm_judge:
         methods.append(Method(YAK_JUDGED, "yak_judged", base,
@@ -483,14 +488,20 @@ def _ask(conn: Any, conversation: _Conversation, stranger: _Conversation | None,
     candidates = recall_candidates(conn, user_id=conversation.user_id, query=question.question,
                                    query_embedding=vector, embedding_model=embedder.model_name, params=params)
     candidates_ms = (time.perf_counter() - began) * 1000
+    part_candidates = [
+        recall_candidates(conn, user_id=conversation.user_id, query=part, query_embedding=embedder.embed_query(part),
+                          embedding_model=embedder.model_name, params=params, echo=question.question)
+        for part in query_parts(question.question)]
     stranger_best = None
     if stranger is not None:
         stranger_best = _best_cosines(recall_candidates(
             conn, user_id=stranger.user_id, query=question.question, query_embedding=vector,
             embedding_model=embedder.model_name, params=params))
+    every = [*candidates, *(c for part in part_candidates for c in part)]
     return _Asked(conversation=conversation, question=question, vector=vector, candidates=candidates,
-                  held=_candidate_turns(conn, conversation, candidates), candidates_ms=candidates_ms,
-                  baselines=baselines, baselines_ms=baselines_ms, stranger_best=stranger_best)
+                  held=_candidate_turns(conn, conversation, every), candidates_ms=candidates_ms,
+                  baselines=baselines, baselines_ms=baselines_ms, stranger_best=stranger_best,
+                  part_candidates=part_candidates)
 
 
 def collect(settings: Settings, datasets: Sequence[Dataset], options: EvalOptions, *, stack: ExitStack,
@@ -652,9 +663,13 @@ def cross_validate(examples: Examples, files: Sequence[tuple[str, int]], folds: 
 
 
 def _rank(asked: _Asked, model: RelevanceModel, params: RecallParams) -> list[RankedMemory]:
-    """Yak's ranking of the collected candidates with ``model`` (what ``store.recall.recall`` does)."""
-    return rank_memories(asked.candidates, model=model, params=params, now=asked.conversation.now,
-                         about_present=asks_about_present(asked.question.question))
+    """Yak's ranking of the collected candidates with ``model`` (what ``services.recall.search_memories``
+    does: ``store.recall.recall`` of the question, and of each thing it lists, interleaved)."""
+    about_present = asks_about_present(asked.question.question)
+    rankings = [rank_memories(candidates, model=model, params=params, now=asked.conversation.now,
+                              about_present=about_present)
+                for candidates in [asked.candidates, *(asked.part_candidates if params.query_parts else [])]]
+    return rankings[0] if len(rankings) == 1 else interleave(rankings, params.limit)
 
 
 def _hit_texts(conn: Any, ranked: Sequence[RankedMemory]) -> list[str]:

@@ -32,8 +32,8 @@ from yak_pipeline.core.block_choice import (
 )
 from yak_pipeline.core.exchanges import users_words
 from yak_pipeline.core.memory_block import BlockMemory, PromptBuild, build_prompt_messages
-from yak_pipeline.core.query_intent import asks_about_past
-from yak_pipeline.core.recall import RankedMemory, RecallParams
+from yak_pipeline.core.query_intent import asks_about_past, query_parts
+from yak_pipeline.core.recall import RankedMemory, RecallParams, interleave
 from yak_pipeline.core.relevance import RelevanceModel, RelevanceSignals
 from yak_pipeline.embeddings import Embedder
 from yak_pipeline.llm.errors import LLMError, reason_for_log
@@ -184,7 +184,7 @@ def recall_params(settings: Settings, *, threshold: float = 0.7, limit: int = 5)
                         superseded_factor=settings.recall_superseded_factor,
                         leg_size=settings.recall_leg_size, exchange_context=settings.recall_exchange_context,
                         present_newest_first=settings.recall_present_newest_first,
-                        raw_exchanges=settings.recall_raw_exchanges)
+                        raw_exchanges=settings.recall_raw_exchanges, query_parts=settings.recall_query_parts)
 
 
 def block_choice(settings: Settings) -> BlockChoice:
@@ -228,10 +228,20 @@ def search_memories(db: Database, embedder: Embedder, *, judge: LLMRecallJudge |
     With a ``judge`` (:func:`recall_judge`), the LLM's judgement then drops what it finds irrelevant."""
     # The query's vector is computed while the text legs run (``store.recall.CandidateQuery``).
     vector = _QUERY_VECTORS.submit(embedder.embed_query, ask["query"])
+    # A question listing several things is recalled for each too (core.query_intent.query_parts).
+    parts = query_parts(ask["query"]) if ask["params"].query_parts else []
+    part_vectors = [_QUERY_VECTORS.submit(embedder.embed_query, part) for part in parts]
     # Recall only reads, on several connections at once: no transactions (``Database.connection``).
     with db.connection(autocommit=True) as conn:
         ranked = recall(conn, query_embedding=vector.result, embedding_model=embedder.model_name,
                         spare=spare_connections(db), **ask)
+        if parts:
+            # Each part is its own query; the message being answered stays the whole question.
+            rankings = [ranked] + [
+                recall(conn, query_embedding=part_vector.result, embedding_model=embedder.model_name,
+                       spare=spare_connections(db), **{**ask, "query": part, "echo": ask.get("echo") or ask["query"]})
+                for part, part_vector in zip(parts, part_vectors)]
+            ranked = interleave(rankings, ask["params"].limit)
         if not ranked:
             return []
         hits = recall_hits(conn, ranked, query=ask["query"],
