@@ -110,8 +110,9 @@ STORE_WAIT_SECONDS = 120.0
 
 
 class StoredTurns:
-    """Counts the proxied turns the database holds with their own vector (the writer's store is done but
-    for the context vector, which follows at once), for the bench to wait for the turn writer."""
+    """Counts the proxied turns the database holds with their own vector, for the bench to wait for the
+    turn writer. The context vector is one model call after it and may overlap the next query's first
+    chat; it is not waited for, as a later turn of the same user can reset it (sql/008)."""
 
     def __init__(self, url: str, users: list[str]) -> None:
         from yak_pipeline.store.database import connect
@@ -120,10 +121,14 @@ class StoredTurns:
         self._users = users
         # Turns occur when the proxy answers: every memory from now on (memories_occurred_idx) is one of them.
         self._since = self._conn.execute("SELECT now()").fetchone()[0]
+        self._before = self._count()  # a loaded row dated after now is no turn of this pass
         self.sent = 0
 
     def stored(self) -> int:
         """Turns of this pass stored and embedded so far."""
+        return self._count() - self._before
+
+    def _count(self) -> int:
         return self._conn.execute(
             """SELECT count(*) FROM memories WHERE user_id = ANY(%(users)s) AND occurred_at >= %(since)s
                  AND embedding IS NOT NULL""", {"users": self._users, "since": self._since}).fetchone()[0]
