@@ -26,8 +26,8 @@ second, while this bench, whose upstream answers at once, sent about 30. Once 25
 (``MAX_WAITING_TURNS``), each chat stores its own turn before its end, by design (a client is
 slowed rather than Yak holding an ever longer backlog). Sent back to back, the chats reached that
 limit at the 55th query of 100 (turn 256 of 440: 40 warm-up turns, then four a query), and from
-then on nearly every total carried a store of 100-200 ms; the writer's first store also loads
-the torch model (8-17 s). That is the proxy's sustained throughput, not what one chat adds (see
+then on about half the chats, those that found the queue full, carried a store of 100-200 ms in
+their total; the writer's first store also loads the torch model (7-17 s). That is the proxy's sustained throughput, not what one chat adds (see
 docs/BENCHMARKS.md, issue 34). So after the warm-up, and after each query's chats (four proxied
 turns), the bench waits until the database holds every turn sent so far with its vector, and
 times that wait: the **store lag** rows, how long after a query's last answer its four turns were
