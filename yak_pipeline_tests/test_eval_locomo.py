@@ -212,6 +212,24 @@ def test_a_whole_run_ingests_through_the_pipeline_and_scores_three_methods(setti
     assert "profile hit" in printed and "+profile" in printed
 
 
+def test_an_exchange_stored_with_a_secret_redacted_still_holds_its_turns(settings: Settings, database) -> None:  # noqa: ANN001
+    """The eval finds each stored exchange by its text as stored: with a secret replaced
+    (core.secrets), the hash of the text as given matched nothing and the turn counted for no method."""
+    from yak_pipeline.embeddings import get_embedder
+    from yak_pipeline.eval.runner import _ingest
+
+    data = synthetic_locomo()[1:]
+    data[0]["conversation"]["session_1"].append(
+        _turn("Cy", "D1:3", "My OpenAI key is sk-proj-Xq3vT9mB2nL7kR4wZ8yC1dF6hJ0pA5sE, keep it safe."))
+    ingested, _ = _ingest(database, settings, get_embedder(settings), parse_locomo(data), lambda line: None,
+                          distiller="none")
+    held = set().union(*ingested[0].memory_turns.values())
+    assert held == {"D1:1", "D1:2", "D1:3"}
+    with database.connection() as conn:
+        stored = conn.execute("SELECT content FROM memories WHERE content LIKE %s", ("%OpenAI key%",)).fetchone()[0]
+    assert "sk-proj-" not in stored
+
+
 def test_the_profile_hit_measures_whether_a_standing_instruction_reaches_the_block(settings: Settings) -> None:
     """Issue 39: an instruction the question never mentions is in the block through the profile."""
     data = synthetic_locomo()

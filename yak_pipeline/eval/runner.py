@@ -72,7 +72,8 @@ import psycopg
 from yak_pipeline.alerts import NULL_ALERTER
 from yak_pipeline.core.exchange_files import ExchangeRecord
 from yak_pipeline.core.block_choice import BlockChoice, choose_block, line_tokens
-from yak_pipeline.core.exchanges import content_sha256
+from yak_pipeline.core.exchanges import content_sha256, normalise_exchange_text
+from yak_pipeline.core.secrets import redact_secrets
 from yak_pipeline.core.query_intent import asks_about_past, asks_about_present, query_parts
 from yak_pipeline.core.recall import Candidate, RankedMemory, RecallParams, interleave, rank_memories
 from yak_pipeline.core.relevance import ANSWERABLE_FEATURES, FEATURES, RelevanceModel, answerable_features, relevance_features
@@ -355,7 +356,9 @@ def _ingest(db: Database, settings: Settings, embedder: Embedder, conversations:
         by_hash = {r["content_sha256"]: str(r["id"]) for r in rows}
         memory_turns: dict[str, set[str]] = {}
         for exchange in exchanges:
-            memory_id = by_hash.get(content_sha256(exchange.content))
+            # Found by the text as it was stored: with its secrets replaced (core.secrets), as
+            # ingestion hashes it; by the text as given, an exchange with a redaction held no turn.
+            memory_id = by_hash.get(content_sha256(redact_secrets(normalise_exchange_text(exchange.content)).text))
             if memory_id is not None:
                 memory_turns.setdefault(memory_id, set()).update(exchange.dia_ids)
         seconds["ingest"] += time.monotonic() - started
