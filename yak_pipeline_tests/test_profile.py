@@ -205,3 +205,12 @@ def test_through_a_real_yak_serve_the_profile_rides_every_context_until_forgotte
         assert BRITISH in after["block"] and MINIMAL not in after["block"] and len(after["profile_ids"]) == 1
     finally:
         stop_serve(process)
+
+
+def test_memory_md_lists_the_profile_first(admin) -> None:  # noqa: ANN001
+    _add(admin, "alice", BRITISH)
+    _add(admin, "alice", f"{MINIMAL}.")
+    text = admin.get("/api/export/memory.md", params={"user_id": "alice"}).text
+    day = datetime.now(timezone.utc).date().isoformat()
+    assert text.startswith("# MEMORY.md: alice\n\n## How to answer — standing instructions and preferences")
+    assert f'- {day} (instruction): "{BRITISH}"' in text and f'- {day} (preference): "{MINIMAL}"' in text

@@ -15,8 +15,15 @@ TIER_HEADINGS: Final[dict[str, str]] = {
 }
 
 
-def render_memory_markdown(user_id: str, items: Sequence[Mapping[str, object]]) -> str:
+PROFILE_HEADING: Final = "How to answer — standing instructions and preferences, in the user's words"
+
+
+def render_memory_markdown(user_id: str, items: Sequence[Mapping[str, object]],
+                           profile: Sequence[tuple[str, str, datetime]] = ()) -> str:
     """The MEMORY.md text for ``user_id``'s ``items`` (``content``, ``tier``, ``refreshed_at``, ``needs_review``).
+
+    ``profile``: the user's profile lines (kind, text, when said; ``core.profile``), listed first,
+    as every memory block carries them, ``- YYYY-MM-DD (kind): "text"``, oldest first.
 
     Each memory is one bullet, ``- YYYY-MM-DD: text`` (the date it was last stated or revised,
     UTC), under its tier, oldest first with ties broken by text: new knowledge lands at the end
@@ -25,6 +32,11 @@ def render_memory_markdown(user_id: str, items: Sequence[Mapping[str, object]]) 
     0.6–0.8) says so.
     """
     lines = [f"# MEMORY.md: {user_id}", ""]
+    if profile:
+        lines += [f"## {PROFILE_HEADING}", ""]
+        lines += [f'- {day} ({kind}): "{text}"' for day, kind, text in
+                  sorted((_date(when), kind, _one_line(text)) for kind, text, when in profile)]
+        lines.append("")
     if not items:
         lines += ["Yak holds no current knowledge about this user yet.", ""]
         return "\n".join(lines)

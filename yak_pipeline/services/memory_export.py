@@ -10,6 +10,7 @@ from yak_pipeline.core.memory_markdown import render_memory_markdown
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.knowledge import current_knowledge
 from yak_pipeline.store.memories import user_has_memories
+from yak_pipeline.store.profile import profile_lines
 
 
 class UnknownUser(LookupError):
@@ -26,4 +27,6 @@ def memory_markdown(db: Database, user_id: str, *, known_only: bool = True) -> t
         if known_only and not user_has_memories(conn, user_id):
             raise UnknownUser(f"user {user_id!r} has no memories")
         items = current_knowledge(conn, user_id)
-    return render_memory_markdown(user_id, items), len(items)
+        # The profile as the user keeps it (dropped lines left out), whatever the block's budget.
+        profile = [(line.kind, line.text, line.said_at) for line in profile_lines(conn, user_id)]
+    return render_memory_markdown(user_id, items, profile), len(items)
