@@ -123,6 +123,10 @@ class Settings(BaseSettings):
         default=600, ge=0, le=100_000,
         description="Token budget of the memory block's lines (estimated at 4 characters a token; the first memory always goes in, cut to fit; 0: no budget).",
     )
+    recall_gather_limit: int = Field(
+        default=10, ge=0, le=100,
+        description="Most memories in the block for a question that gathers (\"how many times …\", \"in what order …\", \"summarise …\"): every relevant one up to this, in the order they were said, within the block's token budget (0: such questions get the usual block).",
+    )
     profile_tokens: int = Field(
         default=300, ge=0, le=100_000,
         description="Token budget of the profile part of the memory block: the user's standing instructions and preferences, sent with every prompt (instructions first, newest first; 0: no profile).",

@@ -177,7 +177,8 @@ def test_a_whole_run_ingests_through_the_pipeline_and_scores_three_methods(setti
     assert report["settings"]["relevance_models"]["shipped"].startswith("feature-hashing-384@")
     assert 0.0 < section["distilled_evidence"] <= 1.0
     # The injected block: measured for each Yak method beside the uncut first memories, never larger.
-    assert report["settings"]["block"] == {"limit": 5, "odds_gap": 2.0, "token_budget": 600, "profile_tokens": 300}
+    assert report["settings"]["block"] == {"limit": 5, "odds_gap": 2.0, "token_budget": 600, "profile_tokens": 300,
+                                          "gather_limit": 10}
     for name in ("Yak", "Yak (in-sample)", "Yak (shipped model)"):
         chosen, fixed = section["methods"][name]["block"], section["methods"][name]["fixed_block"]
         assert chosen["n"] == fixed["n"] == 5 and set(chosen["by_category"]) == {"1", "2", "3", "4"}
@@ -316,7 +317,8 @@ def test_cli_prints_json_and_writes_the_files(tmp_path: Path, settings: Settings
     section = report["files"][str(data)]
     # One conversation: no cross-validation, and no in-sample fit (no negatives for the
     # answerability): "Yak" is the shipped model's, and the report says so.
-    assert report["conversations"] == 1 and set(section["methods"]) == {"BM25", "dense", "Yak", "Yak (shipped model)"}
+    assert report["conversations"] == 1 and set(section["methods"]) == {"BM25", "dense", "Yak", "Yak (shipped model)",
+                                                                          "Yak, question whole"}
     assert report["cross_validation"]["folds"] == 0 and "no cross-validation" in report["evaluation"]
     assert report["notes"] and "could not be fitted" in report["notes"][0]
     assert "recall@5" in section["methods"]["Yak"]["by_category"]["4"]

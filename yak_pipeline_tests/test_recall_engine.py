@@ -14,7 +14,7 @@ import numpy as np
 import psycopg
 import pytest
 
-from yak_pipeline.core.block_choice import BlockChoice
+from yak_pipeline.core.block_choice import BlockChoice, gathers
 from yak_pipeline.core.query_intent import query_parts
 from yak_pipeline.core.recall import RecallParams, interleave, rank_memories, relevance_odds
 from yak_pipeline.core.relevance import RelevanceModel
@@ -342,6 +342,40 @@ def test_query_parts_names_the_listed_things() -> None:
     assert query_parts("How many days between when I logged 3,600 words and my deadline?") == [
         "when I logged 3,600 words", "my deadline"]
     assert query_parts("What is my sister's job in Leeds?") == [] and query_parts("Considering everything?") == []
+
+
+def test_a_question_that_gathers_gets_more_memories_in_the_order_they_were_said(database: Database) -> None:
+    """``core.block_choice.gathers``: "how many times …" gets every relevant memory up to the gather
+    limit, with no odds gap, oldest first; the same words asked as a lookup get the usual block."""
+    with database.connection() as conn:
+        ids = _seed(conn, "alice")  # FACTS[i] said 10 + i days ago: the last is the oldest
+    params = RecallParams(threshold=0.0, limit=2)
+
+    def block(query: str, choice: BlockChoice) -> list[str]:
+        _, built = build_context(database, EMBEDDER, user_id="alice", query=query, params=params, model=FITTED,
+                                 now=NOW, choice=choice)
+        assert built.recall_error is None
+        return built.recalled_ids
+
+    said = {distillation: i for i, (_, distillation) in enumerate(ids)}
+    gathered = block("How many times did I mention my sister, the kitten or the bread across my sessions?",
+                     BlockChoice(gather_limit=4, token_budget=0))
+    assert len(gathered) == 4
+    assert [said[i] for i in gathered] == sorted((said[i] for i in gathered), reverse=True)  # oldest first
+    assert len(block("Did I mention my sister, the kitten or the bread?", BlockChoice(odds_gap=None))) == 2
+    # Off, or a question about the present ("how many … now"): the usual block.
+    assert len(block("How many times did I mention my sister, the kitten or the bread across my sessions?",
+                     BlockChoice(gather_limit=0, odds_gap=None))) == 2
+    assert len(block("How many kittens do I have now?", BlockChoice(gather_limit=4, odds_gap=None))) == 2
+
+
+def test_gathering_questions_are_read_from_their_words() -> None:
+    assert gathers("How many different user roles did I mention across my sessions?", BlockChoice())
+    assert gathers("In what order did I bring up the three frameworks?", BlockChoice())
+    assert gathers("Can you summarise how my essay goals evolved?", BlockChoice())
+    assert not gathers("How many columns does the table have now?", BlockChoice())  # the current value
+    assert not gathers("What is my sister called?", BlockChoice())
+    assert not gathers("How many times did I go?", BlockChoice(gather_limit=0))
 
 
 # --- as_of ------------------------------------------------------------------------------------------

@@ -31,6 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from yak_pipeline.core.query_intent import asks_about_present, asks_to_gather
+
 # Characters per token, for the budget's estimate.
 CHARS_PER_TOKEN: Final[float] = 4.0
 # What a block line adds to its memory's text: "- (distilled memory, said on 27 Nov 2026) ".
@@ -41,17 +43,21 @@ LABEL_TOKENS: Final[int] = 12
 class BlockChoice:
     """How the block is chosen from the ranked memories: the odds gap to the best (None: every
     memory recall returned), and the token budget of the memory lines (0: no budget); and the
-    token budget of the profile part (``core.profile.choose_profile``; 0: no profile)."""
+    token budget of the profile part (``core.profile.choose_profile``; 0: no profile); and how many
+    memories a question that gathers (``core.query_intent.asks_to_gather``) may get (0: none more)."""
 
     odds_gap: float | None = 2.0
     token_budget: int = 600
     profile_tokens: int = 300
+    gather_limit: int = 10
 
     def __post_init__(self) -> None:
         if self.odds_gap is not None and not (self.odds_gap >= 0 and math.isfinite(self.odds_gap)):
             raise ValueError(f"odds_gap must be a finite number >= 0 or None, got {self.odds_gap!r}")
         if self.token_budget < 0:
             raise ValueError(f"token_budget must be >= 0, got {self.token_budget}")
+        if self.gather_limit < 0:
+            raise ValueError(f"gather_limit must be >= 0, got {self.gather_limit}")
         if self.profile_tokens < 0:
             raise ValueError(f"profile_tokens must be >= 0, got {self.profile_tokens}")
 
@@ -116,3 +122,10 @@ def fit_text(text: str, token_budget: int) -> str:
         return text
     cut = text[: max(limit - 1, 1)]
     return (cut.rsplit(" ", 1)[0] if " " in cut[limit // 2:] else cut).rstrip() + "…"
+
+
+def gathers(question: str, choice: BlockChoice) -> bool:
+    """Whether the block for ``question`` gathers (``core.query_intent.asks_to_gather``): up to
+    ``choice.gather_limit`` memories, no odds gap, in the order they were said. A question about
+    the present ("how many … now") is not one: it wants the current value, first."""
+    return choice.gather_limit > 0 and asks_to_gather(question) and not asks_about_present(question)

@@ -1,5 +1,10 @@
 """What a recall query asks about, read from its words alone (deterministic, before any model).
 
+A question that *gathers* ("How many times did I …", "List all …", "In what order did I …",
+"Summarise …", "… across my sessions") wants every memory on its topic, not the one best:
+:func:`asks_to_gather` reads it, and the block then holds more memories, in the order they were
+said (``services.recall.build_context``).
+
 A question that names several things to weigh together ("Considering my form validation code,
 lazy loading setup and GA4 tracking, …", "How many days between finishing my draft and the
 deadline?") needs a memory about each; :func:`query_parts` names them, so recall can look for
@@ -79,3 +84,18 @@ def query_parts(question: str) -> list[str]:
     items = [item.strip(" ,.;:") for item in _ITEM_SEPARATOR.split(listed)]
     items = [item for item in items if len(item.split()) >= 1 and any(c.isalpha() for c in item)]
     return items[:MAX_QUERY_PARTS] if len(items) >= 2 else []
+
+
+# Words of a question that gathers across what was said, rather than looking up one fact.
+GATHER_CUE: Final = re.compile(
+    r"\b(how many|how much (?:\w+ )*(?:in total|altogether|overall)|list (?:all|every|each)|all (?:the|of the|my)|"
+    r"every (?:time|one)|each time|in (?:what|which) order|what order|the order|order (?:of|in which)|"
+    r"summari[sz]e|summary|across (?:my|our|all|the|these|those)|in total|altogether|so far|over time|evolve[ds]?|"
+    r"progress(?:ed)?|timeline)\b", re.IGNORECASE)
+
+
+def asks_to_gather(question: str) -> bool:
+    """True for a question that gathers across what was said ("How many times did I mention …?",
+    "In what order did I bring up …?", "Summarise …", "… across my sessions"): its answer is spread
+    over several memories, so the block holds more of them, in the order they were said."""
+    return bool(GATHER_CUE.search(question))

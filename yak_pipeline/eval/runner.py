@@ -71,7 +71,7 @@ import psycopg
 
 from yak_pipeline.alerts import NULL_ALERTER
 from yak_pipeline.core.exchange_files import ExchangeRecord
-from yak_pipeline.core.block_choice import BlockChoice, choose_block, line_tokens
+from yak_pipeline.core.block_choice import BlockChoice, choose_block, gathers, line_tokens
 from yak_pipeline.core.exchanges import content_sha256, normalise_exchange_text
 from yak_pipeline.core.secrets import redact_secrets
 from yak_pipeline.core.query_intent import asks_about_past, asks_about_present, query_parts
@@ -696,12 +696,19 @@ def _block(asked: _Asked, ranked: Sequence[RankedMemory], items: Sequence[frozen
     """The block's memories (each the turns it holds) and its estimated tokens; with ``cut`` False,
     the first memories as they come (the block before the odds gap and the budget). The tokens are
     each kept memory's whole line: a bound, since the block cuts a first line longer than the budget."""
-    top = list(range(min(spec.limit, len(ranked))))
+    # A question that gathers gets up to the gather limit, no odds gap, in the order said (as
+    # services.recall.build_context; here by when each memory was last stated).
+    gather = cut and gathers(asked.question.question, spec.choice)
+    top = list(range(min(max(spec.limit, spec.choice.gather_limit) if gather else spec.limit, len(ranked))))
     tokens = [line_tokens(texts[i]) for i in top]
     if cut:
         history = asks_about_past(asked.question.question)
-        top = choose_block([ranked[i].rank_odds for i in top], tokens, exponent=spec.exponent, choice=spec.choice,
-                           superseded=None if history else [ranked[i].superseded_by is not None for i in top])
+        choice = replace(spec.choice, odds_gap=None) if gather else spec.choice
+        chosen = choose_block([ranked[i].rank_odds for i in top], tokens, exponent=spec.exponent, choice=choice,
+                              superseded=None if history else [ranked[i].superseded_by is not None for i in top])
+        top = [top[i] for i in chosen]
+        if gather:
+            top = sorted(top, key=lambda i: ranked[i].refreshed_at)
     return [items[i] for i in top], sum(tokens[i] for i in top)
 
 
@@ -813,7 +820,7 @@ def _file_report(collected: CollectedFile, methods: Sequence[Method], models: _M
             items, ms, ranked = got
             if ranked is not None and not method.live and question.evidence:
                 with collected.db.connection() as conn:
-                    texts = _hit_texts(conn, ranked[:block.limit])
+                    texts = _hit_texts(conn, ranked[:max(block.limit, block.choice.gather_limit)])
                 profile = asked.conversation.profile_turns
                 for name, cut in (("block", True), ("fixed_block", False)):
                     chosen, tokens = _block(asked, ranked, items, texts, block, cut=cut)
@@ -990,7 +997,8 @@ def run_evaluation(settings: Settings, datasets: Sequence[Dataset], options: Eva
             "superseded_factor": settings.recall_superseded_factor, "leg_size": settings.recall_leg_size,
             "exchange_context": settings.recall_exchange_context,
             "block": {"limit": block.limit, "odds_gap": block.choice.odds_gap,
-                      "token_budget": block.choice.token_budget, "profile_tokens": block.choice.profile_tokens},
+                      "token_budget": block.choice.token_budget, "profile_tokens": block.choice.profile_tokens,
+                      "gather_limit": block.choice.gather_limit},
         },
         "notes": [n for n in (in_sample_note,) if n],
         # The model fitted on everything (what `yak eval calibrate` writes), to inspect or ship.

@@ -26,6 +26,7 @@ import psycopg
 from yak_pipeline.core.block_choice import (
     BlockChoice,
     fit_text,
+    gathers,
     line_tokens,
     within_odds_gap,
     within_token_budget,
@@ -190,7 +191,7 @@ def recall_params(settings: Settings, *, threshold: float = 0.7, limit: int = 5)
 def block_choice(settings: Settings) -> BlockChoice:
     """How the memory block is chosen from what recall ranks: the configured odds gap and token budget."""
     return BlockChoice(odds_gap=settings.recall_block_odds_gap, token_budget=settings.recall_block_tokens,
-                       profile_tokens=settings.profile_tokens)
+                       profile_tokens=settings.profile_tokens, gather_limit=settings.recall_gather_limit)
 
 
 @lru_cache(maxsize=16)
@@ -317,7 +318,9 @@ def build_context(
     """The memory block for ``query`` and the prompt messages around it; recall failures degrade.
 
     The block holds only what answers (``core.block_choice``, ``choice``): the memories within the
-    odds gap of the best, within the token budget. Ahead of them, apart, it carries the user's
+    odds gap of the best, within the token budget. A question that gathers (``core.block_choice.gathers``:
+    "how many times …", "in what order …", "summarise …") gets every memory recall finds relevant up
+    to ``choice.gather_limit``, within the budget, in the order they were said. Ahead of them, apart, it carries the user's
     profile (``services.profile``: their standing instructions and preferences) within
     ``choice.profile_tokens``, whatever the message.
 
@@ -331,15 +334,18 @@ def build_context(
     found it, and only memories not found already. If recall fails (database down, embedder
     broken) the prompt is still built, without memories, and ``PromptBuild.recall_error`` says why.
     """
-    limit = ask["params"].limit
+    # A question that gathers ("how many times …", "in what order …") gets more memories, every one
+    # recall finds relevant up to the gather limit, in the order they were said.
+    gather = gathers(ask["query"], choice)
+    limit = max(ask["params"].limit, choice.gather_limit) if gather else ask["params"].limit
 
     def _recall() -> list[BlockMemory]:
-        hits = search_memories(db, embedder, judge=judge, **ask)
+        hits = search_memories(db, embedder, judge=judge, **{**ask, "params": replace(ask["params"], limit=limit)})
         # A query that filled the limit needs no help from the others (and costs no more recalls).
         full = len(hits) >= limit
         # Only what answers: the memories near the best one (the odds gap), not a fixed count.
         near = within_odds_gap([h.rank_odds for h in hits], exponent=ask["params"].relevance_exponent,
-                               odds_gap=choice.odds_gap)
+                               odds_gap=None if gather else choice.odds_gap)
         hits = [h for h, keep in zip(hits, near) if keep]
         found = {h.id for h in hits}
         added: dict[str, RecallHit] = {}
@@ -357,6 +363,8 @@ def build_context(
             hits = [h for h in hits if h.superseded_by is None]
         # Then the token budget, over the lines as the block shows them (the first always, cut to fit).
         kept = within_token_budget([line_tokens(h.content) for h in hits], choice.token_budget)
+        if gather:
+            kept = sorted(kept, key=lambda i: hits[i].occurred_at)
         # The user's standing instructions and preferences go first, whatever the message
         # (services.profile), within their own budget.
         profile = [BlockMemory(id=line.id, content=line.text, tier="core", occurred_at=line.said_at, kind=line.kind)
