@@ -89,7 +89,11 @@ def run_partitions(context: dg.AssetExecutionContext | dg.AssetCheckExecutionCon
                    conn: psycopg.Connection) -> list[tuple[str, date]]:
     """``(user_id, day)`` of every day the run covers: for each of its users (one, unless a
     multi-user backfill), the days its tags name, else those with data in its tags' window."""
-    days, since, until = tagged_days(dict(context.run.tags))
+    try:
+        days, since, until = tagged_days(dict(context.run.tags))
+    except RunDaysError as exc:
+        # A Failure shows in the UI as its one line, not a traceback: a person set the tag by hand.
+        raise dg.Failure(description=str(exc), allow_retries=False) from None
     covered: list[tuple[str, date]] = []
     for user_id in context.partition_keys:
         if days is not None:
