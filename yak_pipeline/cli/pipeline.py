@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from datetime import date
 from importlib import resources
 from pathlib import Path
@@ -45,7 +46,7 @@ def dagster_instance(settings: Settings):  # noqa: ANN201 - DagsterInstance impo
     return dg.DagsterInstance.ephemeral()
 
 
-def sync_partitions_with_data(instance, database, *, keep=()) -> None:  # noqa: ANN001 - Dagster and Database imported lazily
+def sync_partitions_with_data(instance, database, *, keep: Iterable[str] = ()) -> None:  # noqa: ANN001 - lazy imports
     """Make every user who holds data a partition and remove forgotten users (the sensors do both
     as data changes; this also covers data stored or forgotten while no sensor ran). ``keep``:
     users whose data is still in drop files."""

@@ -15,7 +15,7 @@ from yak_pipeline.store.turns import pending_turn_partitions
 
 @dataclass
 class Discovery:
-    """Partitions with work: (user, day) → (pending count, signature of the pending state).
+    """Users' days with work: (user, UTC day) → (pending count, signature of the pending state).
 
     ``drop_files`` names, for each partition, the ready drop-folder files holding its exchanges:
     that partition's run stores them (the ``raw_exchanges`` asset). ``claimed`` are the files
