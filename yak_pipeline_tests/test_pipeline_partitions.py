@@ -44,30 +44,32 @@ def test_the_examples_leave_no_partition_that_cannot_hold_data(settings: Setting
         os.utime(drop_dir / example.name, (time.time() - 60, time.time() - 60))  # finished writing
     # A second user arrives through the API on a day the examples have no exchange of.
     add_exchange(database, "zoe", "I collect stamps.", date(2026, 11, 30))
-    with dg.instance_for_test() as instance:
-        context = dg.build_sensor_context(
-            instance=instance, resources={"postgres": PostgresResource(database_url=settings.database_url)})
-        tick = drop_folder_sensor(context)
-        for request in tick.dynamic_partitions_requests:
-            instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
-        for request in tick.run_requests:  # what the daemon does: run each request with its tags
-            assert dg.materialize(MEMORY_ASSETS, resources=pipeline_resources(settings), instance=instance,
-                                  partition_key=request.partition_key, tags=request.tags).success
-        assert run_partition(instance, pipeline_resources(settings), "zoe", date(2026, 11, 30)).success
+    # Ephemeral, as the other pipeline tests: a temporary persistent instance leaves Dagster's
+    # process-wide definitions-load context pointing at it after it is gone.
+    instance = new_instance()
+    context = dg.build_sensor_context(
+        instance=instance, resources={"postgres": PostgresResource(database_url=settings.database_url)})
+    tick = drop_folder_sensor(context)
+    for request in tick.dynamic_partitions_requests:
+        instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+    for request in tick.run_requests:  # what the daemon does: run each request with its tags
+        assert dg.materialize(MEMORY_ASSETS, resources=pipeline_resources(settings), instance=instance,
+                              partition_key=request.partition_key, tags=request.tags).success
+    assert run_partition(instance, pipeline_resources(settings), "zoe", date(2026, 11, 30)).success
 
-        keys = users_partitions.get_partition_keys(dynamic_partitions_store=instance)
-        with database.connection() as conn:
-            data = days_with_data(conn)
-        # One partition per user with data; users × days would have listed every user on every day.
-        assert keys == sorted({user for user, _ in data}) == ["demo", "zoe"]
-        assert len({day for _, day in data}) > 1  # several days, still one partition each
-        # Every partition holds data and every memory asset is materialized in each: nothing "missing".
-        for asset_key in MEMORY_ASSET_KEYS:
-            assert instance.get_materialized_partitions(asset_key) == set(keys), asset_key
-        # The examples' runs named their days in the tag; none of them is a day without data.
-        demo_days = {day.isoformat() for user, day in data if user == "demo"}
-        demo_runs = instance.get_runs(filters=dg.RunsFilter(tags={"dagster/partition": "demo"}))
-        assert demo_runs and all(set(json.loads(run.tags[DAYS_TAG])) <= demo_days for run in demo_runs)
+    keys = users_partitions.get_partition_keys(dynamic_partitions_store=instance)
+    with database.connection() as conn:
+        data = days_with_data(conn)
+    # One partition per user with data; users × days would have listed every user on every day.
+    assert keys == sorted({user for user, _ in data}) == ["demo", "zoe"]
+    assert len({day for _, day in data}) > 1  # several days, still one partition each
+    # Every partition holds data and every memory asset is materialized in each: nothing "missing".
+    for asset_key in MEMORY_ASSET_KEYS:
+        assert instance.get_materialized_partitions(asset_key) == set(keys), asset_key
+    # The examples' runs named their days in the tag; none of them is a day without data.
+    demo_days = {day.isoformat() for user, day in data if user == "demo"}
+    demo_runs = instance.get_runs(filters=dg.RunsFilter(tags={"dagster/partition": "demo"}))
+    assert demo_runs and all(set(json.loads(run.tags[DAYS_TAG])) <= demo_days for run in demo_runs)
 
 
 def test_backfilling_one_users_date_range_redistils_those_days_only(
