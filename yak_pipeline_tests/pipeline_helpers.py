@@ -19,7 +19,7 @@ import pytest
 from yak_pipeline.defs.distillations.assets import distillations
 from yak_pipeline.defs.distillations.checks import distillation_quality
 from yak_pipeline.defs.exchanges.assets import raw_exchanges
-from yak_pipeline.defs.partitions import add_missing_partitions, partition_key, users_partitions
+from yak_pipeline.defs.partitions import add_missing_partitions, day_tags, users_partitions
 from yak_pipeline.defs.resources import AlertsResource, EmbedderResource, LLMResource, PostgresResource
 from yak_pipeline.defs.scores.assets import conflict_scores, distillation_versions
 from yak_pipeline.settings import Settings, get_settings
@@ -75,11 +75,12 @@ def run_partition(
     run_config: dict | None = None,
     tags: dict[str, str] | None = None,
 ) -> dg.ExecuteInProcessResult:
-    """Materialize ``assets`` for one user's day, never raising on a failed step (adding the user
-    and the day as partitions first, as the sensors do); ``tags`` are the run's (a sensor's request)."""
+    """Materialize ``assets`` for one user's day (the user's partition, the day in its ``yak/days``
+    tag), never raising on a failed step (adding the user as a partition first, as the sensors do);
+    ``tags`` are the run's (a sensor's request, whose days replace ``day``)."""
     add_missing_partitions(instance, [(user_id, day)])
-    return dg.materialize(list(assets), resources=resources, partition_key=partition_key(user_id, day),
-                          instance=instance, raise_on_error=False, run_config=run_config, tags=tags)
+    return dg.materialize(list(assets), resources=resources, partition_key=user_id, instance=instance,
+                          raise_on_error=False, run_config=run_config, tags={**day_tags([day]), **(tags or {})})
 
 
 def materialization_metadata(result: dg.ExecuteInProcessResult, asset: str) -> dict[str, Any] | None:

@@ -16,13 +16,7 @@ import dagster as dg
 import pytest
 
 from yak_pipeline.defs.distillations.assets import distillations
-from yak_pipeline.defs.partitions import (
-    RANGE_END_TAG,
-    RANGE_START_TAG,
-    add_missing_partitions,
-    partition_key,
-    user_day_ranges,
-)
+from yak_pipeline.defs.partitions import add_missing_partitions, day_tags, runs_by_user
 from yak_pipeline.defs.scores.assets import conflict_scores, distillation_versions, warmth
 from yak_pipeline.settings import Settings, get_settings
 from yak_pipeline.store.database import Database
@@ -331,9 +325,9 @@ def test_failing_quality_gate_skips_downstream_and_holds_later_runs_back(
                                "FROM distillations WHERE id = %s", (new_id,))[0]
 
 
-def test_a_range_run_works_each_day_keeps_each_days_verdict_and_holds_back_only_the_failing_day(
+def test_a_run_of_several_days_works_each_day_keeps_each_days_verdict_and_holds_back_only_the_failing_day(
         settings: Settings, database: Database) -> None:
-    days = [date(2026, 3, 16), date(2026, 3, 14), date(2026, 3, 15)]  # the order they reach the instance
+    days = [date(2026, 3, 16), date(2026, 3, 14), date(2026, 3, 15)]  # the order they arrive
     for when in days:
         add_exchange(database, "alice", f"I visited a new museum on {when:%B %d}.", when)
     add_exchange(database, "bob", "I visited a museum too.", date(2026, 3, 15))
@@ -342,30 +336,32 @@ def test_a_range_run_works_each_day_keeps_each_days_verdict_and_holds_back_only_
                                                distillation="User said hi.", occurred_at=at(date(2026, 3, 14), 9))
         conn.execute("UPDATE distillations SET content = 'One. Two. Three. Four. Five. Six.', prompt_version = 'v1' "
                      "WHERE id = %s", (bad,))
-    instance = new_instance("alice", "bob")
-    for when in days:  # one at a time, as days reach a running instance (imported history after recent days)
-        add_missing_partitions(instance, [("alice", when)])
-    assert user_day_ranges([("alice", when) for when in days], instance.get_dynamic_partitions("days")) == [
-        ("alice", days)]  # ends: the first and last day added, not the calendar's
+    instance = new_instance()
+    add_missing_partitions(instance, [("alice", when) for when in days] + [("bob", date(2026, 3, 15))])
+    # The planner the sensors and `yak process` share: one run per user, whatever the order of days.
+    plan = runs_by_user([("alice", when) for when in days] + [("bob", date(2026, 3, 15))])
+    assert plan == [("alice", sorted(days)), ("bob", [date(2026, 3, 15)])]
     resources = pipeline_resources(settings)
-    tags = {RANGE_START_TAG: str(partition_key("alice", days[0])), RANGE_END_TAG: str(partition_key("alice", days[-1]))}
+    tags = day_tags(plan[0][1])
 
-    ranged = dg.materialize(MEMORY_ASSETS, resources=resources, instance=instance, raise_on_error=False, tags=tags)
+    run = dg.materialize(MEMORY_ASSETS, resources=resources, instance=instance, partition_key="alice",
+                         raise_on_error=False, tags=tags)
 
-    # Alice's three days and nobody else's: bob's exchange on the 15th is still pending.
-    assert {str(e.event_specific_data.materialization.partition) for e in ranged.get_asset_materialization_events()} \
-        == {f"{when}|alice" for when in days}
+    # Alice's three days in one run of her partition, and nobody else's: bob's exchange is still pending.
+    assert {e.event_specific_data.materialization.partition for e in run.get_asset_materialization_events()} \
+        == {"alice"}
+    assert materialization_metadata(run, "raw_exchanges")["day_span"] == "2026-03-14 … 2026-03-16"
     assert fetch_one(database, "SELECT count(*) FROM memories WHERE user_id = 'alice' AND status = 'distilled'")[0] == 4
     assert fetch_one(database, "SELECT status FROM memories WHERE user_id = 'bob'")[0] == "pending"
-    [evaluation] = ranged.get_asset_check_evaluations()
-    assert not evaluation.passed and evaluation.metadata["failing_partitions"].value == "2026-03-14|alice"
+    [evaluation] = run.get_asset_check_evaluations()
+    assert not evaluation.passed and evaluation.metadata["failing_days"].value == "2026-03-14|alice"
     with database.connection() as conn:
         assert [partition_gate_passed(conn, user_id="alice", day=when) for when in days] == [True, False, True]
-    # The downstream steps over the same range: the failing day is held back, the others go on.
+    # The downstream steps over the same days: the failing day is held back, the others go on.
     later = dg.materialize([conflict_scores, distillation_versions], resources=resources, instance=instance,
-                           raise_on_error=False, tags=tags)
+                           partition_key="alice", raise_on_error=False, tags=tags)
     conflicts = materialization_metadata(later, "conflict_scores")
-    assert later.success and conflicts["partitions_held_back_by_quality_gate"] == 1 and conflicts["rows_in"] == 2
+    assert later.success and conflicts["days_held_back_by_quality_gate"] == 1 and conflicts["rows_in"] == 2
 
 
 # --- conflicts and near-duplicates ---------------------------------------------------------------

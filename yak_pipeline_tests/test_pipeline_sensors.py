@@ -1,7 +1,7 @@
 """The sensors, evaluated with ``dg.build_sensor_context`` against a real database and drop folder.
 
-Each tick is checked for what it asks of Dagster — run requests with their partition keys, run
-keys and tags, new user partitions, the new cursor — and for what it did on disk and in the
+Each tick is checked for what it asks of Dagster — run requests with their partition keys (users),
+days, run keys and tags, new and forgotten user partitions, the new cursor — and for what it did on disk and in the
 database; the drop folder's requested runs are then run, as the daemon would, and checked too.
 """
 
@@ -26,17 +26,12 @@ from yak_pipeline.defs.automation.sensors import (
     turns_sensor,
 )
 from yak_pipeline.defs.exchanges.assets import DROP_FILES_TAG, raw_exchanges
-from yak_pipeline.defs.partitions import (
-    add_missing_partitions,
-    days_partitions,
-    partition_key,
-    partition_parts,
-    users_partitions,
-)
+from yak_pipeline.defs.partitions import DAYS_TAG, add_missing_partitions, day_tags, users_partitions
 from yak_pipeline.defs.resources import AlertsResource, PostgresResource
 from yak_pipeline.ingestion.claim import claim_drop_files
 from yak_pipeline.settings import Settings, get_settings
 from yak_pipeline.store.database import Database
+from yak_pipeline.store.forget import forget_memories
 from yak_pipeline.store.memories import record_memory_error
 from yak_pipeline.store.turns import insert_turn
 from yak_pipeline_tests.fake_openai import FakeOpenAIServer
@@ -72,20 +67,32 @@ def _keys(result: dg.SensorResult) -> list[str]:
     return [str(r.partition_key) for r in result.run_requests]
 
 
-def _added(result: dg.SensorResult, definition: dg.DynamicPartitionsDefinition) -> list[str]:
-    return [key for request in result.dynamic_partitions_requests if request.partitions_def_name == definition.name
-            for key in request.partition_keys]
+def _days(request: dg.RunRequest) -> list[str]:
+    """The days a requested run covers (its ``yak/days`` tag)."""
+    return json.loads(request.tags[DAYS_TAG])
 
 
 def _added_users(result: dg.SensorResult) -> list[str]:
-    return _added(result, users_partitions)
+    # Only the users definition exists: no request may name another (the old "days" dimension).
+    assert {request.partitions_def_name for request in result.dynamic_partitions_requests} <= {users_partitions.name}
+    return [key for request in result.dynamic_partitions_requests
+            if isinstance(request, dg.AddDynamicPartitionsRequest) for key in request.partition_keys]
+
+
+def _deleted_users(result: dg.SensorResult) -> list[str]:
+    return [key for request in result.dynamic_partitions_requests
+            if isinstance(request, dg.DeleteDynamicPartitionsRequest) for key in request.partition_keys]
 
 
 def _apply_partition_requests(instance: dg.DagsterInstance, result: dg.SensorResult) -> None:
     """What the daemon does with a tick's dynamic partition requests."""
     for request in result.dynamic_partitions_requests:
-        assert request.partitions_def_name in (users_partitions.name, days_partitions.name)
-        instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
+        assert request.partitions_def_name == users_partitions.name
+        if isinstance(request, dg.DeleteDynamicPartitionsRequest):
+            for key in request.partition_keys:
+                instance.delete_dynamic_partition(request.partitions_def_name, key)
+        else:
+            instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
 
 
 def _line(user_id: str, text: str, day: str) -> str:
@@ -108,8 +115,9 @@ def _run_requested(instance: dg.DagsterInstance, settings: Settings, result: dg.
     """What the daemon does with a tick: add its partitions, then run each requested memory run (offline LLM)."""
     _apply_partition_requests(instance, result)
     for request in result.run_requests:
-        user_id, day = partition_parts(request.partition_key)
-        run = run_partition(instance, pipeline_resources(settings), user_id, day, tags=request.tags)
+        first_day = datetime.fromisoformat(_days(request)[0]).date()  # the request's tags name all its days
+        run = run_partition(instance, pipeline_resources(settings), request.partition_key, first_day,
+                            tags=request.tags)
         assert run.success
 
 
@@ -128,18 +136,17 @@ def test_drop_folder_tick_detects_files_and_requests_runs_that_store_them(
 
     result = _tick(drop_folder_sensor, instance, settings)
 
-    expected = [partition_key("alice", DAY), partition_key("carol", DAY), partition_key("bob", NEXT_DAY),
-                partition_key("dave", NEXT_DAY)]
-    assert _keys(result) == [str(k) for k in expected]
+    # One run per user (the partition), naming the days it covers.
+    assert _keys(result) == ["alice", "bob", "carol", "dave"]
+    assert [_days(r) for r in result.run_requests] == [[str(DAY)], [str(NEXT_DAY)], [str(DAY)], [str(NEXT_DAY)]]
     assert all(r.run_key.startswith(f"drop:{r.partition_key}:") for r in result.run_requests)
     assert len({r.run_key for r in result.run_requests}) == 4
-    # Each run is told which files hold its partition's exchanges: its raw_exchanges stores them.
+    # Each run is told which files hold its user's exchanges: its raw_exchanges stores them.
     assert [json.loads(r.tags[DROP_FILES_TAG]) for r in result.run_requests] == [
-        ["history.jsonl"], ["mixed.jsonl"], ["history.jsonl"], ["notes.md"]]
+        ["history.jsonl"], ["history.jsonl"], ["mixed.jsonl"], ["notes.md"]]
     assert _added_users(result) == ["bob", "carol", "dave"]
-    # The days grow with the data too: only the two days these exchanges happened on.
-    assert _added(result, days_partitions) == [DAY.isoformat(), NEXT_DAY.isoformat()]
-    assert set(json.loads(result.cursor)) == {str(k) for k in expected}
+    assert _deleted_users(result) == []
+    assert set(json.loads(result.cursor)) == {f"{DAY}|alice", f"{DAY}|carol", f"{NEXT_DAY}|bob", f"{NEXT_DAY}|dave"}
 
     # The tick stores nothing: the files wait for their runs. Only the unreadable one, which no run
     # will claim, is quarantined at once with its reason; the young one is left alone.
@@ -223,7 +230,7 @@ def test_a_new_drop_file_for_a_known_partition_requests_it_again_under_a_new_run
     _drop(drop_dir, "a-again.jsonl", _line("alice", "I live in Berlin.", "2026-03-14") + "\n")
     second = _tick(drop_folder_sensor, instance, settings, cursor=first.cursor)
 
-    assert _keys(second) == [str(partition_key("alice", DAY))]
+    assert _keys(second) == ["alice"]
     assert second.run_requests[0].run_key != first.run_requests[0].run_key
     assert second.dynamic_partitions_requests == []
     _run_requested(instance, settings, second)
@@ -251,7 +258,7 @@ def test_a_partition_whose_drop_run_is_still_going_is_left_to_it_then_asked_agai
     # The run failed before distilling: its memories are still pending, so they get a new run.
     instance.report_run_failed(run)
     after = _tick(drop_folder_sensor, instance, settings, cursor=during.cursor)
-    assert _keys(after) == [str(partition_key("alice", DAY))]
+    assert _keys(after) == ["alice"]
     assert after.run_requests[0].run_key != request.run_key
     assert DROP_FILES_TAG not in after.run_requests[0].tags  # the file is stored: nothing left to claim
 
@@ -267,7 +274,7 @@ def test_inbox_sensor_requests_pending_api_memories_once_per_state(settings: Set
 
     first = _tick(api_inbox_sensor, instance, settings)
 
-    assert _keys(first) == [str(partition_key("alice", DAY)), str(partition_key("bob", NEXT_DAY))]
+    assert _keys(first) == ["alice", "bob"]
     assert all(r.run_key.startswith("inbox:") for r in first.run_requests)
     assert _added_users(first) == ["bob"]
     _apply_partition_requests(instance, first)
@@ -279,7 +286,7 @@ def test_inbox_sensor_requests_pending_api_memories_once_per_state(settings: Set
     with database.connection() as conn:
         record_memory_error(conn, first_memory, "HTTP 500 from the LLM")
     retry = _tick(api_inbox_sensor, instance, settings, cursor=same.cursor)
-    assert _keys(retry) == [str(partition_key("alice", DAY))]
+    assert _keys(retry) == ["alice"]
     assert retry.run_requests[0].run_key not in {r.run_key for r in first.run_requests}
 
     # Distilled memories leave the inbox, and the cursor forgets their partition.
@@ -287,7 +294,62 @@ def test_inbox_sensor_requests_pending_api_memories_once_per_state(settings: Set
         conn.execute("UPDATE memories SET status = 'distilled' WHERE user_id = 'alice'")
     done = _tick(api_inbox_sensor, instance, settings, cursor=retry.cursor)
     assert done.run_requests == []
-    assert set(json.loads(done.cursor)) == {str(partition_key("bob", NEXT_DAY))}
+    assert set(json.loads(done.cursor)) == {f"{NEXT_DAY}|bob"}
+
+
+def test_a_tick_requests_one_run_per_user_covering_all_their_new_days(settings: Settings, database: Database) -> None:
+    """``memory add`` several times between two ticks, over several days: one run per user, not per memory or day."""
+    for minute in range(4):
+        add_exchange(database, "alice", f"I tried recipe number {minute}.", DAY, minute=minute)
+    add_exchange(database, "alice", "I baked bread.", NEXT_DAY)
+    add_exchange(database, "bob", "I like tea.", NEXT_DAY)
+    instance = new_instance()
+
+    first = _tick(api_inbox_sensor, instance, settings)
+
+    assert _keys(first) == ["alice", "bob"]
+    assert [_days(r) for r in first.run_requests] == [[str(DAY), str(NEXT_DAY)], [str(NEXT_DAY)]]
+    _run_requested(instance, settings, first)
+    # Each requested run did all of its user's work: nothing is left pending, nothing asked again.
+    assert fetch_all(database, "SELECT DISTINCT status FROM memories") == [("distilled",)]
+    assert [run.tags["dagster/partition"] for run in instance.get_runs()] == ["bob", "alice"]
+    assert _tick(api_inbox_sensor, instance, settings, cursor=first.cursor).run_requests == []
+
+    # New work on one day only: that user's run covers that day, not the ones already done.
+    add_exchange(database, "alice", "I baked a cake.", NEXT_DAY, minute=5)
+    again = _tick(api_inbox_sensor, instance, settings, cursor=first.cursor)
+    assert _keys(again) == ["alice"] and _days(again.run_requests[0]) == [str(NEXT_DAY)]
+
+
+def test_a_user_whose_memories_were_all_forgotten_leaves_the_partitions(
+        settings: Settings, database: Database, drop_dir: Path) -> None:
+    alice = [add_exchange(database, "alice", "I live in Berlin.", DAY),
+             add_exchange(database, "alice", "I like tea.", NEXT_DAY)]
+    add_exchange(database, "bob", "I like coffee.", DAY)
+    with database.connection() as conn:  # carol had data once, then forgot it all (deleted, not hidden)
+        carol = add_exchange(database, "carol", "I have a cat.", DAY)
+        forget_memories(conn, user_id="carol", memory_ids=[carol], actor="test")
+    # dave's exchanges are still in a drop file; erin's run is on its way: neither has a row yet.
+    _drop(drop_dir, "dave.jsonl", _line("dave", "I play chess.", "2026-03-14") + "\n")
+    instance = new_instance("alice", "bob", "carol", "dave", "erin")
+    instance.add_run(dg.DagsterRun(job_name="memory_job", run_id=str(uuid.uuid4()),
+                                   status=dg.DagsterRunStatus.STARTED, tags={"dagster/partition": "erin"}))
+
+    first = _tick(drop_folder_sensor, instance, settings)
+    assert _deleted_users(first) == ["carol"]
+    _apply_partition_requests(instance, first)
+    assert instance.get_dynamic_partitions(users_partitions.name) == ["alice", "bob", "dave", "erin"]
+
+    # Alice forgets one memory, then (softly) the other: only then does she leave the view.
+    with database.connection() as conn:
+        forget_memories(conn, user_id="alice", memory_ids=alice[:1], actor="test")
+    assert _deleted_users(_tick(drop_folder_sensor, instance, settings, cursor=first.cursor)) == []
+    with database.connection() as conn:
+        forget_memories(conn, user_id="alice", memory_ids=alice[1:], actor="test", soft=True)
+    second = _tick(drop_folder_sensor, instance, settings, cursor=first.cursor)
+    assert _deleted_users(second) == ["alice"]
+    _apply_partition_requests(instance, second)
+    assert "alice" not in instance.get_dynamic_partitions(users_partitions.name)
 
 
 # --- turns ---------------------------------------------------------------------------------------
@@ -304,8 +366,8 @@ def test_turns_sensor_requests_warmth_runs_for_pending_turns(settings: Settings,
 
     first = _tick(turns_sensor, instance, settings)
 
-    assert _keys(first) == [str(partition_key("alice", today))]
-    assert first.run_requests[0].run_key.startswith(f"turns:{partition_key('alice', today)}:")
+    assert _keys(first) == ["alice"] and _days(first.run_requests[0]) == [str(today)]
+    assert first.run_requests[0].run_key.startswith("turns:alice:")
     assert _added_users(first) == ["alice"]
     _apply_partition_requests(instance, first)
     assert _tick(turns_sensor, instance, settings, cursor=first.cursor).run_requests == []
@@ -314,7 +376,7 @@ def test_turns_sensor_requests_warmth_runs_for_pending_turns(settings: Settings,
         insert_turn(conn, user_id="alice", user_message="And my job?", assistant_message="I don't know.",
                     recalled_ids=[])
     second = _tick(turns_sensor, instance, settings, cursor=first.cursor)
-    assert _keys(second) == [str(partition_key("alice", today))]
+    assert _keys(second) == ["alice"]
     assert second.run_requests[0].run_key != first.run_requests[0].run_key
 
 
@@ -332,7 +394,7 @@ def test_run_failure_sensor_sends_one_alert_naming_the_run(settings: Settings, d
     instance = new_instance("alice")
     add_missing_partitions(instance, [("alice", DAY)])
     # A run whose database is unreachable fails for real.
-    failed = dg.materialize([raw_exchanges], partition_key=partition_key("alice", DAY), instance=instance,
+    failed = dg.materialize([raw_exchanges], partition_key="alice", tags=day_tags([DAY]), instance=instance,
                             resources={"postgres": PostgresResource(database_url="postgresql://yak@127.0.0.1:1/none")},
                             raise_on_error=False)
     assert not failed.success
@@ -352,5 +414,5 @@ def test_run_failure_sensor_sends_one_alert_naming_the_run(settings: Settings, d
     assert posts[0]["content"].startswith("[yak error] run_failed")
     assert failed.run_id[:8] in posts[0]["content"]
     fields = {f["name"]: f["value"] for f in posts[0]["embeds"][0]["fields"]}
-    assert failed.run_id in fields["ids"] and "2026-03-14|alice" in fields["ids"]
+    assert failed.run_id in fields["ids"] and "alice" in fields["ids"]
     assert fetch_all(database, "SELECT alert_type, suppressed FROM alert_state") == [("run_failed", 1)]

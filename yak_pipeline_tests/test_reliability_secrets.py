@@ -117,12 +117,12 @@ def test_no_secret_reaches_pipeline_logs_alerts_errors_or_dagster_run_storage(
         caplog.set_level(logging.DEBUG)
         try:
             with dg.DagsterInstance.local_temp(str(dagster_home)) as instance:
-                from yak_pipeline.defs.partitions import add_missing_partitions, partition_key
+                from yak_pipeline.defs.partitions import add_missing_partitions, day_tags
 
                 add_missing_partitions(instance, [("alice", DAY)])
 
                 result = dg.materialize(MEMORY_ASSETS, resources=default_resources(), instance=instance,
-                                        partition_key=partition_key("alice", DAY), raise_on_error=False)
+                                        partition_key="alice", tags=day_tags([DAY]), raise_on_error=False)
                 records = instance.get_records_for_run(result.run_id).records
                 stored_events = "\n".join(repr(r.event_log_entry) for r in records)
                 run_config = repr(instance.get_run_by_id(result.run_id).run_config)

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from datetime import date
 from importlib import resources
 from pathlib import Path
@@ -45,13 +46,14 @@ def dagster_instance(settings: Settings):  # noqa: ANN201 - DagsterInstance impo
     return dg.DagsterInstance.ephemeral()
 
 
-def add_partitions_with_data(instance, database) -> None:  # noqa: ANN001 - Dagster and Database imported lazily
-    """Make every user and day that holds data a partition (the sensors add them as data arrives;
-    this also covers data stored before, or by a process without a sensor)."""
-    from yak_pipeline.defs.partitions import add_missing_partitions
-    from yak_pipeline.services.discovery import partitions_with_data
+def sync_partitions_with_data(instance, database, *, keep: Iterable[str] = ()) -> None:  # noqa: ANN001 - lazy imports
+    """Make every user who holds data a partition and remove forgotten users (the sensors do both
+    as data changes; this also covers data stored or forgotten while no sensor ran). ``keep``:
+    users whose data is still in drop files."""
+    from yak_pipeline.defs.partitions import sync_user_partitions
 
-    add_missing_partitions(instance, partitions_with_data(database))
+    with database.connection() as conn:
+        sync_user_partitions(instance, conn, keep=keep)
 
 
 def _sum_metadata(totals: dict[str, dict[str, int]], asset: str, metadata: dict) -> None:
@@ -67,10 +69,11 @@ def run_pending_work(settings: Settings, *, user_id: str | None, day: date | Non
                      progress: bool = True) -> dict:
     """Materialize every partition with ready drop files, pending memories or turns, in-process.
 
-    Each user's pending days run as ranges of partitions (``defs.partitions.user_day_ranges``):
-    one run, not one per day, so the run's start-up, its embedding batches and its quality check
-    are shared. A range whose quality check fails runs again day by day, so that the days that
-    pass go on to conflict scoring and merging and the failing ones are named. As the daemon's
+    Each user's pending days run as one run of the user's partition, the days named in its
+    ``yak/days`` tag (``defs.partitions.runs_by_user``, the sensors' planner too): not one run
+    per day, so the run's start-up, its embedding batches and its quality check are shared. A run
+    of several days whose quality check fails runs again day by day, so that the days that pass go
+    on to conflict scoring and merging and the failing ones are named. As the daemon's
     runs do, the ``raw_exchanges`` of a run stores the drop files holding its exchanges (named in
     the run's ``yak/drop_files`` tag); files holding nothing to store are finished by the discovery.
     """
@@ -78,14 +81,7 @@ def run_pending_work(settings: Settings, *, user_id: str | None, day: date | Non
 
     from yak_pipeline.definitions import ASSETS, CHECKS, defs
     from yak_pipeline.defs.exchanges.assets import DROP_FILES_TAG
-    from yak_pipeline.defs.partitions import (
-        RANGE_END_TAG,
-        RANGE_START_TAG,
-        add_missing_partitions,
-        days_partitions,
-        partition_key,
-        user_day_ranges,
-    )
+    from yak_pipeline.defs.partitions import add_missing_partitions, day_tags, runs_by_user
     from yak_pipeline.services.discovery import discover_work
     from yak_pipeline.services.recall import describe_build, maintain_recall_indexes
     from yak_pipeline.wiring import shared_database
@@ -93,9 +89,9 @@ def run_pending_work(settings: Settings, *, user_id: str | None, day: date | Non
     db = shared_database(settings)
     found = discover_work(db, drop_dir=settings.resolved_drop_dir, user_id=user_id, day=day, min_age_seconds=0)
     instance = dagster_instance(settings)
-    add_partitions_with_data(instance, db)
-    add_missing_partitions(instance, found.drop_files)  # days whose exchanges are still in drop files
-    days = instance.get_dynamic_partitions(days_partitions.name)
+    drop_users = {user for user, _ in found.drop_files}
+    sync_partitions_with_data(instance, db, keep=drop_users)
+    add_missing_partitions(instance, found.drop_files)  # users whose exchanges are still in drop files
     resources = defs.resources
     memory_assets = [a for a in ASSETS if a.key.to_user_string() != "warmth"]
     warmth_assets = [a for a in ASSETS if a.key.to_user_string() == "warmth"]
@@ -105,27 +101,27 @@ def run_pending_work(settings: Settings, *, user_id: str | None, day: date | Non
     files = [vars(f) for f in found.claimed.files]
     # (kind, user, days, assets, assets whose figures a range already counted)
     work = [("memories", user, run_days, memory_assets + CHECKS, frozenset())
-            for user, run_days in user_day_ranges(found.memory_partitions, days)]
+            for user, run_days in runs_by_user(found.memory_partitions)]
     work += [("turns", user, run_days, warmth_assets, frozenset())
-             for user, run_days in user_day_ranges(found.turn_partitions, days)]
+             for user, run_days in runs_by_user(found.turn_partitions)]
     index = 0
     while index < len(work):
         kind, user, run_days, assets, counted = work[index]
         index += 1
         started = time.monotonic()
-        first, last = partition_key(user, run_days[0]), partition_key(user, run_days[-1])
-        tags = {"yak/trigger": "yak-process", RANGE_START_TAG: str(first), RANGE_END_TAG: str(last)}
+        tags = {"yak/trigger": "yak-process", **day_tags(run_days)}
         named = sorted({name for when in run_days for name in found.drop_files.get((user, when), [])})
         if kind == "memories" and named:
             tags[DROP_FILES_TAG] = json.dumps(named)
-        result = dg.materialize(assets, resources=resources, instance=instance, raise_on_error=False, tags=tags)
+        result = dg.materialize(assets, resources=resources, instance=instance, partition_key=user,
+                                raise_on_error=False, tags=tags)
         check_failed = [e.check_name for e in result.get_asset_check_evaluations() if not e.passed]
         materialized: set[str] = set()
         for event in result.get_asset_materialization_events():
             materialization = event.event_specific_data.materialization
             asset = materialization.asset_key.to_user_string()
-            if materialization.partition not in (None, str(first)) or asset in counted:
-                continue  # a range records one materialization per day, each with the range's figures
+            if asset in counted:
+                continue  # a day-by-day rerun: the run of all its days counted this asset's figures
             materialized.add(asset)
             _sum_metadata(totals, asset, materialization.metadata)
             claimed = materialization.metadata.get("drop_files")
@@ -234,8 +230,8 @@ def _prepare_dagster_home(settings: Settings, url: str) -> dict[str, str]:
 
 
 def _sync_partitions(settings: Settings, env: dict[str, str]) -> None:
-    """Days and users that hold data become partitions before the UI opens: data stored while
-    Yak was stopped, or before the day dimension grew with the data, can be seen and backfilled."""
+    """Users who hold data become partitions, and forgotten ones stop being partitions, before the
+    UI opens: data stored or forgotten while Yak was stopped shows as it is and can be backfilled."""
     import dagster as dg
 
     from yak_pipeline.wiring import shared_database
@@ -244,7 +240,7 @@ def _sync_partitions(settings: Settings, env: dict[str, str]) -> None:
     os.environ["YAK_DAGSTER_PG_URL"] = env["YAK_DAGSTER_PG_URL"]  # dagster.yaml reads it
     try:
         with dg.DagsterInstance.from_config(env["DAGSTER_HOME"]) as instance:
-            add_partitions_with_data(instance, shared_database(settings))
+            sync_partitions_with_data(instance, shared_database(settings))
     finally:
         if previous is None:
             os.environ.pop("YAK_DAGSTER_PG_URL", None)

@@ -15,8 +15,9 @@ MEMORY_STATUSES: Final[tuple[MemoryStatus, ...]] = get_args(MemoryStatus)
 DISTILLATION_STATUSES: Final[tuple[DistillationStatus, ...]] = get_args(DistillationStatus)
 MEMORY_SOURCES: Final[tuple[MemorySource, ...]] = get_args(MemorySource)
 
-# Dagster's multi-partition keys join dimensions with "|", so a user id must never hold one;
-# the same pattern is a CHECK constraint in sql/001.
+# A user id is a Dagster partition key, and a user's day is written "2026-01-02|alice" (the
+# sensors' cursor, the quality gate's failing days, old runs' multi-partition keys), so it never
+# holds "|"; the same pattern is a CHECK constraint in sql/001.
 USER_ID_PATTERN: Final[str] = r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,63}$"
 _USER_ID_RE: Final = re.compile(USER_ID_PATTERN)
 

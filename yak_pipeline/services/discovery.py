@@ -9,13 +9,13 @@ from pathlib import Path
 
 from yak_pipeline.ingestion.claim import ClaimReport, claim_drop_files, plan_drop_files
 from yak_pipeline.store.database import Database
-from yak_pipeline.store.memories import days_with_data, pending_memory_partitions
+from yak_pipeline.store.memories import pending_memory_partitions
 from yak_pipeline.store.turns import pending_turn_partitions
 
 
 @dataclass
 class Discovery:
-    """Partitions with work: (user, day) → (pending count, signature of the pending state).
+    """Users' days with work: (user, UTC day) → (pending count, signature of the pending state).
 
     ``drop_files`` names, for each partition, the ready drop-folder files holding its exchanges:
     that partition's run stores them (the ``raw_exchanges`` asset). ``claimed`` are the files
@@ -64,9 +64,3 @@ def discover_work(db: Database, *, drop_dir: Path | None, user_id: str | None = 
         found.memory_partitions[key] = (count, signature if pending is None else f"{pending}-{signature}")
     found.turn_partitions = {(u, d): (n, sig) for u, d, n, sig in turns if keep(u, d)}
     return found
-
-
-def partitions_with_data(db: Database) -> list[tuple[str, date]]:
-    """Every (user, UTC day) with a live exchange or turn: the partitions ``yak process`` makes sure exist."""
-    with db.connection() as conn:
-        return days_with_data(conn)

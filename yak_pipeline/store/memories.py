@@ -126,14 +126,38 @@ def user_has_memories(conn: psycopg.Connection, user_id: str) -> bool:
     return bool(row[0])
 
 
-def days_with_data(conn: psycopg.Connection) -> list[tuple[str, date]]:
-    """Every ``(user_id, UTC day)`` with a live exchange or turn: the partitions the data needs."""
+def days_with_data(conn: psycopg.Connection, *, user_id: str | None = None, since: date | None = None,
+                   until: date | None = None) -> list[tuple[str, date]]:
+    """Every ``(user_id, UTC day)`` with a live exchange or turn, optionally of one user and within
+    ``since`` … ``until`` (inclusive): the days a run of a user's partition covers when not told them."""
+    clauses, params = ["deleted_at IS NULL"], {"user_id": user_id, "since": since, "until": until}
+    if user_id is not None:
+        clauses.append("user_id = %(user_id)s")
+    if since is not None:
+        clauses.append("occurred_at >= %(since)s::date::timestamp AT TIME ZONE 'UTC'")
+    if until is not None:
+        clauses.append("occurred_at < (%(until)s::date + 1)::timestamp AT TIME ZONE 'UTC'")
+    where = " AND ".join(clauses)
     rows = conn.execute(
-        """SELECT user_id, (occurred_at AT TIME ZONE 'UTC')::date FROM memories WHERE deleted_at IS NULL
-           UNION
-           SELECT user_id, (occurred_at AT TIME ZONE 'UTC')::date FROM turns WHERE deleted_at IS NULL"""
+        f"""SELECT user_id, (occurred_at AT TIME ZONE 'UTC')::date AS day FROM memories WHERE {where}
+            UNION
+            SELECT user_id, (occurred_at AT TIME ZONE 'UTC')::date FROM turns WHERE {where}
+            ORDER BY 1, 2""",  # noqa: S608 - the clauses are constants; values are parameters
+        params,
     ).fetchall()
-    return [(user_id, day) for user_id, day in rows]
+    return [(row[0], row[1]) for row in rows]
+
+
+def users_with_data(conn: psycopg.Connection, user_ids: Sequence[str]) -> set[str]:
+    """Which of ``user_ids`` still have a live exchange or turn (one index probe each, so a sensor
+    can ask every tick: a user without any has been forgotten)."""
+    rows = conn.execute(
+        """SELECT u FROM unnest(%s::text[]) AS u
+           WHERE EXISTS (SELECT 1 FROM memories m WHERE m.user_id = u AND m.deleted_at IS NULL)
+              OR EXISTS (SELECT 1 FROM turns t WHERE t.user_id = u AND t.deleted_at IS NULL)""",
+        (list(user_ids),),
+    ).fetchall()
+    return {row[0] for row in rows}
 
 
 def claim_pending_memories(

@@ -3,17 +3,29 @@
 They detect work and request runs; the runs do it (drop-folder files are stored by the
 ``raw_exchanges`` asset of the runs requested for them, so the lineage shows where rows came from).
 
-Each request's ``run_key`` names the partition and a signature of its pending state, so a
-state is run once however many ticks see it; the cursor keeps the signatures last requested.
+A tick requests one run per user (the user is the partition): it covers every day of that user
+whose pending state changed, named in the run's ``yak/days`` tag (``defs.partitions``), so
+``memory add`` ten times in a second is one run, not ten. Each request's ``run_key`` names the
+user and a signature of those days' pending states, so a state is run once however many ticks
+see it; the cursor keeps each user's day's signature last requested (``2026-01-02|alice``).
 """
 
+import hashlib
 import json
+from collections.abc import Sequence
+from datetime import date
 
 import dagster as dg
 
 from yak_pipeline.defs.automation.jobs import memory_job, warmth_job
 from yak_pipeline.defs.exchanges.assets import DROP_FILES_TAG
-from yak_pipeline.defs.partitions import missing_partition_requests, partition_key
+from yak_pipeline.defs.partitions import (
+    day_tags,
+    forgotten_users,
+    missing_partition_requests,
+    runs_by_user,
+    users_partitions,
+)
 from yak_pipeline.defs.resources import AlertsResource, PostgresResource
 from yak_pipeline.services.discovery import discover_work
 
@@ -23,18 +35,23 @@ from yak_pipeline.services.discovery import discover_work
 SENSOR_INTERVAL_SECONDS = 1
 
 
-# The tag Dagster gives a partitioned run, naming its partition ("2026-03-14|alice").
+# The tag Dagster gives a partitioned run, naming its partition (the user, "alice").
 PARTITION_TAG = "dagster/partition"
 # A run in one of these states has not finished its partition's work yet.
 _IN_FLIGHT = [dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
               dg.DagsterRunStatus.STARTED]
 
 
-def _partitions_in_flight(context: dg.SensorEvaluationContext, prefix: str) -> set[str]:
-    """Partition keys of the memory runs this sensor requested that are still queued or running."""
-    runs = context.instance.get_runs(filters=dg.RunsFilter(job_name=memory_job.name, statuses=_IN_FLIGHT,
-                                                           tags={"yak/trigger": prefix}))
-    return {run.tags[PARTITION_TAG] for run in runs if PARTITION_TAG in run.tags}
+def _users_in_flight(context: dg.SensorEvaluationContext, *, prefix: str | None = None) -> set[str]:
+    """Users with a run still queued or running: of any job, or (``prefix``) memory runs this sensor requested."""
+    filters = (dg.RunsFilter(statuses=_IN_FLIGHT) if prefix is None else
+               dg.RunsFilter(job_name=memory_job.name, statuses=_IN_FLIGHT, tags={"yak/trigger": prefix}))
+    return {run.tags[PARTITION_TAG] for run in context.instance.get_runs(filters=filters) if PARTITION_TAG in run.tags}
+
+
+def _cursor_key(user_id: str, day: date) -> str:
+    # The earlier user × day partition key's form, so a cursor written before still reads.
+    return f"{day.isoformat()}|{user_id}"
 
 
 def _requests(
@@ -43,33 +60,45 @@ def _requests(
     prefix: str,
     drop_files: dict | None = None,
     in_flight: set[str] | frozenset[str] = frozenset(),
+    forgotten: Sequence[str] = (),
 ) -> dg.SensorResult:
-    """Run requests for partitions whose pending state changed since the cursor, plus new users.
+    """One run request per user with days whose pending state changed since the cursor, plus new
+    users (and the deletion of ``forgotten`` ones).
 
-    A partition with ready drop files gets them in its run's ``yak/drop_files`` tag: that run's
-    ``raw_exchanges`` stores them. A partition in ``in_flight`` is left to its run, which changes
-    its pending state as it stores; once the run is done, the state is compared with the one last
-    requested (kept in the cursor), so work the run left asks for a new run then.
+    The run's ``yak/days`` tag names those days (the planner ``yak process`` uses too,
+    ``defs.partitions.runs_by_user``); the drop files of those days go in its ``yak/drop_files``
+    tag, for its ``raw_exchanges`` to store. A user in ``in_flight`` is left to their run, which
+    changes their pending state as it stores; once the run is done, the state is compared with the
+    one last requested (kept in the cursor), so work the run left asks for a new run then.
     """
     previous: dict[str, str] = json.loads(context.cursor) if context.cursor else {}
     current: dict[str, str] = {}
-    requests = []
-    for (user_id, day), (_, signature) in sorted(partitions.items(), key=lambda item: (item[0][1], item[0][0])):
-        key = partition_key(user_id, day)
-        if str(key) in in_flight:
-            if str(key) in previous:
-                current[str(key)] = previous[str(key)]
+    changed: dict[tuple, str] = {}
+    for (user_id, day), (_, signature) in partitions.items():
+        key = _cursor_key(user_id, day)
+        if user_id in in_flight:
+            if key in previous:
+                current[key] = previous[key]
             continue
-        current[str(key)] = signature
-        if previous.get(str(key)) != signature:
-            tags = {"yak/trigger": prefix}
-            if drop_files and (user_id, day) in drop_files:
-                tags[DROP_FILES_TAG] = json.dumps(drop_files[(user_id, day)])
-            requests.append(dg.RunRequest(run_key=f"{prefix}:{key}:{signature}", partition_key=key, tags=tags))
+        current[key] = signature
+        if previous.get(key) != signature:
+            changed[(user_id, day)] = signature
+    requests = []
+    for user_id, days in runs_by_user(changed):
+        state = "\0".join(f"{day.isoformat()}:{changed[(user_id, day)]}" for day in days)
+        tags = {"yak/trigger": prefix, **day_tags(days)}
+        files = sorted({name for day in days for name in (drop_files or {}).get((user_id, day), [])})
+        if files:
+            tags[DROP_FILES_TAG] = json.dumps(files)
+        run_key = f"{prefix}:{user_id}:{hashlib.sha256(state.encode()).hexdigest()[:16]}"
+        requests.append(dg.RunRequest(run_key=run_key, partition_key=user_id, tags=tags))
+    partition_requests: list = missing_partition_requests(context.instance, partitions)
+    if forgotten:
+        partition_requests.append(users_partitions.build_delete_request(list(forgotten)))
     return dg.SensorResult(
         run_requests=requests,
-        # New users and days are added in the same tick as the runs that need them.
-        dynamic_partitions_requests=missing_partition_requests(context.instance, partitions),
+        # New users are added in the same tick as the runs that need them.
+        dynamic_partitions_requests=partition_requests,
         cursor=json.dumps(current, sort_keys=True),
         skip_reason=None if requests else "no new pending work",
     )
@@ -77,36 +106,48 @@ def _requests(
 
 @dg.sensor(job=memory_job, minimum_interval_seconds=SENSOR_INTERVAL_SECONDS, default_status=dg.DefaultSensorStatus.RUNNING)
 def drop_folder_sensor(context: dg.SensorEvaluationContext, postgres: PostgresResource) -> dg.SensorResult:
-    """Detects ready drop-folder files and requests a memory run for each user's day they hold,
+    """Detects ready drop-folder files and requests a memory run for each user whose days they hold,
     naming the files in the run's ``yak/drop_files`` tag; the run's ``raw_exchanges`` stores them.
     The sensor stores nothing: it only reads and parses the files, and finishes at once those that
-    hold nothing to store (unreadable ones go to failed/ with an .error.txt). Partitions with
-    pending drop-folder memories (a failed run) are requested again too, once no run of this
-    sensor for that partition is still queued or running (a run storing a large file changes its
-    partitions' pending state for minutes: that is not new work)."""
-    found = discover_work(postgres.database(), drop_dir=postgres.settings().resolved_drop_dir, drop_folder=True)
+    hold nothing to store (unreadable ones go to failed/ with an .error.txt). Days with pending
+    drop-folder memories (a failed run) are requested again too, once no run of this sensor for
+    that user is still queued or running (a run storing a large file changes its days' pending
+    state for minutes: that is not new work).
+
+    It also removes the partition of a user whose memories and turns were all forgotten (and who
+    has no drop file waiting and no run going), so the UI lists only users with data."""
+    db = postgres.database()
+    found = discover_work(db, drop_dir=postgres.settings().resolved_drop_dir, drop_folder=True)
     found.claimed.log_to(context.log)
+    # Users whose data is on its way keep their partition even with no live row yet.
+    keep = {user_id for user_id, _ in found.drop_files} | found.users | _users_in_flight(context)
+    with db.connection() as conn:
+        forgotten = forgotten_users(context.instance, conn, keep=keep)
+    if forgotten:
+        context.log.info("removing the partitions of users whose memories were all forgotten: %s",
+                         ", ".join(forgotten))
     return _requests(context, found.memory_partitions, "drop", found.drop_files,
-                     in_flight=_partitions_in_flight(context, "drop"))
+                     in_flight=_users_in_flight(context, prefix="drop"), forgotten=forgotten)
 
 
 @dg.sensor(job=memory_job, minimum_interval_seconds=SENSOR_INTERVAL_SECONDS, default_status=dg.DefaultSensorStatus.RUNNING)
 def api_inbox_sensor(context: dg.SensorEvaluationContext, postgres: PostgresResource) -> dg.SensorResult:
-    """Requests a memory run for each user's day with pending memories posted through the API."""
+    """Requests one memory run per user with pending memories posted through the API, covering
+    all their days with new pending work (ten ``memory add`` calls between two ticks: one run)."""
     found = discover_work(postgres.database(), drop_dir=None, drop_folder=False)
     return _requests(context, found.memory_partitions, "inbox")
 
 
 @dg.sensor(job=warmth_job, minimum_interval_seconds=SENSOR_INTERVAL_SECONDS, default_status=dg.DefaultSensorStatus.RUNNING)
 def turns_sensor(context: dg.SensorEvaluationContext, postgres: PostgresResource) -> dg.SensorResult:
-    """Requests a warmth run for every user's day with pending turns."""
+    """Requests one warmth run per user with pending turns, covering all their days with new ones."""
     found = discover_work(postgres.database(), drop_dir=None)
     return _requests(context, found.turn_partitions, "turns")
 
 
 @dg.run_failure_sensor(default_status=dg.DefaultSensorStatus.RUNNING)
 def run_failure_alert_sensor(context: dg.RunFailureSensorContext, alerts: AlertsResource) -> None:
-    """Sends a ``run_failed`` alert naming the run, its job and partition, and the error."""
+    """Sends a ``run_failed`` alert naming the run, its job and partition (the user), and the error."""
     run = context.dagster_run
     error = context.failure_event.message if context.failure_event else "unknown error"
     alerts.alerter().alert("run_failed", f"run {run.run_id[:8]} of {run.job_name} failed",

@@ -4,7 +4,7 @@ import dagster as dg
 from pydantic import Field
 
 from yak_pipeline.defs.exchanges.assets import raw_exchanges
-from yak_pipeline.defs.partitions import exchange_partitions, partitions_label, run_partitions
+from yak_pipeline.defs.partitions import partitions_label, run_partitions, users_partitions
 from yak_pipeline.defs.resources import AlertsResource, EmbedderResource, LLMResource, PostgresResource
 from yak_pipeline.services.distill import DistillJob, distill_memories, partition_memory_ids
 
@@ -16,7 +16,7 @@ class DistillationsConfig(dg.Config):
         default=True, description="Also re-distil memories whose distillation came from an older prompt/schema version.")
 
 
-@dg.asset(partitions_def=exchange_partitions, deps=[raw_exchanges], group_name="memory", kinds={"postgres"})
+@dg.asset(partitions_def=users_partitions, deps=[raw_exchanges], group_name="memory", kinds={"postgres"})
 def distillations(
     context: dg.AssetExecutionContext,
     config: DistillationsConfig,
@@ -27,7 +27,7 @@ def distillations(
 ) -> dg.MaterializeResult:
     """1–4 factual sentences per exchange, with a confidence and a tier, embedded and gated.
 
-    Distils every ``pending`` memory of the partition (and, for a backfill after a prompt
+    Distils every ``pending`` memory of the run's days of the user (and, for a backfill after a prompt
     change, every memory distilled by an older ``YAK_PROMPT_VERSION``, writing a new version
     and keeping the old text). Confidence ≥ 0.8 → active; 0.6–0.8 → active and flagged for
     review; < 0.6 → review only, never recalled. A memory whose distillation fails stays
@@ -37,9 +37,11 @@ def distillations(
     with alerts.database_guard(f"distilling {partitions_label(context)}"):
         job = DistillJob(db=postgres.database(), llm=llm.provider(), embedder=embedder.embedder(),
                          prompt_version=settings.prompt_version, alerter=alerts.alerter())
-        # A range's memories go through one call: its workers, embedding batches and context
-        # vectors are shared by all its days.
-        memory_ids = [memory_id for user_id, day in run_partitions(context)
+        with job.db.connection() as conn:
+            covered = run_partitions(context, conn)
+        # All the run's days' memories go through one call: its workers, embedding batches and
+        # context vectors are shared by all its days.
+        memory_ids = [memory_id for user_id, day in covered
                       for memory_id in partition_memory_ids(job.db, user_id=user_id, day=day,
                                                             include_outdated=config.redistill_outdated,
                                                             prompt_version=settings.prompt_version)]

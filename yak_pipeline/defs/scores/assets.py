@@ -7,7 +7,7 @@ import dagster as dg
 from pydantic import Field
 
 from yak_pipeline.defs.distillations.assets import distillations
-from yak_pipeline.defs.partitions import exchange_partitions, partitions_label, run_partitions
+from yak_pipeline.defs.partitions import partitions_label, run_partitions, users_partitions
 from yak_pipeline.defs.resources import AlertsResource, EmbedderResource, LLMResource, PostgresResource
 from yak_pipeline.services.consolidate import ConsolidateJob, merge_near_duplicates, score_conflicts
 from yak_pipeline.services.reports import StageReport
@@ -16,7 +16,7 @@ from yak_pipeline.store.distillations import partition_gate_passed
 
 
 def _held_back(context: dg.AssetExecutionContext, postgres: PostgresResource, user_id: str, day: date) -> bool:
-    """Whether the partition's quality gate last failed: its work waits until the gate passes."""
+    """Whether the quality gate of the user's day last failed: its work waits until the gate passes."""
     with postgres.database().connection() as conn:
         passed = partition_gate_passed(conn, user_id=user_id, day=day)
     if passed is False:
@@ -34,31 +34,33 @@ def _job(postgres: PostgresResource, llm: LLMResource, embedder: EmbedderResourc
 def _consolidation_step(context: dg.AssetExecutionContext, what: str, step: Callable[..., StageReport],
                         postgres: PostgresResource, llm: LLMResource, embedder: EmbedderResource,
                         alerts: AlertsResource) -> dg.MaterializeResult:
-    """Run ``step`` (conflict scoring or merging) on each of the run's partitions whose quality gate
+    """Run ``step`` (conflict scoring or merging) on each of the run's days whose quality gate
     does not hold it back."""
     total, held = StageReport(), 0
     with alerts.database_guard(f"{what} of {partitions_label(context)}"):
-        job: ConsolidateJob | None = None  # made for the first partition with work to do
-        for user_id, day in run_partitions(context):
+        with postgres.database().connection() as conn:
+            covered = run_partitions(context, conn)
+        job: ConsolidateJob | None = None  # made for the first day with work to do
+        for user_id, day in covered:
             if _held_back(context, postgres, user_id, day):
                 held += 1
                 continue
             job = job or _job(postgres, llm, embedder, alerts)
             total.merge(step(job, user_id=user_id, day=day))
-    if held and held == len(context.partition_keys):
+    if held and held == len(covered):
         return dg.MaterializeResult(metadata={"held_back_by_quality_gate": True, "rows_in": 0, "rows_out": 0})
     metadata: dict[str, object] = dict(total.metadata())
     if held:
-        metadata["partitions_held_back_by_quality_gate"] = held
+        metadata["days_held_back_by_quality_gate"] = held
     return dg.MaterializeResult(metadata=metadata)
 
 
 def _consolidation_asset(name: str, *, deps: list[dg.AssetsDefinition], what: str,
                          step: Callable[..., StageReport], description: str) -> dg.AssetsDefinition:
     """A partitioned asset that runs one consolidation ``step`` (conflict scoring or merging) over
-    its run's partitions (:func:`_consolidation_step`); both stages need the same four resources."""
+    its run's days (:func:`_consolidation_step`); both stages need the same four resources."""
 
-    @dg.asset(name=name, partitions_def=exchange_partitions, deps=deps, group_name="memory", kinds={"postgres"},
+    @dg.asset(name=name, partitions_def=users_partitions, deps=deps, group_name="memory", kinds={"postgres"},
               description=description)
     def _asset(context: dg.AssetExecutionContext, postgres: PostgresResource, llm: LLMResource,
                embedder: EmbedderResource, alerts: AlertsResource) -> dg.MaterializeResult:
@@ -92,7 +94,7 @@ class WarmthConfig(dg.Config):
     days: int = Field(default=7, ge=1, le=90, description="How many days back the nightly pass looks.")
 
 
-@dg.asset(partitions_def=exchange_partitions, group_name="memory", kinds={"postgres"})
+@dg.asset(partitions_def=users_partitions, group_name="memory", kinds={"postgres"})
 def warmth(
     context: dg.AssetExecutionContext,
     config: WarmthConfig,
@@ -101,7 +103,7 @@ def warmth(
     embedder: EmbedderResource,
     alerts: AlertsResource,
 ) -> dg.MaterializeResult:
-    """How useful each recalled memory was, learnt from the turns of one user's day.
+    """How useful each recalled memory was, learnt from the turns of one user's days.
 
     For every recalled memory of a pending turn the evaluator (the LLM; offline, recall's
     calibrated relevance of the memory to the turn) scores usefulness 0–1: above 0.7
@@ -112,7 +114,7 @@ def warmth(
     Why it stands alone in the lineage graph: its input is the turns clients post to
     ``/api/turns`` (a table, not an asset; the ``turns_sensor`` starts these runs), and what it
     changes is the warmth of distillations recalled in those turns, which may come from any
-    day's ``distillations`` partition, not this one's. An edge from ``distillations`` would claim
+    day's ``distillations``, not this run's days'. An edge from ``distillations`` would claim
     a same-day dependency that does not exist.
     """
     report = StageReport()
@@ -120,7 +122,9 @@ def warmth(
         provider = llm.provider()
         job = WarmthJob(db=postgres.database(), llm=provider, alerter=alerts.alerter(),
                         judge=offline_judge(llm.settings(), provider, embedder.embedder()))
-        for user_id, day in run_partitions(context):
+        with postgres.database().connection() as conn:
+            covered = run_partitions(context, conn)
+        for user_id, day in covered:
             if config.nightly:
                 report.merge(reevaluate_recent(job, user_id=user_id, day=day, days=config.days))
             else:
