@@ -90,8 +90,9 @@ class RecallParams:
     # "raw"); False: distillations only (the offline warmth judge, ablations).
     raw_exchanges: bool = True
     # A question that lists things to weigh together (``core.query_intent.query_parts``) is also
-    # recalled for each of them, and the rankings interleaved (:func:`interleave`).
-    query_parts: bool = True
+    # recalled for each of them, and the rankings interleaved (:func:`interleave`); off by default
+    # (YAK_RECALL_QUERY_PARTS: a wash on the dev files, docs/RECALL.md).
+    query_parts: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.threshold <= 1.0:
