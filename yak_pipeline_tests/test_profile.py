@@ -106,6 +106,11 @@ def test_keys_stay_scoped_and_a_read_only_key_cannot_drop(app, database: Databas
         refused = reader.post("/api/profile/drop", json={"user_id": "alice", "ids": [line["id"]]})
         assert refused.status_code == 403 and "read-only" in refused.json()["detail"]
         assert alice.get("/api/profile", params={"user_id": "alice"}).json()["sent"] == [line]
+        # Another user's line id in one's own name changes nothing (404), and stays in their profile.
+        _add(bob, "bob", "Always answer in Norwegian.")
+        bobs = bob.get("/api/profile", params={"user_id": "bob"}).json()["sent"][0]
+        assert alice.post("/api/profile/drop", json={"user_id": "alice", "ids": [bobs["id"]]}).status_code == 404
+        assert bob.get("/api/profile", params={"user_id": "bob"}).json()["sent"] == [bobs]
 
 
 def test_a_zero_budget_turns_the_profile_off(api_settings: Settings, database: Database) -> None:  # noqa: F811

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from yak_pipeline.core.memory_block import BLOCK_PREAMBLE
 from yak_pipeline.embeddings.local import LocalMiniLMEmbedder
 from yak_pipeline.llm import RulesProvider
 from yak_pipeline.services.distill import DistillJob, distill_memories
@@ -83,7 +84,9 @@ def test_a_paraphrase_is_recalled_and_a_never_said_fact_gives_an_empty_block(sem
     drink = httpx.post(f"{url}/api/context", headers=headers, timeout=30,
                        json={"user_id": "maya", "query": "what do I like to drink?"})
     assert drink.status_code == 200, drink.text
-    assert "black coffee" in drink.json()["block"]
+    # Recalled, not only carried by the profile ("I prefer strong black coffee over tea" is a preference).
+    recalled_part = drink.json()["block"].split(BLOCK_PREAMBLE, 1)[1]
+    assert "black coffee" in recalled_part and drink.json()["recalled_ids"]
     assert drink.json()["block"].startswith("<memories>")
 
     search = httpx.post(f"{url}/api/distillations/search", headers=headers, timeout=30,
@@ -95,7 +98,9 @@ def test_a_paraphrase_is_recalled_and_a_never_said_fact_gives_an_empty_block(sem
     dog = httpx.post(f"{url}/api/context", headers=headers, timeout=30,
                      json={"user_id": "maya", "query": "what is my dog called?"})
     assert dog.status_code == 200, dog.text
-    assert dog.json()["block"] == "" and dog.json()["recalled_ids"] == []
+    # Nothing recalled: the block carries only the profile (the preference), no recalled part.
+    assert dog.json()["recalled_ids"] == [] and BLOCK_PREAMBLE not in dog.json()["block"]
+    assert len(dog.json()["profile_ids"]) == 1 and "black coffee" in dog.json()["block"]
 
 
 def test_offline_warmth_rewards_a_used_memory_and_cools_an_unused_one(semantic_server) -> None:  # noqa: ANN001

@@ -71,9 +71,12 @@ READ_ROUTES = {
     ("post", "/api/context"): {"query": "what is my locker code CRIMSON", "user_id": "alice", "threshold": 0.0,
                                "limit": 100},
     ("post", "/api/forget/confirm"): {"token": "x" * 32, "user_id": "alice"},
+    ("get", "/api/profile"): None,
 }
-# Routes that write only the caller's own rows (checked in the property test) or need no user.
-OWN_WRITE_ROUTES = {("post", "/api/memories/"), ("post", "/api/turns"), ("post", "/api/warmth/bulk-reset")}
+# Routes that write only the caller's own rows (checked in the property test; the profile's drop by
+# test_profile.py) or need no user.
+OWN_WRITE_ROUTES = {("post", "/api/memories/"), ("post", "/api/turns"), ("post", "/api/warmth/bulk-reset"),
+                    ("post", "/api/profile/drop")}
 ADMIN_ROUTES = {("post", "/api/keys"), ("get", "/api/keys"), ("delete", "/api/keys/{key_id}"), ("get", "/metrics")}
 PUBLIC_ROUTES = {("get", "/health")}
 
@@ -113,7 +116,8 @@ def test_every_route_keeps_a_user_key_to_its_own_user(app, seeded: Seeded, datab
         assert seeded.bob.secret not in response.text
     for (method, path), body in READ_ROUTES.items():
         response = alice.request(method.upper(), path, json=body,
-                                 params={"status": "all"} if path == "/api/conflicts" else None)
+                                 params={"status": "all"} if path == "/api/conflicts" else
+                                 {"user_id": "alice"} if path == "/api/profile" else None)
         assert response.status_code in (200, 404), (method, path, response.text)
         assert seeded.bob.secret not in response.text and '"bob"' not in response.text, (method, path)
     for method, path in sorted(ADMIN_ROUTES):

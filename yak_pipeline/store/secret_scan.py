@@ -27,12 +27,14 @@ USER_TEXT_COLUMNS: Final[tuple[tuple[str, str], ...]] = (
     ("distillations", "content"),
     ("distillation_versions", "content"),
     ("conflicts", "resolution"),
+    ("profile_lines", "content"),      # a sentence of the user's side of an exchange (store.profile)
 )
 # Every other text column, and why it holds no one's words: names, hashes, states, metrics.
 OTHER_TEXT_COLUMNS: Final[frozenset[tuple[str, str]]] = frozenset({
     *((t, "user_id") for t in ("memories", "turns", "distillations", "conflicts", "warmth_events", "audit_log",
                                "api_keys", "forget_confirmations", "partition_gates", "import_cursors",
-                               "bm25_postings", "bm25_statistics")),
+                               "bm25_postings", "bm25_statistics", "profile_lines")),
+    ("profile_lines", "kind"), ("profile_lines", "status"),
     ("memories", "source"), ("memories", "content_sha256"), ("memories", "status"), ("memories", "embedding_model"),
     ("memories", "context_embedding_model"),
     ("distillations", "tier"), ("distillations", "status"), ("distillations", "embedding_model"),
