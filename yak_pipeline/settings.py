@@ -125,7 +125,7 @@ class Settings(BaseSettings):
     )
     recall_gather_limit: int = Field(
         default=10, ge=0, le=100,
-        description="Most memories in the block for a question that gathers (\"how many times …\", \"in what order …\", \"summarise …\"): every relevant one up to this, in the order they were said, within the block's token budget (0: such questions get the usual block).",
+        description="Most memories in the block for a question that gathers (\"how many times …\", \"in what order …\", \"summarise …\"): every relevant one up to this, newest first, within the block's token budget (0: such questions get the usual block).",
     )
     profile_tokens: int = Field(
         default=300, ge=0, le=100_000,

@@ -344,9 +344,9 @@ def test_query_parts_names_the_listed_things() -> None:
     assert query_parts("What is my sister's job in Leeds?") == [] and query_parts("Considering everything?") == []
 
 
-def test_a_question_that_gathers_gets_more_memories_in_the_order_they_were_said(database: Database) -> None:
+def test_a_question_that_gathers_gets_more_memories_newest_first(database: Database) -> None:
     """``core.block_choice.gathers``: "how many times …" gets every relevant memory up to the gather
-    limit, with no odds gap, oldest first; the same words asked as a lookup get the usual block."""
+    limit, with no odds gap, newest first; the same words asked as a lookup get the usual block."""
     with database.connection() as conn:
         ids = _seed(conn, "alice")  # FACTS[i] said 10 + i days ago: the last is the oldest
     params = RecallParams(threshold=0.0, limit=2)
@@ -361,7 +361,7 @@ def test_a_question_that_gathers_gets_more_memories_in_the_order_they_were_said(
     gathered = block("How many times did I mention my sister, the kitten or the bread across my sessions?",
                      BlockChoice(gather_limit=4, token_budget=0))
     assert len(gathered) == 4
-    assert [said[i] for i in gathered] == sorted((said[i] for i in gathered), reverse=True)  # oldest first
+    assert [said[i] for i in gathered] == sorted(said[i] for i in gathered)  # newest (the lowest i) first
     assert len(block("Did I mention my sister, the kitten or the bread?", BlockChoice(odds_gap=None))) == 2
     # Off, or a question about the present ("how many … now"): the usual block.
     assert len(block("How many times did I mention my sister, the kitten or the bread across my sessions?",

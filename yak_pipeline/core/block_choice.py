@@ -126,6 +126,6 @@ def fit_text(text: str, token_budget: int) -> str:
 
 def gathers(question: str, choice: BlockChoice) -> bool:
     """Whether the block for ``question`` gathers (``core.query_intent.asks_to_gather``): up to
-    ``choice.gather_limit`` memories, no odds gap, in the order they were said. A question about
+    ``choice.gather_limit`` memories, no odds gap, newest first. A question about
     the present ("how many … now") is not one: it wants the current value, first."""
     return choice.gather_limit > 0 and asks_to_gather(question) and not asks_about_present(question)

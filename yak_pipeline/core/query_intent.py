@@ -3,7 +3,7 @@
 A question that *gathers* ("How many times did I …", "List all …", "In what order did I …",
 "Summarise …", "… across my sessions") wants every memory on its topic, not the one best:
 :func:`asks_to_gather` reads it, and the block then holds more memories, in the order they were
-said (``services.recall.build_context``).
+said, newest first (``services.recall.build_context``).
 
 A question that names several things to weigh together ("Considering my form validation code,
 lazy loading setup and GA4 tracking, …", "How many days between finishing my draft and the
@@ -97,5 +97,5 @@ GATHER_CUE: Final = re.compile(
 def asks_to_gather(question: str) -> bool:
     """True for a question that gathers across what was said ("How many times did I mention …?",
     "In what order did I bring up …?", "Summarise …", "… across my sessions"): its answer is spread
-    over several memories, so the block holds more of them, in the order they were said."""
+    over several memories, so the block holds more of them, dated, newest first."""
     return bool(GATHER_CUE.search(question))

@@ -697,7 +697,7 @@ def _block(asked: _Asked, ranked: Sequence[RankedMemory], items: Sequence[frozen
     """The block's memories (each the turns it holds) and its estimated tokens; with ``cut`` False,
     the first memories as they come (the block before the odds gap and the budget). The tokens are
     each kept memory's whole line: a bound, since the block cuts a first line longer than the budget."""
-    # A question that gathers gets up to the gather limit, no odds gap, in the order said (as
+    # A question that gathers gets up to the gather limit, no odds gap, newest first (as
     # services.recall.build_context; here by when each memory was last stated).
     gather = cut and gathers(asked.question.question, spec.choice)
     top = list(range(min(max(spec.limit, spec.choice.gather_limit) if gather else spec.limit, len(ranked))))
@@ -709,7 +709,7 @@ def _block(asked: _Asked, ranked: Sequence[RankedMemory], items: Sequence[frozen
                               superseded=None if history else [ranked[i].superseded_by is not None for i in top])
         top = [top[i] for i in chosen]
         if gather:
-            top = sorted(top, key=lambda i: ranked[i].refreshed_at)
+            top = sorted(top, key=lambda i: ranked[i].refreshed_at, reverse=True)
     return [items[i] for i in top], sum(tokens[i] for i in top)
 
 

@@ -320,7 +320,7 @@ def build_context(
     The block holds only what answers (``core.block_choice``, ``choice``): the memories within the
     odds gap of the best, within the token budget. A question that gathers (``core.block_choice.gathers``:
     "how many times …", "in what order …", "summarise …") gets every memory recall finds relevant up
-    to ``choice.gather_limit``, within the budget, in the order they were said. Ahead of them, apart, it carries the user's
+    to ``choice.gather_limit``, within the budget, newest first (each line dated). Ahead of them, apart, it carries the user's
     profile (``services.profile``: their standing instructions and preferences) within
     ``choice.profile_tokens``, whatever the message.
 
@@ -335,7 +335,7 @@ def build_context(
     broken) the prompt is still built, without memories, and ``PromptBuild.recall_error`` says why.
     """
     # A question that gathers ("how many times …", "in what order …") gets more memories, every one
-    # recall finds relevant up to the gather limit, in the order they were said.
+    # recall finds relevant up to the gather limit, newest first.
     gather = gathers(ask["query"], choice)
     limit = max(ask["params"].limit, choice.gather_limit) if gather else ask["params"].limit
 
@@ -364,7 +364,9 @@ def build_context(
         # Then the token budget, over the lines as the block shows them (the first always, cut to fit).
         kept = within_token_budget([line_tokens(h.content) for h in hits], choice.token_budget)
         if gather:
-            kept = sorted(kept, key=lambda i: hits[i].occurred_at)
+            # Newest first: what was said last leads (a value that changed shows its current one
+            # first, as everywhere else), and each line's date gives the order.
+            kept = sorted(kept, key=lambda i: hits[i].occurred_at, reverse=True)
         # The user's standing instructions and preferences go first, whatever the message
         # (services.profile), within their own budget.
         profile = [BlockMemory(id=line.id, content=line.text, tier="core", occurred_at=line.said_at, kind=line.kind)
