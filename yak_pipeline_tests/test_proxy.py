@@ -23,7 +23,7 @@ from fastapi import FastAPI
 from hypothesis import HealthCheck, given, settings as hypothesis_settings, strategies as st
 from pydantic import SecretStr
 
-from yak_pipeline.api.app import create_app
+from yak_pipeline.api.app import create_app, create_proxy_app
 from yak_pipeline.core.memory_block import BLOCK_OPEN
 from yak_pipeline.defs.scores.assets import warmth
 from yak_pipeline.embeddings.hashing import HashingEmbedder
@@ -382,6 +382,20 @@ def test_a_stream_under_back_pressure_ends_before_the_chat_stores_its_own_turn(
 def exchanges_stored(database: Database, question: str) -> list[tuple]:
     """The stored exchanges whose user side is ``question``."""
     return fetch_all(database, "SELECT id FROM memories WHERE content LIKE %s", (f"User: {question}\nAssistant:%",))
+
+
+def test_the_proxy_loads_the_document_model_as_it_starts_without_making_health_wait(
+        proxy_settings: Settings, database: Database) -> None:
+    """``yak proxy``'s app loads the local document model in the background as it starts: ``/health``
+    answers while the load is held up, and once it is done the model is there for the first turn."""
+    from yak_pipeline.embeddings import local
+
+    app = create_proxy_app(proxy_settings, database=database, embedder=local.LocalMiniLMEmbedder())
+    with local._MODEL_LOCK, serve_in_thread(app) as url:  # the load waits for this lock
+        assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+        proxy = app.state.services.proxy
+        assert not proxy.documents_warm.is_set()
+    assert proxy.documents_warm.wait(120) and local._MODEL is not None
 
 
 def test_the_turn_writer_batches_what_waits_keeps_order_bounds_its_queue_and_outlives_a_failed_batch() -> None:

@@ -38,6 +38,7 @@ import asyncio
 import json
 import logging
 import re
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -443,6 +444,8 @@ class MemoryProxy:
         self._client: httpx.AsyncClient | None = None
         self._client_loop: object | None = None
         self.turns: TurnWriter[PendingTurn] = TurnWriter(self._store_turns)
+        # Set once warm_documents_in_background has finished (loaded, or failed and logged).
+        self.documents_warm = threading.Event()
         if settings.proxy_show_block and not block_logger.handlers:
             # Asked for on purpose (YAK_PROXY_SHOW_BLOCK, `yak proxy --show-block`): shown on stderr
             # whatever the process's logging is set to.
@@ -450,6 +453,26 @@ class MemoryProxy:
             handler.setFormatter(logging.Formatter("%(asctime)s yak proxy: %(message)s"))
             block_logger.addHandler(handler)
             block_logger.setLevel(logging.INFO)
+
+    def warm_documents_in_background(self) -> threading.Thread:
+        """Load the embedder's document model in a thread of its own (an embedder with a ``warm_up``:
+        the local model), so the first turn stored does not wait for the load; the proxy serves
+        chats and ``/health`` meanwhile. Sets :attr:`documents_warm` when done."""
+        def warm() -> None:
+            try:
+                warm_up = getattr(self._embedder(), "warm_up", None)
+                if warm_up is not None:
+                    started = time.perf_counter()
+                    warm_up()
+                    logger.info("document model loaded in %.1f s", time.perf_counter() - started)
+            except Exception as exc:  # noqa: BLE001 - the first stored turn loads it instead, and says so if it fails
+                logger.warning("the document model was not loaded at start: %s", type(exc).__name__)
+            finally:
+                self.documents_warm.set()
+
+        thread = threading.Thread(target=warm, name="yak-warm-documents", daemon=True)
+        thread.start()
+        return thread
 
     # -- upstream plumbing
 
