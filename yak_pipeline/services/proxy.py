@@ -20,7 +20,9 @@ A client points its OpenAI base URL at Yak and its API key at a Yak key. For eac
 5. a complete answer is stored exactly as ``POST /api/turns`` stores it
    (``store_exchange_turn``): the exchange becomes a memory, the turn is queued with the recalled
    ids for warmth. The store is handed to :class:`~yak_pipeline.services.turn_writer.TurnWriter`
-   as the answer ends and runs after the response is sent: the client does not wait for it.
+   as the answer ends and runs after the response is sent, batched with the turns queued beside
+   it: the client does not wait for it (unless the writer's queue is full: back-pressure, see
+   there).
 
 What is stored is a finished exchange or nothing ("nothing half-stored"): a stream that breaks
 off (the upstream dies, or never sends a finish reason) stores no turn, because its truncated
