@@ -27,6 +27,7 @@ from yak_pipeline.api.app import create_app, create_proxy_app
 from yak_pipeline.core.memory_block import BLOCK_OPEN
 from yak_pipeline.defs.scores.assets import warmth
 from yak_pipeline.embeddings.hashing import HashingEmbedder
+from yak_pipeline.embeddings.openai_embedder import OpenAIEmbedder
 from yak_pipeline.services.turn_writer import TurnWriter
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
@@ -328,6 +329,28 @@ def test_turns_queued_together_are_stored_once_each_with_vectors_in_one_batch(
     if with_a_failing_turn:
         assert "UnicodeEncodeError" in failed[0].getMessage()
         assert sample(scrape(yak_url), 'yak_proxy_degradations_total{reason="turn_not_stored"}') == 1
+
+
+def test_a_batch_whose_embedder_is_down_is_stored_without_vectors_for_the_pipeline(
+        proxy_settings: Settings, database: Database, upstream: FakeOpenAIServer, seeded: Seeded,  # noqa: F811
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The embedder failing (here an OpenAI-protocol one whose server is gone) only logs: every turn of
+    the batch stays stored, without vectors, which the pipeline gives later."""
+    down = OpenAIEmbedder(base_url="http://127.0.0.1:9/v1", model="m", dimensions=384, timeout_seconds=1,
+                          max_retries=0)
+    app = create_app(proxy_settings, database=database, embedder=down)
+    questions = [f"stored while the embedder is down {n}" for n in range(3)]
+    with ExitStack() as stack, database.connection() as blocker:
+        url = stack.enter_context(serve_in_thread(app))
+        blocker.execute("LOCK TABLE turns IN EXCLUSIVE MODE")  # the three queue up behind this
+        for question in questions:
+            assert _chat_raw(url, seeded.alice_key, question).status_code == 200
+        assert app.state.services.proxy.turns.waiting == 3
+        blocker.commit()
+        settle(app)
+    for question in questions:
+        assert _exchange_vectors(database, question) == [(False, False)], question
+    assert "could not embed" in caplog.text and "the pipeline will" in caplog.text
 
 
 @pytest.mark.parametrize("protocol", ["chat", "messages"])
