@@ -556,8 +556,8 @@ class MemoryProxy:
     def _store_turns(self, turns: Sequence[PendingTurn]) -> int:
         """Store finished turns as ``POST /api/turns`` does, each on its own (one that would be refused,
         too long or with NUL characters, or whose write fails is counted and logged, and the others
-        are stored), then give the new exchanges their vectors in one model call per kind; how many
-        were stored."""
+        are stored), then give the new exchanges their vectors in one model call per kind; how many turns
+        ``store_exchange_turn`` took (one whose exchange was stored before included)."""
         created: list[str] = []
         stored = 0
         for turn in turns:
