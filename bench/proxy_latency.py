@@ -28,7 +28,11 @@ slowed rather than Yak holding an ever longer backlog). Sent back to back, the c
 limit at the 55th query of 100 (turn 256 of 440: 40 warm-up turns, then four a query), and from
 then on about half the chats, those that found the queue full, carried a store of 100-200 ms in
 their total; the writer's first store also loads the torch model (7-17 s). That is the proxy's sustained throughput, not what one chat adds (see
-docs/BENCHMARKS.md, issue 34). So after the warm-up, and after each query's chats (four proxied
+docs/BENCHMARKS.md, issue 34). Since then the writer stores the turns waiting as one batch, with
+one model call per kind for the batch (``bench/turn_store_rate.py``: 17-18 turns a second against
+11.3-11.5, load 2.6-3.9), and ``yak proxy`` loads the model in the background as it starts, so
+with the warm-up's 40 turns the first store no longer waits for the load unless the chats come
+sooner than the load ends, as here, where the warm-up chats start as soon as ``/health`` answers. So after the warm-up, and after each query's chats (four proxied
 turns), the bench waits until the database holds every turn sent so far with its vector, and
 times that wait: the **store lag** rows, how long after a query's last answer its four turns were
 stored. Within a query the stores still run beside the next chats, as for a client that asks

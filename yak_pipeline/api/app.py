@@ -42,8 +42,12 @@ user id, which can never read or change another user's data."""
 
 @asynccontextmanager
 async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
-    yield
     services: ApiServices = app.state.services
+    if getattr(app.state, "warm_documents", False):
+        # The proxy stores every turn it answers, each embedded with the document model: loaded now,
+        # in the background (startup and /health do not wait), not by the first turn's store.
+        services.proxy.warm_documents_in_background()
+    yield
     if services.proxy_if_open is not None:
         await services.proxy_if_open.aclose()
     # Request counts and latencies still buffered are written before the process goes.
@@ -90,6 +94,9 @@ def create_app(
 
 def create_proxy_app(settings: Settings | None = None, *, database: Database | None = None,
                      embedder: Embedder | None = None) -> FastAPI:
-    """The memory proxy alone (``/v1`` and ``/health``), for ``yak proxy``."""
-    return create_app(settings, database=database, embedder=embedder, routers=(proxy.router, health.router),
-                      web_page=False)
+    """The memory proxy alone (``/v1`` and ``/health``), for ``yak proxy``; it loads the document model
+    in the background as it starts (``MemoryProxy.warm_documents_in_background``)."""
+    app = create_app(settings, database=database, embedder=embedder, routers=(proxy.router, health.router),
+                     web_page=False)
+    app.state.warm_documents = True
+    return app

@@ -168,6 +168,11 @@ class LocalMiniLMEmbedder:
             return [v.tolist() for v in vectors]
         return _COALESCER(texts)
 
+    def warm_up(self) -> None:
+        """Load the document model and run it once, so the first real batch does not pay for that
+        (7-17 s on the busy 2-core development machine; docs/BENCHMARKS.md, issue 34)."""
+        self.embed_documents(["warm up"])
+
     def embed_query(self, text: str) -> list[float]:
         """Embed one query with the int8 ONNX model (module docstring): no torch on the request path."""
         return _encode_query(text)

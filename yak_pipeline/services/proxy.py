@@ -20,7 +20,9 @@ A client points its OpenAI base URL at Yak and its API key at a Yak key. For eac
 5. a complete answer is stored exactly as ``POST /api/turns`` stores it
    (``store_exchange_turn``): the exchange becomes a memory, the turn is queued with the recalled
    ids for warmth. The store is handed to :class:`~yak_pipeline.services.turn_writer.TurnWriter`
-   as the answer ends and runs after the response is sent: the client does not wait for it.
+   as the answer ends and runs after the response is sent, batched with the turns queued beside
+   it: the client does not wait for it (unless the writer's queue is full: back-pressure, see
+   there).
 
 What is stored is a finished exchange or nothing ("nothing half-stored"): a stream that breaks
 off (the upstream dies, or never sends a finish reason) stores no turn, because its truncated
@@ -38,12 +40,12 @@ import asyncio
 import json
 import logging
 import re
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from functools import partial
 from typing import Any, Final, Protocol
 
 import anyio.to_thread
@@ -381,6 +383,54 @@ def _stream_error_event(message: str) -> bytes:
     return f"data: {json.dumps(error)}\n\n".encode("utf-8")
 
 
+# --- storing the turn --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PendingTurn:
+    """A finished turn on its way to the database."""
+
+    user_id: str
+    user_text: str
+    answer: str
+    recalled_ids: list[str]
+    actor: str
+    occurred_at: datetime
+
+
+class TurnStore:
+    """One chat's turn, handed to the turn writer once its answer is known (both protocols)."""
+
+    def __init__(self, writer: TurnWriter[PendingTurn], *, user_id: str, user_text: str, recalled_ids: list[str],
+                 actor: str) -> None:
+        self._writer = writer
+        self._user_id, self._user_text, self._recalled_ids, self._actor = user_id, user_text, recalled_ids, actor
+
+    def hand_over(self, answer: str | None) -> PendingTurn | None:
+        """Queue the turn with ``answer`` for the writer; the turn back when the writer's queue is full:
+        the chat stores it itself (:meth:`store_now`) once the client has every byte of the answer."""
+        if not answer:
+            return None  # tool calls or an empty answer: no exchange to remember
+        # The turn happened now, whenever the writer gets to it.
+        turn = PendingTurn(user_id=self._user_id, user_text=self._user_text, answer=answer,
+                           recalled_ids=self._recalled_ids, actor=self._actor, occurred_at=datetime.now(timezone.utc))
+        return None if self._writer.submit(turn) else turn
+
+    async def store_now(self, turn: PendingTurn) -> None:
+        """Store a turn the full queue handed back, in a worker thread: the chat's response ends after it."""
+        await anyio.to_thread.run_sync(self._writer.store_now, [turn])
+
+    def queue_anyway(self, turn: PendingTurn) -> None:
+        """Queue a handed-back turn past the limit: its client left before the chat could store it."""
+        self._writer.submit(turn, over_limit=True)
+
+    async def __call__(self, answer: str | None) -> None:
+        """Queue the turn, or (the queue full) store it before returning: for whole answers, whose
+        body goes out only after this."""
+        turn = self.hand_over(answer)
+        if turn is not None:
+            await self.store_now(turn)
+
+
 # --- the proxy -------------------------------------------------------------------------------
 
 class MemoryProxy:
@@ -395,7 +445,9 @@ class MemoryProxy:
         self.metrics = metrics
         self._client: httpx.AsyncClient | None = None
         self._client_loop: object | None = None
-        self.turns = TurnWriter()
+        self.turns: TurnWriter[PendingTurn] = TurnWriter(self._store_turns)
+        # Set once warm_documents_in_background has finished (loaded, or failed and logged).
+        self.documents_warm = threading.Event()
         if settings.proxy_show_block and not block_logger.handlers:
             # Asked for on purpose (YAK_PROXY_SHOW_BLOCK, `yak proxy --show-block`): shown on stderr
             # whatever the process's logging is set to.
@@ -403,6 +455,26 @@ class MemoryProxy:
             handler.setFormatter(logging.Formatter("%(asctime)s yak proxy: %(message)s"))
             block_logger.addHandler(handler)
             block_logger.setLevel(logging.INFO)
+
+    def warm_documents_in_background(self) -> threading.Thread:
+        """Load the embedder's document model in a thread of its own (an embedder with a ``warm_up``:
+        the local model), so the first turn stored does not wait for the load; the proxy serves
+        chats and ``/health`` meanwhile. Sets :attr:`documents_warm` when done."""
+        def warm() -> None:
+            try:
+                warm_up = getattr(self._embedder(), "warm_up", None)
+                if warm_up is not None:
+                    started = time.perf_counter()
+                    warm_up()
+                    logger.info("document model loaded in %.1f s", time.perf_counter() - started)
+            except Exception as exc:  # noqa: BLE001 - the first stored turn loads it instead, and says so if it fails
+                logger.warning("the document model was not loaded at start: %s", type(exc).__name__)
+            finally:
+                self.documents_warm.set()
+
+        thread = threading.Thread(target=warm, name="yak-warm-documents", daemon=True)
+        thread.start()
+        return thread
 
     # -- upstream plumbing
 
@@ -481,30 +553,50 @@ class MemoryProxy:
         self.metrics.count_injected_memories(len(built.recalled_ids))
         return block, built.recalled_ids
 
-    def _store_turn(self, *, user_id: str, user_text: str, answer: str, recalled_ids: list[str], actor: str,
-                    occurred_at: datetime) -> bool:
-        """Store the finished turn as ``POST /api/turns`` does; False (counted, logged) when that would refuse
-        it (too long, NUL characters) or the database fails."""
-        refusal = turn_refusal(user_text, answer)
+    def _store_turns(self, turns: Sequence[PendingTurn]) -> int:
+        """Store finished turns as ``POST /api/turns`` does, each on its own (one that would be refused,
+        too long or with NUL characters, or whose write fails is counted and logged, and the others
+        are stored), then give the new exchanges their vectors in one model call per kind; how many turns
+        ``store_exchange_turn`` took (one whose exchange was stored before included)."""
+        created: list[str] = []
+        stored = 0
+        for turn in turns:
+            memory_id = self._write_turn(turn)
+            if memory_id is not None:
+                stored += 1
+                if memory_id:
+                    created.append(memory_id)
+        if created:
+            # Recallable by meaning at the next turn, not only after the pipeline has run; this runs
+            # after the answers have gone out (the turn writer), never in a chat's way. All the
+            # batch's exchanges in one go: one model call per kind, not two per turn. A failing
+            # embedder only logs; the pipeline embeds them later.
+            try:
+                embed_exchanges_now(self._database(), self._embedder(), created)
+            except Exception as exc:  # noqa: BLE001 - the turns stand; the pipeline embeds them later
+                logger.warning("%d proxied turns were stored without vectors: %s", len(created), type(exc).__name__)
+        return stored
+
+    def _write_turn(self, turn: PendingTurn) -> str | None:
+        """Write one turn in its own transaction: the new exchange's id, ``""`` when it was stored
+        already (the same exchange again), None (counted, logged) when it was refused or failed."""
+        refusal = turn_refusal(turn.user_text, turn.answer)
         if refusal is not None:
             self.metrics.count_proxy_degradation("turn_not_stored")
-            logger.warning("the proxied turn of %s was not stored: %s", user_id, refusal)
-            return False
+            logger.warning("the proxied turn of %s was not stored: %s", turn.user_id, refusal)
+            return None
         try:
             database = self._database()
             with database.connection() as conn:
-                stored = store_exchange_turn(conn, user_id=user_id, user_message=user_text, assistant_message=answer,
-                                             recalled_ids=recalled_ids, occurred_at=occurred_at, actor=actor,
+                stored = store_exchange_turn(conn, user_id=turn.user_id, user_message=turn.user_text,
+                                             assistant_message=turn.answer, recalled_ids=turn.recalled_ids,
+                                             occurred_at=turn.occurred_at, actor=turn.actor,
                                              secrets=database.secrets)
-            if stored.created:
-                # Recallable by meaning at the next turn, not only after the pipeline has run; this
-                # runs after the answer has gone out (the turn writer), never in the chat's way.
-                embed_exchanges_now(database, self._embedder(), [str(stored.memory_id)])
         except Exception as exc:  # noqa: BLE001 - the client has its answer already; the turn is lost, said so
             self.metrics.count_proxy_degradation("turn_not_stored")
-            logger.warning("the proxied turn of %s was not stored: %s", user_id, type(exc).__name__)
-            return False
-        return True
+            logger.warning("the proxied turn of %s was not stored: %s", turn.user_id, type(exc).__name__)
+            return None
+        return str(stored.memory_id) if stored.created else ""
 
     def _forget(self, *, user_id: str, text: str, actor: str) -> str | None:
         """Yak's answer to a forget command in ``text``, or None when ``text`` is not one."""
@@ -581,25 +673,15 @@ class MemoryProxy:
         return replace(await self._complete(request, store), headers=shown)
 
     def turn_storer(self, user_text: str | None, *, user_id: str, recalled_ids: list[str],
-                    actor: str, read_only: bool = False) -> Callable[[str | None], Any] | None:
+                    actor: str, read_only: bool = False) -> TurnStore | None:
         """What stores the turn once its answer is known (None when ``user_text`` is None: nothing to store,
         or the key is ``read_only``: it is answered, never stored); the store itself runs on the turn
         writer, after the response."""
         if user_text is None or read_only:
             return None
+        return TurnStore(self.turns, user_id=user_id, user_text=user_text, recalled_ids=recalled_ids, actor=actor)
 
-        async def store(answer: str | None) -> None:
-            if not answer:
-                return  # tool calls or an empty answer: no exchange to remember
-            # The turn happened now, whenever the writer gets to it.
-            write = partial(self._store_turn, user_id=user_id, user_text=user_text, answer=answer,
-                            recalled_ids=recalled_ids, actor=actor, occurred_at=datetime.now(timezone.utc))
-            if not self.turns.submit(write):
-                await anyio.to_thread.run_sync(write)  # the writer's queue is full: this chat waits for its store
-
-        return store
-
-    async def _complete(self, request: httpx.Request, store: Callable[[str | None], Any] | None) -> ProxyAnswer:
+    async def _complete(self, request: httpx.Request, store: TurnStore | None) -> ProxyAnswer:
         try:
             response = await self.http().send(request)
         except httpx.HTTPError as exc:
@@ -611,7 +693,7 @@ class MemoryProxy:
         return await self._answered(response.status_code, response.content, response.headers, store, stream=False)
 
     async def _answered(self, status_code: int, content: bytes, headers: httpx.Headers,
-                        store: Callable[[str | None], Any] | None, *, stream: bool) -> ProxyAnswer:
+                        store: TurnStore | None, *, stream: bool) -> ProxyAnswer:
         """A whole chat completion from upstream: the turn stored (when it can be), the body passed on as it came."""
         try:
             body = json.loads(content)
@@ -628,7 +710,7 @@ class MemoryProxy:
         return ProxyAnswer(status_code, content, headers.get("content-type", "application/json"))
 
     async def _stream(self, request: httpx.Request,
-                      store: Callable[[str | None], Any] | None) -> ProxyStream | ProxyAnswer:
+                      store: TurnStore | None) -> ProxyStream | ProxyAnswer:
         try:
             response = await self.http().send(request, stream=True)
         except httpx.HTTPError as exc:
@@ -647,19 +729,21 @@ class MemoryProxy:
         return ProxyStream(self._relay(response, store),
                            response.headers.get("content-type", "text/event-stream"))
 
-    async def _relay(self, response: httpx.Response, store: Callable[[str | None], Any] | None) -> AsyncIterator[bytes]:
+    async def _relay(self, response: httpx.Response, store: TurnStore | None) -> AsyncIterator[bytes]:
         """The upstream's bytes as they come; the turn goes to the writer once the stream finished,
         before its ``[DONE]`` is passed on, so a client that has read the whole stream finds its turn
-        stored or queued (``turns.wait()`` sees it)."""
+        queued or stored (``turns.wait()`` sees it). When the writer's queue is full the chat stores
+        its turn itself, after the last byte is passed on and before the response ends."""
         answer = StreamedAnswer()
         outcome = "client_gone"  # until the loop below ends: a client that hangs up stops the relay
-        stored = store is None
+        handed_over = store is None
+        overflow: PendingTurn | None = None  # handed back by a full queue: stored once the client has every byte
 
-        async def store_once() -> None:
-            nonlocal stored
-            if not stored and answer.complete and not answer.tool_calls:
-                stored = True
-                await store("".join(answer.text))  # type: ignore[misc] - store is set when stored is False
+        def hand_over_once() -> None:
+            nonlocal handed_over, overflow
+            if not handed_over and answer.complete and not answer.tool_calls:
+                handed_over = True
+                overflow = store.hand_over("".join(answer.text))  # type: ignore[union-attr] - set when not handed_over
 
         try:
             try:
@@ -673,7 +757,7 @@ class MemoryProxy:
                     answer.feed(head)
                     if head:
                         yield head
-                    await store_once()
+                    hand_over_once()
                     answer.feed(tail)
                     yield tail
             except httpx.HTTPError as exc:
@@ -689,8 +773,13 @@ class MemoryProxy:
                                           "nothing was stored, please retry")
                 return
             outcome = "answered"
-            await store_once()
+            hand_over_once()
+            if overflow is not None:
+                turn, overflow = overflow, None
+                await store.store_now(turn)  # type: ignore[union-attr] - overflow comes from store
         finally:
+            if overflow is not None:  # the client left before its turn could be stored here: the writer stores it
+                store.queue_anyway(overflow)  # type: ignore[union-attr] - overflow comes from store
             await response.aclose()
             if outcome == "upstream_cut":
                 self.metrics.count_proxy_degradation("upstream_cut")

@@ -29,7 +29,7 @@ the upstream's own errors are passed on as they came.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -40,9 +40,11 @@ from yak_pipeline.core.conversation_query import recall_queries
 from yak_pipeline.services.proxy import (
     RECALLED_IDS_HEADER,
     MemoryProxy,
+    PendingTurn,
     ProxyAnswer,
     ProxyError,
     ProxyStream,
+    TurnStore,
     resolve_named_user,
     upstream_error,
 )
@@ -367,7 +369,7 @@ class AnthropicMessages:
             return await self._stream(upstream, store, shown)
         return await self._complete(upstream, store, shown)
 
-    async def _complete(self, request: httpx.Request, store: Callable[[str | None], Any] | None,
+    async def _complete(self, request: httpx.Request, store: TurnStore | None,
                         shown: Mapping[str, str]) -> ProxyAnswer:
         try:
             response = await self.proxy.http().send(request)
@@ -378,7 +380,7 @@ class AnthropicMessages:
                                     stream=False)
 
     async def _answered(self, status_code: int, content: bytes, headers: httpx.Headers,
-                        store: Callable[[str | None], Any] | None, shown: Mapping[str, str], *,
+                        store: TurnStore | None, shown: Mapping[str, str], *,
                         stream: bool) -> ProxyAnswer:
         """A whole answer from upstream: errors passed on, the turn stored when it is finished, the body as it came."""
         if status_code >= 400:
@@ -399,7 +401,7 @@ class AnthropicMessages:
         return ProxyAnswer(status_code, content, headers.get("content-type", "application/json"),
                            {**passed_back_headers(headers), **shown})
 
-    async def _stream(self, request: httpx.Request, store: Callable[[str | None], Any] | None,
+    async def _stream(self, request: httpx.Request, store: TurnStore | None,
                       shown: Mapping[str, str]) -> ProxyStream | ProxyAnswer:
         try:
             response = await self.proxy.http().send(request, stream=True)
@@ -415,25 +417,27 @@ class AnthropicMessages:
                            {**passed_back_headers(response.headers), **shown})
 
     async def _relay(self, response: httpx.Response,
-                     store: Callable[[str | None], Any] | None) -> AsyncIterator[bytes]:
+                     store: TurnStore | None) -> AsyncIterator[bytes]:
         """The upstream's events as they come, unchanged; a finished answer goes to the turn writer before
         the chunk holding its ``message_stop`` is passed on (a client that read the whole stream finds its
-        turn stored or queued)."""
+        turn queued or stored). When the writer's queue is full the chat stores its turn itself, after
+        every event, ``message_stop`` included, is passed on and before the response ends."""
         answer = StreamedMessage()
         outcome = "client_gone"  # until the loop ends: a client that hangs up stops the relay
-        stored = store is None
+        handed_over = store is None
+        overflow: PendingTurn | None = None  # handed back by a full queue: stored once the client has every event
 
-        async def store_once() -> None:
-            nonlocal stored
-            if not stored and answer.complete:
-                stored = True
-                await store(answer.answer)  # type: ignore[misc] - store is set when stored is False
+        def hand_over_once() -> None:
+            nonlocal handed_over, overflow
+            if not handed_over and answer.complete:
+                handed_over = True
+                overflow = store.hand_over(answer.answer)  # type: ignore[union-attr] - set when not handed_over
 
         try:
             try:
                 async for chunk in response.aiter_bytes():
                     answer.feed(chunk)
-                    await store_once()
+                    hand_over_once()
                     yield chunk
             except httpx.HTTPError as exc:
                 self.proxy.transport_error(exc)  # logs the failure (its type only)
@@ -449,8 +453,13 @@ class AnthropicMessages:
                                       "nothing was stored, please retry")
                 return
             outcome = "answered"
-            await store_once()
+            hand_over_once()
+            if overflow is not None:
+                turn, overflow = overflow, None
+                await store.store_now(turn)  # type: ignore[union-attr] - overflow comes from store
         finally:
+            if overflow is not None:  # the client left before its turn could be stored here: the writer stores it
+                store.queue_anyway(overflow)  # type: ignore[union-attr] - overflow comes from store
             await response.aclose()
             if outcome == "upstream_cut":
                 self.metrics.count_proxy_degradation("upstream_cut")

@@ -1,75 +1,118 @@
-"""Where the memory proxy stores its turns: after the answer has gone out, one at a time, in order.
+"""Where the memory proxy stores its turns: after the answer has gone out, in order, several at a time.
 
 Storing a new turn (the exchange's memory, its context and postings, the turn queued for
-warmth) takes about 10 ms at 100,000 memories. The client has its answer by then and nothing
-it does depends on the store: recall finds a turn only once the pipeline has distilled it, and
-a failed store is only counted and logged either way. So the proxy hands the store to this
-writer and ends the response at once.
+warmth) takes about 10 ms at 100,000 memories; giving the new exchange its two vectors (its own
+text, and in context) with the local model takes 70-200 ms more on one CPU thread. The client has
+its answer by then and nothing it does depends on the store, and a failed store is only counted
+and logged either way. So the proxy hands the store to this writer and ends the response at once.
 
-One thread, so a user's turns are stored in the order they were answered. When more than
-``max_waiting`` stores are queued (the database is slow or away), the next chat stores its turn
-itself before its response ends: the queue stays bounded and clients slow down instead of
-Yak holding an ever longer backlog in memory. Shutting down (the app's lifespan) waits for
-the queue, so a turn answered before a clean stop is stored before the process goes.
+One thread, so a user's turns are stored in the order they were answered. The thread takes every
+turn waiting (up to ``max_batch``) in one batch: the proxy writes each turn on its own and then
+embeds the batch's exchanges in one model call per kind, which costs far less than one call per
+turn on a small CPU (docs/BENCHMARKS.md, issue 34). A lone turn is never held back to wait for
+company: a batch is whatever queued while the previous one was stored.
+
+When more than ``max_waiting`` turns are queued or being stored (the database is slow or away,
+or chats come faster than the model embeds), the next chat stores its turn itself before its
+response ends: the queue stays bounded and clients slow down instead of Yak holding an ever
+longer backlog in memory. Shutting down (the app's lifespan) waits for the queue, so a turn
+answered before a clean stop is stored before the process goes.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Final
+from typing import Final, Generic, TypeVar
 
 logger = logging.getLogger("yak.proxy")
 
 MAX_WAITING_TURNS: Final = 256
+# The most turns one batch stores: their 32 texts of a kind fit one forward pass of the local model
+# (64 texts), and a batch's first turn waits for the whole batch's vectors before recall finds it by meaning.
+MAX_BATCH_TURNS: Final = 32
+
+T = TypeVar("T")
 
 
-class TurnWriter:
-    """A one-thread queue of turn stores, with a count of those not yet done and a way to wait for them."""
+class TurnWriter(Generic[T]):
+    """A one-thread queue of turns, stored in batches by ``store_batch``; counts those not yet stored
+    and can wait for them."""
 
-    def __init__(self, *, max_waiting: int = MAX_WAITING_TURNS) -> None:
+    def __init__(self, store_batch: Callable[[Sequence[T]], object], *, max_waiting: int = MAX_WAITING_TURNS,
+                 max_batch: int = MAX_BATCH_TURNS) -> None:
         self.max_waiting = max_waiting
+        self.max_batch = max(1, max_batch)
+        self._store_batch = store_batch
+        # A ThreadPoolExecutor's worker is joined at interpreter exit, so a batch being stored finishes.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="yak-turn-writer")
         self._settled = threading.Condition()
+        self._queue: deque[T] = deque()
+        self._draining = False
         self._waiting = 0
 
     @property
     def waiting(self) -> int:
-        """Stores queued or running."""
+        """Turns queued or being stored."""
         with self._settled:
             return self._waiting
 
-    def submit(self, store: Callable[[], object]) -> bool:
-        """Queue ``store`` (which handles its own failures); False, and nothing queued, when the queue is full."""
+    def submit(self, turn: T, *, over_limit: bool = False) -> bool:
+        """Queue ``turn``; False, and nothing queued, when ``max_waiting`` turns wait already (the caller
+        stores it, :meth:`store_now`). ``over_limit`` queues it anyway: for a chat whose client left
+        before it could store its own turn."""
         with self._settled:
-            if self._waiting >= self.max_waiting:
+            if self._waiting >= self.max_waiting and not over_limit:
                 return False
             self._waiting += 1
+            self._queue.append(turn)
+            if self._draining:
+                return True  # the running drain takes it with the next batch
+            self._draining = True
         try:
-            self._executor.submit(self._run, store)
-        except RuntimeError:  # the interpreter is exiting: no new threads
-            self._done()
-            return False
+            self._executor.submit(self._drain)
+        except RuntimeError:  # the interpreter is exiting: no new threads, so the queue is stored here
+            self._drain()
         return True
 
-    def _run(self, store: Callable[[], object]) -> None:
+    def store_now(self, turns: Sequence[T]) -> None:
+        """Store ``turns`` in the caller's thread (a chat that found the queue full), as a batch is stored."""
+        self._store(list(turns))
+
+    def _drain(self) -> None:
+        while True:
+            with self._settled:
+                batch = [self._queue.popleft() for _ in range(min(self.max_batch, len(self._queue)))]
+                if not batch:
+                    self._draining = False
+                    return
+            try:
+                self._store(batch)
+            finally:
+                self._done(len(batch))
+
+    def _store(self, batch: list[T]) -> None:
+        started = time.perf_counter()
         try:
-            store()
+            self._store_batch(batch)
         except Exception as exc:  # noqa: BLE001 - stores count and log their own failures; this is the last guard
             # Only the type, as the proxy logs every failure: a message could carry the database's URL.
-            logger.error("a proxied turn's store failed unexpectedly: %s", type(exc).__name__)
-        finally:
-            self._done()
+            logger.error("a batch of %d proxied turns failed unexpectedly: %s", len(batch), type(exc).__name__)
+            return
+        logger.debug("stored a batch of %d proxied turns in %.0f ms", len(batch),
+                     (time.perf_counter() - started) * 1000)
 
-    def _done(self) -> None:
+    def _done(self, count: int) -> None:
         with self._settled:
-            self._waiting -= 1
+            self._waiting -= count
             if self._waiting == 0:
                 self._settled.notify_all()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until every queued store is done; False if ``timeout`` seconds passed first."""
+        """Block until every queued turn is stored; False if ``timeout`` seconds passed first."""
         with self._settled:
             return self._settled.wait_for(lambda: self._waiting == 0, timeout)
