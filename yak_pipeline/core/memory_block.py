@@ -10,9 +10,10 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import date, datetime
 from typing import Any, Final
 
+from yak_pipeline.core.dates import resolve_relative_dates
 from yak_pipeline.core.profile import PROFILE_KINDS
 from yak_pipeline.core.types import TIERS, Tier
 
@@ -79,7 +80,7 @@ PROFILE_PREAMBLE: Final[str] = ("The user's standing instructions and preference
                                 "where they apply.")
 
 
-def said_on(when: datetime) -> str:
+def said_on(when: date) -> str:
     """``27 Nov 2026``: a date no reader takes for something else (an ISO date in brackets in front
     of "my daughter is called Mia" was read as her birthday)."""
     return f"{when.day} {when:%b %Y}"
@@ -92,6 +93,9 @@ def _label(memory: BlockMemory) -> str:
         parts = ["the user's own words" if memory.kind == "raw" else "distilled memory"]
     if memory.occurred_at is not None:
         parts[0] += f", said on {said_on(memory.occurred_at)}"
+        # The days its relative dates mean ("last Tuesday" is 24 Nov 2026): no model has to count.
+        parts += [f"\"{phrase}\" is {said_on(day)}"
+                  for phrase, day in resolve_relative_dates(memory.content, memory.occurred_at.date())]
     if memory.superseded:
         parts.append("replaced by a newer memory")
     if memory.in_conflict:

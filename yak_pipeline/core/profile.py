@@ -43,7 +43,7 @@ _ANSWER_VERBS: Final = (
     r"list|sort|put|call|address|ask|check|confirm|double-check|remind|tell|suggest|recommend|highlight|specify|"
     r"report|maintain|tailor|offer|be|talk|speak|summari[sz]e|spell|avoid|translate|convert|express|present|label|"
     r"quote|round|number|break|structure|organi[sz]e|assume|default|reference|link|note|warn|flag|display|state|"
-    r"double|consider|prioriti[sz]e|focus|stick|limit|write|return|respect|refer|compare|describe|indicate|"
+    r"double|consider|prioriti[sz]e|focus|stick|limit|return|respect|refer|compare|describe|indicate|"
     r"follow|omit|skip|leave|send|make|stay|go|take)")
 _INSTRUCTION: Final = re.compile(
     _LEAD + r"(?:(?:always|never)\s+(?:\w+ly\s+)?" + _ANSWER_VERBS + r"|"
