@@ -30,26 +30,37 @@ def write_profile_lines(conn: psycopg.Connection, *, memory_id: UUID | str, user
     ``fresh``: the exchange was just inserted (it has no lines yet; most exchanges state none, and
     then this costs no statement). A line the user dropped stays dropped when the same sentence is
     read again."""
-    statements = profile_statements(users_words(content)[0])
-    dropped: set[str] = set()
-    if not fresh:
-        dropped = {row[0] for row in conn.execute(
-            "SELECT content FROM profile_lines WHERE memory_id = %s AND status = 'dropped'", (memory_id,)).fetchall()}
-        conn.execute("DELETE FROM profile_lines WHERE memory_id = %s", (memory_id,))
-    if statements:
+    return _write_lines(conn, [(memory_id, user_id, content)], fresh=fresh)[0]
+
+
+def _write_lines(conn: psycopg.Connection, exchanges: Sequence[tuple[UUID | str, str, str]], *,
+                 fresh: bool = False) -> list[int]:
+    """:func:`write_profile_lines` for many ``(memory_id, user_id, content)`` at once: one read of the
+    dropped lines, one delete and one insert for them all; how many lines each has."""
+    found = [profile_statements(users_words(content)[0]) for _, _, content in exchanges]
+    dropped: set[tuple[str, str]] = set()
+    if not fresh and exchanges:
+        ids = [str(memory_id) for memory_id, _, _ in exchanges]
+        dropped = {(r[0], r[1]) for r in conn.execute(
+            """SELECT memory_id::text, content FROM profile_lines
+                WHERE memory_id = ANY(%s::uuid[]) AND status = 'dropped'""", (ids,)).fetchall()}
+        conn.execute("DELETE FROM profile_lines WHERE memory_id = ANY(%s::uuid[])", (ids,))
+    rows = [(memory_id, user_id, s.kind, s.text, s.position,
+             "dropped" if (str(memory_id), s.text) in dropped else "active")
+            for (memory_id, user_id, _), statements in zip(exchanges, found) for s in statements]
+    if rows:
         with conn.cursor() as cur:
             cur.executemany(
                 """INSERT INTO profile_lines (memory_id, user_id, kind, content, position, status)
-                   VALUES (%s, %s, %s, %s, %s, %s)""",
-                [(memory_id, user_id, s.kind, s.text, s.position, "dropped" if s.text in dropped else "active")
-                 for s in statements])
-    return len(statements)
+                   VALUES (%s, %s, %s, %s, %s, %s)""", rows)
+    return [len(statements) for statements in found]
 
 
 def rebuild_profile_lines(conn: psycopg.Connection, *, user_id: str | None = None, batch: int = 2000) -> int:
     """Read every live exchange (of ``user_id``, or everyone) again for its profile lines; how many
     exchanges hold one. Used when the profile table first appears (the migration), after a restore,
-    and by ``yak profile rebuild`` when the patterns change."""
+    and by ``yak profile rebuild`` when the patterns change. A batch of exchanges at a time, each
+    batch's lines rewritten with three statements."""
     found = 0
     last = None
     while True:
@@ -61,8 +72,7 @@ def rebuild_profile_lines(conn: psycopg.Connection, *, user_id: str | None = Non
             {"user": user_id, "last": last, "batch": batch}).fetchall()
         if not rows:
             return found
-        for memory_id, owner, content in rows:
-            found += write_profile_lines(conn, memory_id=memory_id, user_id=owner, content=content) > 0
+        found += sum(1 for count in _write_lines(conn, rows) if count)
         last = rows[-1][0]
 
 
