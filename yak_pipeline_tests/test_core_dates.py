@@ -38,3 +38,13 @@ def test_the_block_line_names_the_day_a_relative_date_means() -> None:
                                              occurred_at=datetime(2026, 11, 27, 10, tzinfo=timezone.utc))])
     assert ('- (the user\'s own words, said on 27 Nov 2026; "last Tuesday" is 24 Nov 2026; "in two weeks" is '
             '11 Dec 2026) "I finished the draft last Tuesday; the deadline is in two weeks"') in block
+
+
+def test_a_standing_instruction_keeps_its_relative_dates_unresolved() -> None:
+    said = datetime(2026, 11, 27, 10, tzinfo=timezone.utc)
+    block = render_memory_block([BlockMemory(id="p", content="Always tell me tomorrow's weather first.", tier="core",
+                                             kind="instruction", occurred_at=said),
+                                 BlockMemory(id="m", content="The dentist is tomorrow.", tier="medium", kind="raw",
+                                             occurred_at=said)])
+    assert "- (instruction, said on 27 Nov 2026) \"Always tell me tomorrow's weather first.\"" in block
+    assert '(the user\'s own words, said on 27 Nov 2026; "tomorrow" is 28 Nov 2026)' in block

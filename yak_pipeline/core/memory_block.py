@@ -94,8 +94,11 @@ def _label(memory: BlockMemory) -> str:
     if memory.occurred_at is not None:
         parts[0] += f", said on {said_on(memory.occurred_at)}"
         # The days its relative dates mean ("last Tuesday" is 24 Nov 2026): no model has to count.
-        parts += [f"\"{phrase}\" is {said_on(day)}"
-                  for phrase, day in resolve_relative_dates(memory.content, memory.occurred_at.date())]
+        # Not for a standing instruction: its "tomorrow" ("always tell me tomorrow's weather") is
+        # every day's, not the day after it was said.
+        if not memory.in_profile:
+            parts += [f"\"{phrase}\" is {said_on(day)}"
+                      for phrase, day in resolve_relative_dates(memory.content, memory.occurred_at.date())]
     if memory.superseded:
         parts.append("replaced by a newer memory")
     if memory.in_conflict:
