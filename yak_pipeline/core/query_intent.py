@@ -82,7 +82,7 @@ def query_parts(question: str) -> list[str]:
         return []
     listed = _LIST_END.split(match.group(1), maxsplit=1)[0]
     items = [item.strip(" ,.;:") for item in _ITEM_SEPARATOR.split(listed)]
-    items = [item for item in items if len(item.split()) >= 1 and any(c.isalpha() for c in item)]
+    items = [item for item in items if any(c.isalpha() for c in item)]
     return items[:MAX_QUERY_PARTS] if len(items) >= 2 else []
 
 
