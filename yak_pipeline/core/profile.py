@@ -153,8 +153,8 @@ def choose_profile(lines: Sequence[ProfileLine], token_budget: int) -> list[Prof
     seen: set[str] = set()
     unique = []
     for line in ordered:
-        if _same(line.text) not in seen:
-            seen.add(_same(line.text))
+        if (wording := _same(line.text)) not in seen:
+            seen.add(wording)
             unique.append(line)
     kept, used = [], 0
     for line in unique:
