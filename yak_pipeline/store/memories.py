@@ -183,11 +183,13 @@ def pending_memory_partitions(conn: psycopg.Connection, *, drop_folder: bool | N
     partitions whose quality gate last failed are held back for those checks, as their runs are.
     The signature changes whenever the partition's pending work does (a new memory, a failed
     attempt, a check done), so a run key built from it requests one run per state, never a duplicate.
+    It names the pending rows themselves: a creation time (to the second) did not tell a memory
+    added just after a run from the one the run had finished.
     """
     return conn.execute(
         """WITH pending AS (
                SELECT user_id, (occurred_at AT TIME ZONE 'UTC')::date AS day, count(*) AS n,
-                      count(*) || '-' || sum(attempts) || '-' || extract(epoch FROM max(created_at))::bigint AS sig
+                      count(*) || '-' || left(md5(string_agg(id::text || ':' || attempts, ',' ORDER BY id)), 16) AS sig
                FROM memories WHERE status = 'pending' AND deleted_at IS NULL
                  AND (%(drop)s::boolean IS NULL OR (source = 'drop_folder') = %(drop)s)
                GROUP BY 1, 2),

@@ -65,10 +65,11 @@ def claim_pending_turns(
 
 
 def pending_turn_partitions(conn: psycopg.Connection) -> list[tuple[str, date, int, str]]:
-    """``(user_id, UTC day, count, signature)`` of pending turns, for the turns sensor."""
+    """``(user_id, UTC day, count, signature)`` of pending turns, for the turns sensor (the
+    signature names the pending turns and their attempts, as ``pending_memory_partitions``' does)."""
     return conn.execute(
         """SELECT user_id, (occurred_at AT TIME ZONE 'UTC')::date, count(*),
-                  count(*) || '-' || sum(attempts) || '-' || extract(epoch FROM max(created_at))::bigint
+                  count(*) || '-' || left(md5(string_agg(id::text || ':' || attempts, ',' ORDER BY id)), 16)
            FROM turns WHERE status = 'pending' AND deleted_at IS NULL GROUP BY 1, 2 ORDER BY 2, 1"""
     ).fetchall()
 
