@@ -391,6 +391,8 @@ class ReviewItem(BaseModel):
     needs_review: bool
     in_conflict: bool
     created_at: datetime
+    memory_type: MemoryType = Field(default="fact", description=_MEMORY_TYPE_HELP)
+    event_on: date | None = Field(default=None, description=_EVENT_ON_HELP)
 
 
 class ReviewDecision(BaseModel):
