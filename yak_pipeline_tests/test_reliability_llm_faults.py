@@ -75,9 +75,9 @@ def _resources(settings: Settings, server: FakeOpenAIServer, webhook: WebhookRec
 def _invalid_distillations(db: Database) -> list[str]:
     """Stored distillations that the strict output model would refuse (there must be none)."""
     bad = []
-    for content, confidence, tier in fetch_all(db, "SELECT content, confidence, tier FROM distillations"):
+    for content, confidence, tier, kind in fetch_all(db, "SELECT content, confidence, tier, memory_type FROM distillations"):
         try:
-            DistillationOutput.model_validate({"content": content, "confidence": confidence, "tier": tier})
+            DistillationOutput.model_validate({"content": content, "confidence": confidence, "tier": tier, "type": kind})
         except ValueError as exc:
             bad.append(f"{content!r}: {exc}")
     return bad
