@@ -151,7 +151,8 @@ def rules_replier(request: dict[str, Any]) -> Reply:
     rules = RulesProvider()
     if task == "distil":
         result = rules.distill(payload["exchange"])
-        answer: dict[str, Any] = {"content": result.content, "confidence": result.confidence, "tier": result.tier}
+        answer: dict[str, Any] = {"content": result.content, "confidence": result.confidence, "tier": result.tier,
+                                  "type": result.memory_type}
     elif task == "consolidate":
         answer = {"content": rules.consolidate(payload["older"], payload["newer"]).content}
     elif task == "conflict":

@@ -10,6 +10,7 @@ from uuid import UUID
 import psycopg
 
 from yak_pipeline.embeddings.hashing import HashingEmbedder
+from yak_pipeline.llm.prompts import OUTPUT_SCHEMA_VERSION
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.distillations import NewDistillation, insert_distillation
 from yak_pipeline.store.memories import insert_memory
@@ -43,6 +44,7 @@ def seed_memory_with_distillation(
             embedding_model=EMBEDDER.model_name,
             prompt_version="test",
             refreshed_at=when,
+            schema_version=OUTPUT_SCHEMA_VERSION,
         ),
     )
     conn.execute("UPDATE memories SET status = 'distilled' WHERE id = %s", (memory.id,))

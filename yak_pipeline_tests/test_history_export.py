@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import datetime, timezone
+from datetime import date, datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -205,9 +205,43 @@ def test_render_memory_markdown_orders_by_tier_date_and_text() -> None:
     text = render_memory_markdown("maria", items)
     assert text == render_memory_markdown("maria", list(reversed(items)))
     assert text.splitlines()[4:] == [
-        "## Core — who the user is, what matters most", "",
+        "## Facts — who the user is, what they do", "",
+        "### Core — who the user is, what matters most", "",
         "- 2026-01-02: Is a nurse.", "- 2026-01-02: Lives in Lisbon. _(unreviewed)_", "",
-        "## Low — passing details", "", "- 2026-01-03: Likes tea."]
+        "### Low — passing details", "", "- 2026-01-03: Likes tea."]
+
+
+def test_render_memory_markdown_has_a_section_per_type_and_events_by_their_day() -> None:
+    said = lambda d: datetime(2026, 11, d, 9, 0, tzinfo=timezone.utc)  # noqa: E731
+    items = [
+        {"content": "User finished the migration last Tuesday.", "tier": "medium", "refreshed_at": said(27),
+         "memory_type": "event", "event_on": date(2026, 11, 24)},
+        {"content": "User's exam is on 3 May.", "tier": "core", "refreshed_at": said(20),
+         "memory_type": "event", "event_on": date(2027, 5, 3)},
+        {"content": "User had a big day.", "tier": "low", "refreshed_at": said(25), "memory_type": "event",
+         "event_on": None},
+        {"content": "User prefers trains.", "tier": "medium", "refreshed_at": said(2), "memory_type": "preference"},
+        {"content": "User wants answers in French.", "tier": "core", "refreshed_at": said(3),
+         "memory_type": "instruction", "needs_review": True},
+        {"content": "User lives in Lyon.", "tier": "core", "refreshed_at": said(1), "memory_type": "fact"},
+    ]
+    text = render_memory_markdown("maria", items, [("instruction", "Always answer in French.", said(3))])
+    assert text == render_memory_markdown("maria", list(reversed(items)),
+                                          [("instruction", "Always answer in French.", said(3))])
+    assert text.splitlines()[2:] == [
+        "## How to answer — standing instructions and preferences, in the user's words", "",
+        '- 2026-11-03 (instruction): "Always answer in French."', "",
+        "What Yak knows about maria: 6 memories, the latest from 2026-11-27. Rebuilt from the database at any "
+        "time; superseded memories and those held back for review are left out.", "",
+        "## Instructions — how the user wants to be answered", "",
+        "- 2026-11-03: User wants answers in French. _(unreviewed)_", "",
+        "## Preferences — what the user prefers", "", "- 2026-11-02: User prefers trains.", "",
+        "## Facts — who the user is, what they do", "",
+        "### Core — who the user is, what matters most", "", "- 2026-11-01: User lives in Lyon.", "",
+        "## Events — what happened, or will, by day", "",
+        "- 2026-11-24 (said 2026-11-27): User finished the migration last Tuesday.",
+        "- 2026-11-25: User had a big day.",
+        "- 2027-05-03 (said 2026-11-20): User's exam is on 3 May."]
 
 
 def test_memory_md_route_and_mcp_resource_serve_the_keys_user(

@@ -15,6 +15,7 @@ from yak_pipeline.llm.models import (
     DistillationOutput,
     ScoreOutput,
     parse_reply,
+    response_schema,
     strip_code_fence,
 )
 from yak_pipeline.llm.prompts import (
@@ -26,7 +27,7 @@ from yak_pipeline.llm.prompts import (
 )
 from yak_pipeline.settings import Settings
 
-GOOD = {"content": "User lives in Berlin.", "confidence": 0.9, "tier": "core"}
+GOOD = {"content": "User lives in Berlin.", "confidence": 0.9, "tier": "core", "type": "fact"}
 
 
 def _reason(obj: object, model: type = DistillationOutput) -> str:
@@ -63,12 +64,12 @@ def test_bad_confidence_is_rejected_not_clamped(confidence: object, expected: st
 
 @pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e400"])
 def test_non_finite_confidence_is_rejected(literal: str) -> None:
-    text = '{"content": "User lives in Berlin.", "confidence": ' + literal + ', "tier": "core"}'
+    text = '{"content": "User lives in Berlin.", "confidence": ' + literal + ', "tier": "core", "type": "fact"}'
     assert "is not a finite number" in _reason(text)
 
 
 def test_huge_integer_confidence_is_rejected() -> None:
-    text = '{"content": "User lives in Berlin.", "confidence": ' + "9" * 400 + ', "tier": "core"}'
+    text = '{"content": "User lives in Berlin.", "confidence": ' + "9" * 400 + ', "tier": "core", "type": "fact"}'
     assert "is outside [0, 1]" in _reason(text)
 
 
@@ -81,6 +82,15 @@ def test_tier_must_be_known_but_case_is_ignored() -> None:
     assert _reason({**GOOD, "tier": "urgent"}) == "tier 'urgent' is not one of core, medium, low"
     assert _reason({**GOOD, "tier": 1}).startswith("tier must be one of core, medium, low")
     assert parse_reply(json.dumps({**GOOD, "tier": " Core "}), DistillationOutput).tier == "core"
+
+
+def test_memory_type_must_be_known_but_case_is_ignored() -> None:
+    assert _reason({**GOOD, "type": "opinion"}) == "type 'opinion' is not one of instruction, preference, fact, event"
+    assert _reason({**GOOD, "type": None}) == "type None is not one of instruction, preference, fact, event"
+    assert parse_reply(json.dumps({**GOOD, "type": " Event "}), DistillationOutput).type == "event"
+    assert response_schema(DistillationOutput)["properties"]["type"] == {
+        "type": "string", "enum": ["instruction", "preference", "fact", "event"]}
+    assert response_schema(DistillationOutput)["required"] == ["content", "confidence", "tier", "type"]
 
 
 @pytest.mark.parametrize(
@@ -98,14 +108,15 @@ def test_bad_content_is_rejected(content: object, expected: str) -> None:
 
 
 def test_missing_fields_are_named() -> None:
-    assert _reason({"content": "User lives in Berlin."}) == "missing field 'confidence'; missing field 'tier'"
-    assert _reason({}) == "missing field 'content'; missing field 'confidence'; missing field 'tier'"
+    assert _reason({"content": "User lives in Berlin."}) == \
+        "missing field 'confidence'; missing field 'tier'; missing field 'type'"
+    assert _reason({}) == "missing field 'content'; missing field 'confidence'; missing field 'tier'; missing field 'type'"
 
 
 @pytest.mark.parametrize(
     ("reply", "expected_start"),
     [
-        ("[]", "reply is a JSON array, expected an object with content, confidence, tier"),
+        ("[]", "reply is a JSON array, expected an object with content, confidence, tier, type"),
         ('"User lives in Berlin."', "reply is a JSON string"),
         ("null", "reply is a JSON null"),
         ("0.9", "reply is a JSON number"),
@@ -161,11 +172,11 @@ def test_score_and_consolidation_models() -> None:
 
 def test_models_are_strict_when_built_directly() -> None:
     with pytest.raises(ValueError, match="confidence 2 is outside"):
-        DistillationOutput(content="User lives in Berlin.", confidence=2, tier="core")
+        DistillationOutput(content="User lives in Berlin.", confidence=2, tier="core", type="fact")
     with pytest.raises(ValueError, match="content is blank"):
-        DistillationOutput(content=" ", confidence=0.9, tier="core")
+        DistillationOutput(content=" ", confidence=0.9, tier="core", type="fact")
     with pytest.raises(ValueError, match="confidence must be a number"):
-        DistillationOutput(content="User lives in Berlin.", confidence=False, tier="core")
+        DistillationOutput(content="User lives in Berlin.", confidence=False, tier="core", type="fact")
 
 
 @given(st.floats(min_value=0.0, max_value=1.0, allow_nan=False))
@@ -205,6 +216,6 @@ def test_prompts_carry_the_exchange_as_json_data() -> None:
 
 
 def test_prompt_versions() -> None:
-    assert OUTPUT_SCHEMA_VERSION == 1
+    assert OUTPUT_SCHEMA_VERSION == 2
     assert current_prompt_version(Settings(prompt_version="v7")) == "v7"
     assert len(prompt_fingerprint()) == 12 and prompt_fingerprint() == prompt_fingerprint()

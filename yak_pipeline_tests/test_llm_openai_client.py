@@ -27,7 +27,7 @@ from yak_pipeline.settings import Settings
 from yak_pipeline_tests.fake_openai import FakeOpenAIServer, Reply, fake_embedding
 
 EXCHANGE = "User: I live in Berlin and I'm a nurse.\nAssistant: Nice to meet you!"
-GOOD = {"content": "User lives in Berlin. User is a nurse.", "confidence": 0.92, "tier": "core"}
+GOOD = {"content": "User lives in Berlin. User is a nurse.", "confidence": 0.92, "tier": "core", "type": "fact"}
 MAX_RETRIES = 2  # so every failing call makes exactly 3 requests
 TIMEOUT = 0.5
 
@@ -50,7 +50,7 @@ def make_provider(server: FakeOpenAIServer, **overrides: Any) -> OpenAIChatProvi
 def test_valid_output_is_parsed(openai_server: FakeOpenAIServer) -> None:
     openai_server.script(Reply.json(GOOD))
     result = make_provider(openai_server).distill(EXCHANGE)
-    assert (result.content, result.confidence, result.tier) == (GOOD["content"], 0.92, "core")
+    assert (result.content, result.confidence, result.tier, result.memory_type) == (GOOD["content"], 0.92, "core", "fact")
     assert result.stats.attempts == 1 and result.stats.latency_ms > 0
     assert result.stats.prompt_tokens is None and result.stats.completion_tokens is None  # none reported
 
@@ -101,6 +101,7 @@ def test_out_of_range_confidence_is_rejected_not_clamped(openai_server: FakeOpen
         ({"answer": "User lives in Berlin."}, "missing field 'content'"),
         ({**GOOD, "confidence": "high"}, "confidence must be a number in [0, 1], got string 'high'"),
         ({**GOOD, "tier": "urgent"}, "tier 'urgent' is not one of core, medium, low"),
+        ({**GOOD, "type": "opinion"}, "type 'opinion' is not one of instruction, preference, fact, event"),
         ({**GOOD, "content": ""}, "content is blank"),
         ({**GOOD, "content": "A is. B is. C is. D is. E is."}, "content has 5 sentences, expected 1 to 4"),
     ],
@@ -327,9 +328,10 @@ LLAMA_CPP_REFUSAL = {"error": {"message": "1 validation error: {'type': 'literal
 
 def test_the_response_schema_is_the_output_model() -> None:
     schema = response_schema(DistillationOutput)
-    assert schema["required"] == ["content", "confidence", "tier"] and schema["additionalProperties"] is False
+    assert schema["required"] == ["content", "confidence", "tier", "type"] and schema["additionalProperties"] is False
     assert schema["properties"]["confidence"] == {"type": "number", "minimum": 0, "maximum": 1}
     assert schema["properties"]["tier"] == {"type": "string", "enum": ["core", "medium", "low"]}
+    assert schema["properties"]["type"] == {"type": "string", "enum": ["instruction", "preference", "fact", "event"]}
     assert response_schema(ScoreOutput)["properties"] == {"score": {"type": "number", "minimum": 0, "maximum": 1}}
 
 

@@ -190,7 +190,7 @@ _wordy = st.lists(
 @given(st.one_of(_texts, _wordy))
 def test_any_text_distils_to_valid_output(text: str) -> None:
     result = RULES.distill(text)
-    DistillationOutput(content=result.content, confidence=result.confidence, tier=result.tier)  # raises if invalid
+    DistillationOutput(content=result.content, confidence=result.confidence, tier=result.tier, type=result.memory_type)  # raises if invalid
     assert result.confidence in (0.9, 0.7, 0.65, 0.5)
 
 
@@ -198,7 +198,7 @@ def test_any_text_distils_to_valid_output(text: str) -> None:
 @given(_texts, _texts)
 def test_any_exchange_distils_to_valid_output(user: str, assistant: str) -> None:
     result = RULES.distill(f"User: {user}\nAssistant: {assistant}")
-    DistillationOutput(content=result.content, confidence=result.confidence, tier=result.tier)
+    DistillationOutput(content=result.content, confidence=result.confidence, tier=result.tier, type=result.memory_type)
 
 
 def test_consolidate_keeps_newer_adds_older_and_caps_at_four() -> None:
@@ -356,3 +356,17 @@ def test_relevance_score() -> None:
 def test_scores_are_always_in_range(a: str, b: str) -> None:
     assert 0.0 <= RULES.conflict_score(a, b).score <= 1.0
     assert 0.0 <= RULES.relevance_score(a, b).score <= 1.0
+
+
+@pytest.mark.parametrize(("user", "memory_type"), [
+    ("Always answer me in French, please.", "instruction"),
+    ("I'd rather take trains everywhere.", "preference"),
+    ("I finished the migration last Tuesday.", "event"),
+    ("My exam is on 3 May.", "event"),
+    ("I live in Berlin and work as a nurse.", "fact"),
+])
+def test_rules_distillations_are_typed_and_their_text_is_unchanged(user: str, memory_type: str) -> None:
+    result = RULES.distill(f"User: {user}\nAssistant: Noted.")
+    assert result.memory_type == memory_type
+    # The type is added beside the text: the text is what it was before types (recall sees the same).
+    assert result.content == RULES.distill(f"User: {user}\nAssistant: Something else entirely.").content

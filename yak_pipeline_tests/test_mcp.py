@@ -52,6 +52,9 @@ async def exercise_alice(client: Client, seeded: Seeded) -> dict[str, Any]:  # n
     texts = " ".join(m["content"] for m in found["memories"])
     assert seeded.alice.secret in texts and seeded.bob.secret not in texts
     assert "explain" in found["memories"][0]
+    # Each memory carries its type (the seeded distillations are facts; a raw hit, the user's words, has none).
+    assert {m["type"] for m in found["memories"] if m["kind"] == "distilled"} == {"fact"}
+    assert all(m["type"] is None for m in found["memories"] if m["kind"] == "raw")
     saved = await call(client, "memory_save", fact="The user's bike is a green Gazelle.")
     assert saved["stored"] is True
     again = await call(client, "memory_save", fact="The user's bike is a green Gazelle.")

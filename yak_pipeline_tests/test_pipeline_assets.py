@@ -182,10 +182,10 @@ def test_malformed_json_keeps_the_memory_pending_with_the_error_then_the_next_ru
 @pytest.mark.parametrize(
     ("answer", "reason"),
     [
-        ({"content": "User lives in Berlin.", "confidence": 100, "tier": "core"}, "confidence"),
-        ({"content": "User lives in Berlin.", "confidence": "high", "tier": "core"}, "confidence"),
-        ({"content": "User lives in Berlin.", "confidence": 0.9, "tier": "urgent"}, "tier"),
-        ({"content": "A. B. C. D. E.", "confidence": 0.9, "tier": "core"}, "sentences"),
+        ({"content": "User lives in Berlin.", "confidence": 100, "tier": "core", "type": "fact"}, "confidence"),
+        ({"content": "User lives in Berlin.", "confidence": "high", "tier": "core", "type": "fact"}, "confidence"),
+        ({"content": "User lives in Berlin.", "confidence": 0.9, "tier": "urgent", "type": "fact"}, "tier"),
+        ({"content": "A. B. C. D. E.", "confidence": 0.9, "tier": "core", "type": "fact"}, "sentences"),
     ],
     ids=["confidence-100", "confidence-text", "unknown-tier", "five-sentences"],
 )
@@ -252,9 +252,9 @@ def test_confidence_gate_decides_status_and_review_flag(settings: Settings, data
                 for i, text in enumerate(["I live in Berlin.", "I like jazz.", "I have a cat."])]
     # One worker: the memories are distilled oldest first, so the replies line up with them.
     openai_server.script(
-        Reply.json({"content": "User lives in Berlin.", "confidence": 0.8, "tier": "core"}),
-        Reply.json({"content": "User likes jazz.", "confidence": 0.65, "tier": "medium"}),
-        Reply.json({"content": "User has a cat.", "confidence": 0.5, "tier": "low"}),
+        Reply.json({"content": "User lives in Berlin.", "confidence": 0.8, "tier": "core", "type": "fact"}),
+        Reply.json({"content": "User likes jazz.", "confidence": 0.65, "tier": "medium", "type": "fact"}),
+        Reply.json({"content": "User has a cat.", "confidence": 0.5, "tier": "low", "type": "fact"}),
     )
 
     result = run_partition(new_instance("alice"), pipeline_resources(settings, llm_base_url=openai_server.base_url),
@@ -540,8 +540,8 @@ def test_prompt_version_backfill_writes_new_versions_and_keeps_the_old_text(
 
     monkeypatch.setenv("YAK_PROMPT_VERSION", "v2")
     get_settings.cache_clear()
-    openai_server.script(Reply.json({"content": "User lives in Berlin, Germany.", "confidence": 0.95, "tier": "core"}),
-                         Reply.json({"content": "User is a nurse.", "confidence": 0.9, "tier": "core"}))
+    openai_server.script(Reply.json({"content": "User lives in Berlin, Germany.", "confidence": 0.95, "tier": "core", "type": "fact"}),
+                         Reply.json({"content": "User is a nurse.", "confidence": 0.9, "tier": "core", "type": "fact"}))
     backfill = [run_partition(instance, resources, "alice", day) for day in days]  # a backfill over two days
 
     assert all(r.success for r in backfill)

@@ -43,6 +43,7 @@ ID_ROUTES = {
     ("post", "/api/distillations/{distillation_id}/re-embed"): ("distillation_id", None),
     ("post", "/api/distillations/{distillation_id}/weight"): ("distillation_id", {"user_weight": 5}),
     ("post", "/api/distillations/{distillation_id}/tier"): ("distillation_id", {"tier": "low"}),
+    ("post", "/api/distillations/{distillation_id}/type"): ("distillation_id", {"memory_type": "event"}),
     ("get", "/api/warmth/{memory_id}"): ("distillation_id", None),
     ("post", "/api/warmth/{memory_id}/reset"): ("distillation_id", None),
     ("post", "/api/review/{distillation_id}/approve"): ("review_id", None),

@@ -75,9 +75,9 @@ def _resources(settings: Settings, server: FakeOpenAIServer, webhook: WebhookRec
 def _invalid_distillations(db: Database) -> list[str]:
     """Stored distillations that the strict output model would refuse (there must be none)."""
     bad = []
-    for content, confidence, tier in fetch_all(db, "SELECT content, confidence, tier FROM distillations"):
+    for content, confidence, tier, kind in fetch_all(db, "SELECT content, confidence, tier, memory_type FROM distillations"):
         try:
-            DistillationOutput.model_validate({"content": content, "confidence": confidence, "tier": tier})
+            DistillationOutput.model_validate({"content": content, "confidence": confidence, "tier": tier, "type": kind})
         except ValueError as exc:
             bad.append(f"{content!r}: {exc}")
     return bad
@@ -107,7 +107,7 @@ FAULTS = [
           "reply truncated at the token limit"),
     Fault("not-json", Reply.text("Sure! The user keeps tea in the pantry."), "reply is not JSON"),
     Fault("wrong-shape", Reply.json({"facts": ["User keeps tea."], "certainty": "high"}), "missing field 'content'"),
-    Fault("confidence-100", Reply.json({"content": "User keeps tea in the pantry.", "confidence": 100, "tier": "core"}),
+    Fault("confidence-100", Reply.json({"content": "User keeps tea in the pantry.", "confidence": 100, "tier": "core", "type": "fact"}),
           "confidence 100 is outside [0, 1]"),
     Fault("empty-list", Reply.json([]), "reply is a JSON array"),
     Fault("not-a-completion", Reply.raw({"result": "ok"}), "the response has no choices"),

@@ -1,5 +1,5 @@
 """Curating on the page in a real headless Chromium (issue 38, item 1): add a memory and find it
-at once, edit a distillation's text (the new version in the history), change its tier, the
+at once, edit a distillation's text (the new version in the history), change its tier and its type, the
 Conflicts page with each side's date and the newer one named, the superseded mark on the memory
 page.
 
@@ -33,12 +33,13 @@ from yak_pipeline_tests.test_web_page_browser import Web, follow, shot, sign_in,
 NOW = datetime.now(timezone.utc)
 LISBON_SAID = NOW - timedelta(days=30)
 PORTO_SAID = NOW - timedelta(days=2)
+EXAM_SAID = NOW - timedelta(days=3)
 
 
 @pytest.fixture(scope="module")
 def web(pg_server_url: str, template_database: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Web]:
     """The app under uvicorn on 127.0.0.1, on a database of its own: Alice moved from Lisbon to
-    Porto (a conflict, the older side superseded), and two memories to edit and re-tier."""
+    Porto (a conflict, the older side superseded), and memories to edit, re-tier and re-type."""
     name = f"yak_curate_{uuid.uuid4().hex[:12]}"
     url = create_database(pg_server_url, name, template=template_database)
     settings = Settings(home=tmp_path_factory.mktemp("yak-curate-home"), database_url=url, embedder="hashing",
@@ -54,7 +55,9 @@ def web(pg_server_url: str, template_database: str, tmp_path_factory: pytest.Tem
                 ("garbled", "User: My sister Ana lives in Gent.\nAssistant: Nice.",
                  "The user sister Ana live Gent in.", NOW - timedelta(days=5), "medium"),
                 ("hobby", "User: I paint watercolours on Sundays.\nAssistant: Lovely.",
-                 "The user paints watercolours on Sundays.", NOW - timedelta(days=4), "medium")):
+                 "The user paints watercolours on Sundays.", NOW - timedelta(days=4), "medium"),
+                ("exam", "User: I passed my driving test yesterday.\nAssistant: Congratulations!",
+                 "The user passed their driving test.", EXAM_SAID, "medium")):
             _, distillation_id = seed_memory_with_distillation(conn, user_id="alice", exchange=exchange,
                                                                distillation=fact, occurred_at=said, tier=tier)
             ids[key] = str(distillation_id)
@@ -152,6 +155,31 @@ def test_change_a_distillations_tier(page: WebDriver, web: Web) -> None:
         assert conn.execute("SELECT tier FROM distillations WHERE id = %s", (web.ids["hobby"],)).fetchone()[0] == "core"
     assert _audit(web.database, "tier", web.ids["hobby"]) == [(f"web:key:{web.alice_key[:10]}",
                                                                {"before": "medium", "after": "core"})]
+
+
+def test_change_a_distillations_type(page: WebDriver, web: Web) -> None:
+    page.get(f"{web.url}/ui/u/alice/d/{web.ids['exam']}")
+    assert page.find_element(By.CSS_SELECTOR, "article .meta .mtype").text == "fact"  # as it was stored
+    kind = Select(page.find_element(By.ID, "memory-type"))
+    assert kind.first_selected_option.text == "fact"
+    assert [o.text for o in kind.options] == ["instruction", "preference", "fact", "event"]
+    kind.select_by_visible_text("event")
+    follow(page, page.find_element(By.ID, "set-type"))
+    assert _flash(page) == "type is event now (was fact)"
+    # An event is dated from what the user said ("yesterday"), against when they said it.
+    day = (EXAM_SAID - timedelta(days=1)).date()
+    assert page.find_element(By.CSS_SELECTOR, "article .meta .mtype").text == f"event {day}"
+    assert Select(page.find_element(By.ID, "memory-type")).first_selected_option.text == "event"
+    shot(page, "memory-type")
+    with web.database.connection() as conn:
+        assert conn.execute("SELECT memory_type, event_on FROM distillations WHERE id = %s",
+                            (web.ids["exam"],)).fetchone() == ("event", day)
+    assert _audit(web.database, "type", web.ids["exam"]) == [(f"web:key:{web.alice_key[:10]}", {
+        "before": "fact", "after": "event", "event_on_before": None, "event_on_after": day.isoformat()})]
+    page.get(f"{web.url}/ui/u/alice/recent")  # the list of memories shows the type too
+    row = page.find_element(By.XPATH,
+                            "//table[@id='recent-distillations']//tr[td/a[text()='The user passed their driving test.']]")
+    assert row.find_element(By.CSS_SELECTOR, ".mtype").text == f"event {day}"
 
 
 def test_conflicts_page_dates_each_side_and_names_the_newer(page: WebDriver, web: Web) -> None:

@@ -6,14 +6,14 @@ ignored; text fields refuse NUL characters, which PostgreSQL cannot store.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import date, datetime, timezone
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
 from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from yak_pipeline.core.exchanges import MAX_RECALL_QUERY_CHARS, MAX_TURN_MESSAGE_CHARS
-from yak_pipeline.core.types import USER_ID_PATTERN, Tier
+from yak_pipeline.core.types import USER_ID_PATTERN, MemoryType, Tier
 from yak_pipeline.ingestion.records import EARLIEST_EXCHANGE_DATE, FUTURE_TOLERANCE
 
 
@@ -77,6 +77,11 @@ class MemoryOut(BaseModel):
     source: str
 
 
+_MEMORY_TYPE_HELP = ("What kind of thing it says: instruction (how the user wants to be answered), preference, "
+                     "fact, or event (something that happened or will, on event_on).")
+_EVENT_ON_HELP = "An event's day, resolved against when it was said; null for other types or an undated event."
+
+
 class DistillationSummary(BaseModel):
     """A distillation as listed under its memory."""
 
@@ -87,6 +92,8 @@ class DistillationSummary(BaseModel):
     warmth: float
     status: str
     needs_review: bool
+    memory_type: MemoryType = Field(default="fact", description=_MEMORY_TYPE_HELP)
+    event_on: date | None = Field(default=None, description=_EVENT_ON_HELP)
 
 
 class MemoryDetail(MemoryOut):
@@ -133,6 +140,9 @@ class SearchHit(BaseModel):
     reply: str | None = Field(default=None, description="A raw hit's assistant reply: context, not a fact about the user.")
     confidence: float | None = Field(description="The distiller's confidence; null for a raw hit.")
     tier: str
+    memory_type: MemoryType | None = Field(default=None, description=_MEMORY_TYPE_HELP + " Null for a raw hit "
+                                                                                        "(not distilled, so not typed).")
+    event_on: date | None = Field(default=None, description=_EVENT_ON_HELP)
     warmth: float
     similarity: float = Field(description="The best raw cosine of the query to the memory or its exchange.")
     relevance: float = Field(description="Calibrated relevance in [0, 1] that the gate applies to.")
@@ -297,6 +307,8 @@ class DistillationOut(BaseModel):
     prompt_version: str
     created_at: datetime
     updated_at: datetime
+    memory_type: MemoryType = Field(default="fact", description=_MEMORY_TYPE_HELP)
+    event_on: date | None = Field(default=None, description=_EVENT_ON_HELP)
     superseded_by: UUID | None = Field(default=None, description=(
         "The newer distillation that replaced this one (a knowledge update): still recallable, ranked "
         "below it, and not counted among the active memories MEMORY.md lists."))
@@ -347,6 +359,13 @@ class TierUpdate(RequestBody):
     tier: Annotated[Tier, Field(description="core (weighs 2×, a looser gate), medium (1×) or low (0.5×, a stricter gate).")]
 
 
+class TypeUpdate(RequestBody):
+    """A person's type for a distillation (it does not change recall's ranking)."""
+
+    memory_type: Annotated[MemoryType, Field(description="instruction, preference, fact or event (an event is dated "
+                                                         "from its exchange's words).")]
+
+
 class MergeRequest(RequestBody):
     """Merge ``merge_id`` into ``keep_id``: ``keep_id`` gets a version, ``merge_id`` becomes ``merged``."""
 
@@ -372,6 +391,8 @@ class ReviewItem(BaseModel):
     needs_review: bool
     in_conflict: bool
     created_at: datetime
+    memory_type: MemoryType = Field(default="fact", description=_MEMORY_TYPE_HELP)
+    event_on: date | None = Field(default=None, description=_EVENT_ON_HELP)
 
 
 class ReviewDecision(BaseModel):

@@ -1,5 +1,5 @@
-"""``yak distill``: list and show distillations, write a version, pin, set the tier, merge two,
-re-embed one or all."""
+"""``yak distill``: list and show distillations, write a version, pin, set the tier or the type,
+merge two, re-embed one or all."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import typer
 from yak_pipeline.cli.api_client import ApiKeyOption, JsonOption, RemoteOption, emit, parse_id
 from yak_pipeline.cli.api_command import ApiCall, api_command, call_and_print
 from yak_pipeline.cli.errors import friendly_errors
-from yak_pipeline.cli.render import make_console, print_page, short, table
+from yak_pipeline.cli.render import make_console, print_page, short, table, type_label
 from yak_pipeline.core.wording import weight_note
 
-app = typer.Typer(help="Distillations: list, show, version, pin, tier, merge, re-embed.", no_args_is_help=True)
+app = typer.Typer(help="Distillations: list, show, version, pin, tier, type, merge, re-embed.", no_args_is_help=True)
 console = make_console()
 DistillationId = Annotated[str, typer.Argument(help="Distillation id.")]
 
@@ -26,7 +26,7 @@ def _path(distillation_id: str, action: str = "") -> str:
 def render_distillation(d: dict) -> None:
     """A distillation and its versions, for people."""
     console.print(f"[bold]{d['id']}[/bold] user {d['user_id']}, {d['status']}"
-                  f"{' (needs review)' if d['needs_review'] else ''}, tier {d['tier']}, "
+                  f"{' (needs review)' if d['needs_review'] else ''}, tier {d['tier']}, type {type_label(d)}, "
                   f"confidence {d['confidence']:.2f}, warmth {d['warmth']:.2f}")
     console.print(d["content"], markup=False, highlight=False)
     if d.get("superseded_by"):
@@ -50,9 +50,9 @@ def list_command(
               "memory_id": parse_id(memory, "memory id") if memory else None}
 
     def render(page: dict) -> None:
-        grid = table("id", "user", "tier", "conf", "warmth", "status", "content")
+        grid = table("id", "user", "tier", "type", "conf", "warmth", "status", "content")
         for d in page["items"]:
-            grid.add_row(d["id"], d["user_id"], d["tier"], f"{d['confidence']:.2f}", f"{d['warmth']:.2f}",
+            grid.add_row(d["id"], d["user_id"], d["tier"], type_label(d), f"{d['confidence']:.2f}", f"{d['warmth']:.2f}",
                           d["status"] + ("*" if d["needs_review"] else ""), short(d["content"], 60))
         print_page(console, grid, page)
 
@@ -94,6 +94,17 @@ def tier_command(
     """Set a distillation's tier: core weighs twice as much in recall, low half as much."""
     return ApiCall("POST", _path(distillation_id, "/tier"), lambda d: console.print(f"{d['id']} tier {d['tier']}"),
                    json_body={"tier": tier})
+
+
+@api_command(app, "type")
+def type_command(
+    distillation_id: DistillationId,
+    memory_type: Annotated[str, typer.Argument(metavar="TYPE", help="instruction, preference, fact or event.")],
+) -> ApiCall:
+    """Set a distillation's type: instruction, preference, fact or event (an event is dated from what
+    the user said). MEMORY.md groups memories by it; recall's ranking does not use it."""
+    return ApiCall("POST", _path(distillation_id, "/type"),
+                   lambda d: console.print(f"{d['id']} type {type_label(d)}"), json_body={"memory_type": memory_type})
 
 
 @api_command(app, "merge")

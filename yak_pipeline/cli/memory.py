@@ -9,7 +9,7 @@ import typer
 
 from yak_pipeline.cli.api_client import parse_id
 from yak_pipeline.cli.api_command import ApiCall, api_command
-from yak_pipeline.cli.render import make_console, print_page, short, table
+from yak_pipeline.cli.render import make_console, print_page, short, table, type_label
 from yak_pipeline.core.wording import plural
 
 app = typer.Typer(help="Raw memories: add, list, show, delete, search.", no_args_is_help=True)
@@ -69,10 +69,10 @@ def show_command(
         console.print(m["content"], markup=False, highlight=False)
         if m["last_error"]:
             console.print(f"last error ({m['attempts']} attempts): {m['last_error']}", markup=False)
-        grid = table("distillation", "tier", "confidence", "warmth", "status", "content")
+        grid = table("distillation", "tier", "type", "confidence", "warmth", "status", "content")
         for d in m["distillations"]:
-            grid.add_row(d["id"], d["tier"], f"{d['confidence']:.2f}", f"{d['warmth']:.2f}", d["status"],
-                          short(d["content"], 60))
+            grid.add_row(d["id"], d["tier"], type_label(d), f"{d['confidence']:.2f}", f"{d['warmth']:.2f}",
+                          d["status"], short(d["content"], 60))
         console.print(grid)
 
     return ApiCall("GET", f"/api/memories/{parse_id(memory_id, 'memory id')}", render)
@@ -109,12 +109,12 @@ def search_command(
         if not hits:
             console.print("no memory is relevant enough (threshold %.2f)" % threshold)
             return
-        grid = table("score", "relevance", "kind", "date", "warmth", "id", "content")
+        grid = table("score", "relevance", "kind", "type", "date", "warmth", "id", "content")
         for h in hits:
             marks = " (superseded)" if h.get("superseded_by") else ""
             marks += " (in conflict)" if h.get("in_conflict") else ""
             kind = "your words" if h.get("kind") == "raw" else h["tier"]
-            grid.add_row(f"{h['score']:.2f}", f"{h['relevance']:.2f}", kind, str(h["occurred_at"])[:10],
+            grid.add_row(f"{h['score']:.2f}", f"{h['relevance']:.2f}", kind, type_label(h), str(h["occurred_at"])[:10],
                          f"{h['warmth']:.2f}", h["id"], short(h["content"], 60) + marks)
         console.print(grid)
         if explain:

@@ -44,3 +44,11 @@ def print_page(console: Console, grid: Table, page: dict) -> None:
     console.print(grid)
     if page["next_offset"] is not None:
         console.print(f"more: --offset {page['next_offset']}")
+
+
+def type_label(item: dict) -> str:
+    """A memory's type for people: ``event 2026-11-24`` for a dated event, ``-`` for an untyped raw hit."""
+    memory_type = item.get("memory_type")
+    if not memory_type:
+        return "-"
+    return f"{memory_type} {item['event_on']}" if item.get("event_on") else str(memory_type)

@@ -9,11 +9,15 @@ Tier = Literal["core", "medium", "low"]
 MemoryStatus = Literal["pending", "distilled", "failed"]
 DistillationStatus = Literal["active", "review", "rejected", "merged"]
 MemorySource = Literal["api", "drop_folder", "import"]
+# What kind of thing a memory says (issue 39): how the user wants to be answered, what they prefer,
+# a lasting fact, or something that happened (or will) on a day.
+MemoryType = Literal["instruction", "preference", "fact", "event"]
 
 TIERS: Final[tuple[Tier, ...]] = get_args(Tier)
 MEMORY_STATUSES: Final[tuple[MemoryStatus, ...]] = get_args(MemoryStatus)
 DISTILLATION_STATUSES: Final[tuple[DistillationStatus, ...]] = get_args(DistillationStatus)
 MEMORY_SOURCES: Final[tuple[MemorySource, ...]] = get_args(MemorySource)
+MEMORY_TYPES: Final[tuple[MemoryType, ...]] = get_args(MemoryType)
 
 # A user id is a Dagster partition key, and a user's day is written "2026-01-02|alice" (the
 # sensors' cursor, the quality gate's failing days, old runs' multi-partition keys), so it never

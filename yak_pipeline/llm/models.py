@@ -1,15 +1,16 @@
 """What the LLM must answer, validated strictly, and what providers hand back to callers.
 
 The pydantic models describe the JSON objects the prompts ask for. Validation is strict on
-purpose: a confidence of ``100`` or ``"high"``, a tier of ``"urgent"`` or a five-sentence
-"distillation" is a malformed answer and is rejected with a one-line reason; nothing is clamped,
-rounded or coerced into looking valid. The only normalisations are the harmless, unambiguous ones:
-surrounding whitespace is stripped and a tier's letter case is ignored (``"Core"`` is ``core``).
+purpose: a confidence of ``100`` or ``"high"``, a tier of ``"urgent"``, a type of ``"opinion"`` or a
+five-sentence "distillation" is a malformed answer and is rejected with a one-line reason; nothing
+is clamped, rounded or coerced into looking valid. The only normalisations are the harmless,
+unambiguous ones: surrounding whitespace is stripped and a tier's or type's letter case is ignored
+(``"Core"`` is ``core``).
 Extra keys are ignored, because a model that adds ``"reasoning"`` beside a correct answer still
 gave a correct answer.
 
 The same models are the JSON schema a provider asks the server to hold its answer to
-(:func:`response_schema`): the types, the [0, 1] range and the tier names, in the subset of JSON
+(:func:`response_schema`): the types, the [0, 1] range, the tier and memory type names, in the subset of JSON
 Schema that OpenAI's strict structured outputs and llama.cpp's grammar converter both accept.
 Validation still runs on every answer, since a server may ignore the schema or enforce only part
 of it (llama.cpp's grammar does not bound numbers, nor count sentences).
@@ -28,8 +29,9 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError, ValidationInfo, WithJsonSchema
 
+from yak_pipeline.core.memory_types import check_memory_type
 from yak_pipeline.core.sentences import count_sentences
-from yak_pipeline.core.types import TIERS, Tier
+from yak_pipeline.core.types import MEMORY_TYPES, TIERS, MemoryType, Tier
 from yak_pipeline.llm.errors import LLMOutputError, one_line
 
 MAX_CONTENT_CHARS = 1000
@@ -121,14 +123,17 @@ _UNIT_INTERVAL_SCHEMA = {"type": "number", "minimum": 0, "maximum": 1}
 MemoryText = Annotated[str, PlainValidator(check_content), WithJsonSchema(_MEMORY_TEXT_SCHEMA)]
 UnitInterval = Annotated[float, PlainValidator(_unit_interval), WithJsonSchema(_UNIT_INTERVAL_SCHEMA)]
 TierName = Annotated[Tier, PlainValidator(check_tier), WithJsonSchema({"type": "string", "enum": list(TIERS)})]
+MemoryTypeName = Annotated[MemoryType, PlainValidator(check_memory_type),
+                           WithJsonSchema({"type": "string", "enum": list(MEMORY_TYPES)})]
 
 
 class DistillationOutput(_StrictOutput):
-    """The distiller's answer: ``{"content": …, "confidence": …, "tier": …}``."""
+    """The distiller's answer: ``{"content": …, "confidence": …, "tier": …, "type": …}``."""
 
     content: MemoryText
     confidence: UnitInterval
     tier: TierName
+    type: MemoryTypeName
 
 
 class ConsolidationOutput(_StrictOutput):
@@ -178,12 +183,17 @@ class LLMCallStats:
 
 @dataclass(frozen=True, slots=True)
 class DistillationResult:
-    """A validated distillation and the stats of the call that produced it."""
+    """A validated distillation and the stats of the call that produced it.
+
+    ``memory_type`` is what kind of thing it says (``core.memory_types``); an event's day is not
+    the distiller's to say: it is resolved from the user's words when the distillation is stored.
+    """
 
     content: str
     confidence: float
     tier: Tier
     stats: LLMCallStats
+    memory_type: MemoryType = "fact"
 
 
 @dataclass(frozen=True, slots=True)

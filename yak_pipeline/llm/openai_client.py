@@ -236,11 +236,12 @@ class OpenAIChatProvider:
     # --- the four judgements -------------------------------------------------------------
 
     def distill(self, exchange: str) -> DistillationResult:
-        """Distil one exchange into 1–4 sentences, a confidence and a tier (validated, never clamped)."""
+        """Distil one exchange into 1–4 sentences, a confidence, a tier and a type (validated, never clamped)."""
         if not exchange.strip():
             raise ValueError("cannot distil an empty exchange")
         output, stats = self._call("distill", prompts.distill_messages(exchange), DistillationOutput)
-        return DistillationResult(content=output.content, confidence=output.confidence, tier=output.tier, stats=stats)
+        return DistillationResult(content=output.content, confidence=output.confidence, tier=output.tier, stats=stats,
+                                  memory_type=output.type)
 
     def consolidate(self, older: str, newer: str) -> ConsolidationResult:
         """Merge two near-duplicate memories into one text of 1–4 sentences."""

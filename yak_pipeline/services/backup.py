@@ -43,6 +43,7 @@ from yak_pipeline.store.backup import (
 )
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.migrations import migration_states, read_meta
+from yak_pipeline.store.memory_types import type_distillations
 from yak_pipeline.store.profile import rebuild_profile_lines
 
 BACKUP_VERSION: Final = 1
@@ -149,6 +150,9 @@ def restore_backup(db: Database, lines: Callable[[], Iterable[str]], *, name: st
             # The profile is read from the exchanges again (a line dropped before the backup is back).
             for user in sorted(checked.users):
                 rebuild_profile_lines(conn, user_id=user)
+                # A backup made before memory types (sql/017) has none: typed as the migration types them.
+                if "memory_type" not in columns["distillations"]:
+                    type_distillations(conn, user_id=user)
             write_audit(conn, actor=actor, action="restore", target_type="backup", target_id=None,
                         user_id=header.get("user_id"), detail={"file": name, "counts": summary.counts})
     except psycopg.errors.UniqueViolation as exc:

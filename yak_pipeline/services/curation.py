@@ -1,5 +1,5 @@
 """A person's curation of distillations: reading them, editing, merging, re-embedding, pinning,
-changing the tier, the review queue and settling conflicts (what the API and the web page offer).
+changing the tier and the type, the review queue and settling conflicts (what the API and the web page offer).
 
 The LLM and the embedder are called before the transaction opens, so no row stays locked
 while a model thinks; the writes go through the store's versioning functions, so every text
@@ -8,7 +8,9 @@ change leaves a version and an audit row.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import date
 from typing import Any, Literal
 from uuid import UUID
 
@@ -20,6 +22,7 @@ from yak_pipeline.store import distillations as distillations_store
 from yak_pipeline.store import review as review_store
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.distillations import MAX_USER_WEIGHT, add_version, get_distillation, set_distillation_status
+from yak_pipeline.store.memory_types import memory_types_of, set_memory_type as store_set_memory_type
 from yak_pipeline.store.reembed import replace_embedding
 from yak_pipeline.store.secret_redactions import record_redaction
 from yak_pipeline.store.review import ReviewOutcome
@@ -136,6 +139,23 @@ def set_tier(db: Database, distillation_id: UUID | str, *, tier: str, user_id: s
     (``ValueError`` for a tier that does not exist)."""
     with db.connection() as conn:
         return distillations_store.set_tier(conn, distillation_id, tier=tier, user_id=user_id, actor=actor)
+
+
+def set_memory_type(db: Database, distillation_id: UUID | str, *, memory_type: str, user_id: str | None,
+                    actor: str) -> tuple[str, date | None] | None:
+    """A person's type for a distillation (audited, before and after; an event dated from its
+    exchange); the previous ``(type, event_on)``, or None when not found (``ValueError`` for a type
+    that does not exist)."""
+    with db.connection() as conn:
+        return store_set_memory_type(conn, distillation_id, memory_type=memory_type, user_id=user_id, actor=actor)
+
+
+def types_of(db: Database, distillation_ids: Sequence[str]) -> dict[str, tuple[str, date | None]]:
+    """``(memory_type, event_on)`` of each distillation, by id (for recall hits, which do not carry them)."""
+    if not distillation_ids:
+        return {}
+    with db.connection() as conn:
+        return memory_types_of(conn, distillation_ids)
 
 
 def review_queue(db: Database, *, user_id: str | None, limit: int = 50, offset: int = 0) -> list[dict[str, Any]]:

@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from datetime import date
 
 from yak_pipeline.alerts import NULL_ALERTER, Alerter
+from yak_pipeline.core.exchanges import users_words
 from yak_pipeline.core.gates import confidence_gate
+from yak_pipeline.core.memory_types import typed
 from yak_pipeline.embeddings import Embedder, EmbeddingError
 from yak_pipeline.llm.errors import LLMError, reason_for_log
 from yak_pipeline.llm.prompts import OUTPUT_SCHEMA_VERSION
@@ -103,11 +105,14 @@ def _distill_one(job: DistillJob, memory_id: str) -> StageReport:
                               error=str(exc))
             return report
         decision = confidence_gate(result.confidence)
+        # An event's day, resolved offline against when the exchange happened (the distiller gives the type).
+        kind = typed(result.memory_type, users_words(content)[0], occurred_at.date(), distilled=result.content)
         if existing is None:
             distillation_id = insert_distillation(conn, NewDistillation(
                 memory_id=memory_id, user_id=user_id, content=result.content, confidence=result.confidence,
                 tier=result.tier, embedding=embedding, embedding_model=job.embedder.model_name,
                 prompt_version=job.prompt_version, refreshed_at=occurred_at, schema_version=OUTPUT_SCHEMA_VERSION,
+                memory_type=kind.memory_type, event_on=kind.event_on,
             ))
         else:
             # Re-distillation after a prompt change: a new version, the old text kept in history.
@@ -115,7 +120,7 @@ def _distill_one(job: DistillJob, memory_id: str) -> StageReport:
             redistill(conn, distillation_id, content=result.content, embedding=embedding,
                       embedding_model=job.embedder.model_name, confidence=result.confidence, tier=result.tier,
                       prompt_version=job.prompt_version, schema_version=OUTPUT_SCHEMA_VERSION,
-                      refreshed_at=occurred_at)
+                      refreshed_at=occurred_at, memory_type=kind.memory_type, event_on=kind.event_on)
         record_distillation_latency(conn, (time.monotonic() - started) * 1000)
         mark_memory_distilled(conn, memory_id, embedding=exchange_embedding, embedding_model=job.embedder.model_name)
     report.rows_out += 1

@@ -16,7 +16,7 @@ from psycopg.types.json import Jsonb
 
 from yak_pipeline.core.dedup import Neighbour
 from yak_pipeline.core.gates import confidence_gate
-from yak_pipeline.core.types import TIERS
+from yak_pipeline.core.types import MEMORY_TYPES, TIERS
 from yak_pipeline.store.audit import write_audit
 from yak_pipeline.store.locking import lock_live_row
 from yak_pipeline.store.rows import list_live_rows, live_row, uuid_array
@@ -26,7 +26,7 @@ MAX_USER_WEIGHT = 10.0
 
 _COLUMNS = (
     "id, memory_id, user_id, content, confidence, tier, warmth, user_weight, status, needs_review, "
-    "embedding_model, prompt_version, schema_version, refreshed_at, created_at, updated_at, "
+    "embedding_model, prompt_version, schema_version, refreshed_at, created_at, updated_at, memory_type, event_on, "
     # The live newer distillation that replaced this one; a forgotten one does not count (as
     # knowledge.ACTIVE_MEMORY_SQL and recall treat it).
     "(SELECT s.id FROM distillations s WHERE s.id = distillations.superseded_by AND s.deleted_at IS NULL) "
@@ -48,6 +48,9 @@ class NewDistillation:
     prompt_version: str
     refreshed_at: datetime
     schema_version: int = 1
+    # What kind of thing it says (core.memory_types), and an event's day.
+    memory_type: str = "fact"
+    event_on: date | None = None
 
 
 def _vector(values: Sequence[float]) -> np.ndarray:
@@ -65,21 +68,24 @@ def insert_distillation(conn: psycopg.Connection, new: NewDistillation, *, actor
     """
     if new.tier not in TIERS:
         raise ValueError(f"unknown tier {new.tier!r}")
+    if new.memory_type not in MEMORY_TYPES:
+        raise ValueError(f"unknown memory type {new.memory_type!r}")
     decision = confidence_gate(new.confidence)
     embedding = _vector(new.embedding)
     distillation_id = conn.execute(
         """INSERT INTO distillations (memory_id, user_id, content, confidence, tier, status, needs_review,
-                                      embedding, embedding_model, prompt_version, schema_version, refreshed_at)
-           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id""",
+                                      embedding, embedding_model, prompt_version, schema_version, refreshed_at,
+                                      memory_type, event_on)
+           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id""",
         (str(new.memory_id), new.user_id, new.content, new.confidence, new.tier, decision.status,
          decision.needs_review, embedding, new.embedding_model, new.prompt_version, new.schema_version,
-         new.refreshed_at),
+         new.refreshed_at, new.memory_type, new.event_on),
     ).fetchone()[0]
     _write_version(conn, distillation_id, user_id=new.user_id, content=new.content, vector=embedding,
                    embedding_model=new.embedding_model, prompt_version=new.prompt_version, reason="distilled",
                    actor=actor, action="distil",
                    detail={"memory_id": str(new.memory_id), "status": decision.status,
-                           "confidence": new.confidence, "tier": new.tier})
+                           "confidence": new.confidence, "tier": new.tier, "memory_type": new.memory_type})
     return distillation_id
 
 
@@ -463,7 +469,7 @@ def live_distillation_of(conn: psycopg.Connection, memory_id: UUID | str) -> tup
 
 def redistill(conn: psycopg.Connection, distillation_id: UUID | str, *, content: str, embedding: Sequence[float],
               embedding_model: str, confidence: float, tier: str, prompt_version: str, schema_version: int,
-              refreshed_at: datetime | None) -> None:
+              refreshed_at: datetime | None, memory_type: str = "fact", event_on: date | None = None) -> None:
     """A memory distilled again (after a prompt change): new text as a version, new gate and checks.
 
     An unchanged text needs no new version; the row still records the new prompt version. The
@@ -477,11 +483,11 @@ def redistill(conn: psycopg.Connection, distillation_id: UUID | str, *, content:
     decision = confidence_gate(confidence)
     conn.execute(
         """UPDATE distillations SET confidence = %s, tier = %s, status = %s, needs_review = %s,
-                  prompt_version = %s, schema_version = %s, conflict_checked_at = NULL,
-                  dedup_checked_at = NULL, updated_at = now()
+                  prompt_version = %s, schema_version = %s, memory_type = %s, event_on = %s,
+                  conflict_checked_at = NULL, dedup_checked_at = NULL, updated_at = now()
            WHERE id = %s""",
         (confidence, tier, decision.status, decision.needs_review, prompt_version, schema_version,
-         str(distillation_id)),
+         memory_type, event_on, str(distillation_id)),
     )
 
 

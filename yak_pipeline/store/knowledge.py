@@ -27,7 +27,8 @@ def current_knowledge(conn: psycopg.Connection, user_id: str) -> list[dict[str, 
     """
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(
-            """SELECT d.id, d.content, d.tier, d.confidence, d.needs_review, d.refreshed_at, m.occurred_at
+            """SELECT d.id, d.content, d.tier, d.confidence, d.needs_review, d.refreshed_at, m.occurred_at,
+                      d.memory_type, d.event_on
                FROM distillations d JOIN memories m ON m.id = d.memory_id
                WHERE d.user_id = %(user)s AND """ + ACTIVE_MEMORY_SQL + """
                ORDER BY d.refreshed_at, d.content, d.id""",

@@ -21,6 +21,7 @@ import psycopg
 
 from yak_pipeline.store.database import connect
 from yak_pipeline.store.errors import PgvectorMissing, SchemaMismatch
+from yak_pipeline.store.memory_types import type_distillations
 from yak_pipeline.store.profile import rebuild_profile_lines
 
 SQL_DIR: Traversable = files("yak_pipeline") / "sql"
@@ -28,8 +29,9 @@ _MIGRATION_NAME = re.compile(r"^(\d{3})_[a-z0-9_]+\.sql$")
 # Serialises concurrent `yak db migrate` runs against one database.
 _MIGRATION_LOCK_KEY = 0x59414B  # "YAK"
 
-# Migrations whose new table is filled from the existing rows by the code that keeps it afterwards.
-_FILLED_AFTER: dict[int, Callable[[psycopg.Connection], object]] = {16: rebuild_profile_lines}
+# Migrations whose new table (or column) is filled from the existing rows by the code that keeps it afterwards.
+_FILLED_AFTER: dict[int, Callable[[psycopg.Connection], object]] = {16: rebuild_profile_lines,
+                                                                   17: type_distillations}
 
 # The tables of DESIGN §3, which `yak db status` counts.
 DATA_TABLES = (

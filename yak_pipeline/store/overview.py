@@ -64,7 +64,7 @@ def recent_distillations(conn: psycopg.Connection, user_id: str, *, limit: int =
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(
             """SELECT d.id, d.memory_id, d.content, d.confidence, d.tier, d.warmth, d.user_weight, d.status,
-                      d.needs_review, d.updated_at, m.occurred_at,
+                      d.needs_review, d.updated_at, m.occurred_at, d.memory_type, d.event_on,
                       (SELECT s.id FROM distillations s WHERE s.id = d.superseded_by AND s.deleted_at IS NULL)
                         AS superseded_by,
                       EXISTS (SELECT 1 FROM conflicts c WHERE c.status = 'open'

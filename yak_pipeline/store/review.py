@@ -28,6 +28,7 @@ def list_review_queue(
     with conn.cursor(row_factory=dict_row) as cur:
         return cur.execute(
             f"""SELECT id, memory_id, user_id, content, confidence, tier, warmth, status, needs_review, created_at,
+                       memory_type, event_on,
                        EXISTS (SELECT 1 FROM conflicts c WHERE c.status = 'open'
                                AND (c.distillation_a = d.id OR c.distillation_b = d.id)) AS in_conflict,
                        (SELECT s.id FROM distillations s WHERE s.id = d.superseded_by AND s.deleted_at IS NULL)

@@ -1,5 +1,5 @@
 """``/api/distillations``: recall search, list, show with versions, manual version, merge, re-embed,
-pin and tier."""
+pin, tier and type."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from yak_pipeline.api.schemas import (
     SearchHit,
     SearchRequest,
     TierUpdate,
+    TypeUpdate,
     UserId,
     VersionOut,
     WeightUpdate,
@@ -30,7 +31,9 @@ from yak_pipeline.services.curation import (
     merge_distillations,
     reembed_distillation,
     set_tier as set_distillation_tier,
+    set_memory_type,
     set_weight as set_distillation_weight,
+    types_of,
     write_manual_version,
 )
 from yak_pipeline.services.memories import user_has_memories
@@ -69,8 +72,11 @@ def search(body: SearchRequest, caller: Caller, services: Services) -> list[Sear
         # Asked only when nothing was found, so a successful search costs nothing more.
         if not user_has_memories(services.database, user_id):
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"user {user_id!r} has no memories")
+    # Each distilled hit's type (recall ranks without it; it is read for the answer only).
+    types = types_of(services.database, [h.id for h in hits if h.kind == "distilled"])
     return [SearchHit(id=h.id, kind=h.kind, memory_id=h.memory_id, content=h.content, reply=h.reply,
                       confidence=h.confidence, tier=h.tier,
+                      memory_type=types.get(str(h.id), (None, None))[0], event_on=types.get(str(h.id), (None, None))[1],
                       warmth=h.warmth, similarity=h.similarity, relevance=h.relevance, score=h.score, rank_odds=h.rank_odds,
                       is_core=h.is_core, occurred_at=h.occurred_at, superseded_by=h.superseded_by,
                       in_conflict=h.in_conflict, explain=h.explain() if body.explain else None) for h in hits]
@@ -150,6 +156,19 @@ def set_tier(distillation_id: UUID, body: TierUpdate, caller: Caller, services: 
     calls the same service)."""
     before = set_distillation_tier(services.database, distillation_id, tier=body.tier, user_id=caller.scope,
                                    actor=caller.actor)
+    if before is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"distillation {distillation_id} not found")
+    return _detail(services.database, distillation_id, caller.scope)
+
+
+@router.post("/{distillation_id}/type", response_model=DistillationDetail)
+def set_type(distillation_id: UUID, body: TypeUpdate, caller: Caller, services: Services) -> DistillationDetail:
+    """Set a distillation's type (``instruction``, ``preference``, ``fact``, ``event``): what kind of
+    thing it says, as MEMORY.md groups it. An event is dated from its exchange's words (against when
+    they were said). It does not change recall's ranking. Audited with the type before and after
+    (the web page's type form calls the same service)."""
+    before = set_memory_type(services.database, distillation_id, memory_type=body.memory_type, user_id=caller.scope,
+                             actor=caller.actor)
     if before is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"distillation {distillation_id} not found")
     return _detail(services.database, distillation_id, caller.scope)

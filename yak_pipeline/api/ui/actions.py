@@ -1,4 +1,4 @@
-"""What a person changes on the page: adding a memory, a distillation's text and tier, review
+"""What a person changes on the page: adding a memory, a distillation's text, tier and type, review
 decisions, conflicts, pins and forgetting.
 
 Each action is a POST form carrying the session's CSRF token, and calls the function the API's
@@ -36,7 +36,7 @@ from yak_pipeline.api.errors import one_line
 from yak_pipeline.api.schemas import ManualVersion, MemoryCreate
 from yak_pipeline.api.ui.views import render_distillation, render_overview
 from yak_pipeline.core.forget import ForgetCommandError
-from yak_pipeline.core.types import Tier
+from yak_pipeline.core.types import MemoryType, Tier
 from yak_pipeline.core.wording import plural, weight_note
 from yak_pipeline.embeddings import EmbeddingError
 from yak_pipeline.services.curation import (
@@ -44,6 +44,7 @@ from yak_pipeline.services.curation import (
     close_conflict,
     keep_in_conflict,
     review,
+    set_memory_type,
     set_tier,
     set_weight,
     write_manual_version,
@@ -161,6 +162,22 @@ def change_tier(user_id: str, distillation_id: UUID, visitor: SignedIn, services
         raise PageError(404, f"distillation {distillation_id} not found")
     visitor.session.flash = (f"tier is {tier} now (was {before})" if before != tier
                              else f"unchanged: the tier already is {tier}")
+    return redirect(user_url(user_id, "d", distillation_id))
+
+
+@router.post("/d/{distillation_id}/type")
+def change_type(user_id: str, distillation_id: UUID, visitor: SignedIn, services: Services,
+                memory_type: Annotated[MemoryType, Form()], csrf_token: CsrfToken = "") -> Response:
+    """Change a distillation's type (instruction, preference, fact, event: how MEMORY.md groups it;
+    an event is dated from its exchange), audited, as ``POST /api/distillations/{id}/type``."""
+    user_page(visitor, user_id)
+    checked_form(visitor, csrf_token)
+    before = set_memory_type(services.database, distillation_id, memory_type=memory_type, user_id=user_id,
+                             actor=visitor.caller.actor)
+    if before is None:
+        raise PageError(404, f"distillation {distillation_id} not found")
+    visitor.session.flash = (f"type is {memory_type} now (was {before[0]})" if before[0] != memory_type
+                             else f"unchanged: the type already is {memory_type}")
     return redirect(user_url(user_id, "d", distillation_id))
 
 

@@ -13,9 +13,9 @@ from fastapi import APIRouter, Query, Request, Response
 from yak_pipeline.api.dependencies import Services
 from yak_pipeline.api.ui.access import PREFIX, PageError, PageRoute, SignedIn, Visitor, render, user_page
 from yak_pipeline.core.dedup import newer_side
-from yak_pipeline.core.types import TIERS
+from yak_pipeline.core.types import MEMORY_TYPES, TIERS
 from yak_pipeline.ingestion.drop_folder import failed_dir, list_quarantine
-from yak_pipeline.services.curation import MAX_USER_WEIGHT, list_conflicts, review_queue
+from yak_pipeline.services.curation import MAX_USER_WEIGHT, list_conflicts, review_queue, types_of
 from yak_pipeline.services.memories import user_has_memories
 from yak_pipeline.services.profile import show_profile
 from yak_pipeline.services.overview import distillation_page, exchanges_of, recent_changes, user_overview
@@ -69,7 +69,7 @@ def search(
     breakdown and, on demand, its raw exchange."""
     user_page(visitor, user_id)
     query = q.strip()
-    hits, exchanges, note = [], {}, None
+    hits, exchanges, types, note = [], {}, {}, None
     if query:
         started = time.perf_counter()
         hits = search_memories(services.database, services.embedder, user_id=user_id, query=query,
@@ -78,17 +78,18 @@ def search(
                                judge=services.recall_judge)
         services.metrics.observe_recall((time.perf_counter() - started) * 1000)
         exchanges = exchanges_of(services.database, [h.memory_id for h in hits], user_id=user_id)
+        types = types_of(services.database, [h.id for h in hits if h.kind == "distilled"])
         if not hits and not user_has_memories(services.database, user_id):
             note = f"user {user_id!r} has no memories"
     return render(request, "search.html", visitor=visitor, user_id=user_id, query=query, threshold=threshold,
-                  limit=limit, hits=hits, exchanges=exchanges, note=note, section="search")
+                  limit=limit, hits=hits, exchanges=exchanges, types=types, note=note, section="search")
 
 
 @router.get("/d/{distillation_id}")
 def distillation(request: Request, user_id: str, distillation_id: UUID, visitor: SignedIn,
                  services: Services) -> Response:
     """One memory: its text and every version (what changed, merged from where), its raw exchange,
-    warmth history, open conflicts and supersession, with edit, tier, pin, review and forget."""
+    warmth history, open conflicts and supersession, with edit, tier, type, pin, review and forget."""
     user_page(visitor, user_id)
     return render_distillation(request, visitor, services, user_id, distillation_id)
 
@@ -104,7 +105,7 @@ def render_distillation(request: Request, visitor: Visitor, services: Services, 
     page["conflicts"] = [{**c, "other_is": _OTHER_SIDE[newer_side(c["other_said_at"], said) if said else None]}
                          for c in page["conflicts"]]
     return render(request, "distillation.html", visitor=visitor, user_id=user_id, **page, max_weight=MAX_USER_WEIGHT,
-                  tiers=TIERS, draft=page["d"]["content"] if draft is None else draft, error=error,
+                  tiers=TIERS, memory_types=MEMORY_TYPES, draft=page["d"]["content"] if draft is None else draft, error=error,
                   status_code=status_code, section="recent")
 
 

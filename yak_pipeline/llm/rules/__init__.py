@@ -20,7 +20,8 @@ How it works:
   confidence 0.7 — the gate keeps it recallable but flags it for review, since a quote is faithful
   but not distilled — or else the start of their first sentence with confidence 0.5, which the
   gate sends to review. Tier by keywords: identity, location, occupation, family and health →
-  core; preferences and habits → medium; the rest → low.
+  core; preferences and habits → medium; the rest → low. Type: the offline classifier of
+  :mod:`yak_pipeline.core.memory_types` on the user's words (instruction, preference, event, fact).
 - **consolidate** — the newer text's sentences, then the older text's sentences that are not
   already there and not superseded (same subject and predicate, e.g. "User lives in …"), capped at 4.
 - **conflict_score** — reads each clause as claims (subject, slot, value, negated) and scores the

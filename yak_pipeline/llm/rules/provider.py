@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import Final
 
+from yak_pipeline.core.exchanges import users_words
+from yak_pipeline.core.memory_types import memory_type_of
 from yak_pipeline.llm.models import (
     MAX_SENTENCES,
     ConsolidationResult,
@@ -52,7 +54,8 @@ class RulesProvider:
         )
 
     def distill(self, exchange: str) -> DistillationResult:
-        """Third-person statements from the user's first-person sentences (see the package docstring, yak_pipeline.llm.rules)."""
+        """Third-person statements from the user's first-person sentences, typed by ``core.memory_types``
+        (see the package docstring, yak_pipeline.llm.rules)."""
         started = time.perf_counter()
         if not exchange.strip():
             raise ValueError("cannot distil an empty exchange")
@@ -85,7 +88,10 @@ class RulesProvider:
             # the middle band of the gate (active, needs_review) says exactly that.
             confidence = QUOTE_CONFIDENCE if informative else SUMMARY_CONFIDENCE
             tier = tier_of([user_text])
-        return DistillationResult(content=content, confidence=confidence, tier=tier, stats=self._stats(started))
+        # The type is the offline classifier's, on the user's words (as sql/017 typed existing rows);
+        # the text above does not depend on it.
+        return DistillationResult(content=content, confidence=confidence, tier=tier, stats=self._stats(started),
+                                  memory_type=memory_type_of(users_words(exchange)[0]))
 
     def consolidate(self, older: str, newer: str) -> ConsolidationResult:
         """Newer's sentences, then older's that are new and not superseded, capped at 4."""

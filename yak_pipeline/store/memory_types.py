@@ -1,0 +1,83 @@
+"""Distillations' memory types (sql/017): the offline typing of existing rows, a person's change of
+type (audited with before and after), and the types of a set of distillations (for recall hits)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import date
+from uuid import UUID
+
+import psycopg
+
+from yak_pipeline.core.exchanges import users_words
+from yak_pipeline.core.memory_types import classify_memory, typed
+from yak_pipeline.core.types import MEMORY_TYPES, MemoryType
+from yak_pipeline.store.audit import write_audit
+from yak_pipeline.store.rows import uuid_array
+
+
+def type_distillations(conn: psycopg.Connection, *, user_id: str | None = None, batch: int = 2000) -> int:
+    """Type every distillation (of ``user_id``, or everyone) from its exchange's words with the offline
+    classifier, an event dated against when it was said; how many are not ``fact``. Used once, when
+    the column first appears (the migration): afterwards the distiller types each new one."""
+    typed_count = 0
+    last = None
+    while True:
+        rows = conn.execute(
+            """SELECT d.id, m.content, m.occurred_at FROM distillations d JOIN memories m ON m.id = d.memory_id
+                WHERE (%(user)s::text IS NULL OR d.user_id = %(user)s)
+                  AND (%(last)s::uuid IS NULL OR d.id > %(last)s::uuid)
+                ORDER BY d.id LIMIT %(batch)s""",
+            {"user": user_id, "last": last, "batch": batch}).fetchall()
+        if not rows:
+            return typed_count
+        found = [(distillation_id, classify_memory(users_words(content)[0], occurred_at.date()))
+                 for distillation_id, content, occurred_at in rows]
+        changed = [(t.memory_type, t.event_on, distillation_id) for distillation_id, t in found
+                   if t.memory_type != "fact"]
+        if changed:
+            with conn.cursor() as cur:
+                cur.executemany("UPDATE distillations SET memory_type = %s, event_on = %s WHERE id = %s", changed)
+        typed_count += len(changed)
+        last = rows[-1][0]
+
+
+def set_memory_type(conn: psycopg.Connection, distillation_id: UUID | str, *, memory_type: str,
+                    user_id: str | None = None, actor: str = "system") -> tuple[str, date | None] | None:
+    """A person's type for a distillation; an event is dated from its exchange's words (against when
+    they were said), any other type has no day. Returns the previous ``(type, event_on)``, or None
+    when there is no such live distillation (for ``user_id``). A type outside
+    :data:`~yak_pipeline.core.types.MEMORY_TYPES` is a ``ValueError`` here, before any write."""
+    if memory_type not in MEMORY_TYPES:
+        raise ValueError(f"type must be one of {', '.join(MEMORY_TYPES)}, got {memory_type!r}")
+    row = conn.execute(
+        """SELECT d.user_id, d.memory_type, d.event_on, d.content, m.content, m.occurred_at
+             FROM distillations d JOIN memories m ON m.id = d.memory_id
+            WHERE d.id = %s AND d.deleted_at IS NULL AND (%s::text IS NULL OR d.user_id = %s)
+            FOR UPDATE OF d""",
+        (str(distillation_id), user_id, user_id)).fetchone()
+    if row is None:
+        return None
+    owner, before_type, before_day, distilled, exchange, occurred_at = row
+    kind: MemoryType = memory_type  # type: ignore[assignment]  # checked against MEMORY_TYPES above
+    # An event keeps the day it has (a person's type change does not move it); else it is read again.
+    after = typed(kind, users_words(exchange)[0], occurred_at.date(), distilled=distilled)
+    event_on = before_day if kind == "event" and before_type == "event" and before_day else after.event_on
+    if (before_type, before_day) == (kind, event_on):
+        return before_type, before_day  # nothing changes: no write, no audit row
+    conn.execute("UPDATE distillations SET memory_type = %s, event_on = %s, updated_at = now() WHERE id = %s",
+                 (kind, event_on, str(distillation_id)))
+    write_audit(conn, actor=actor, action="type", target_type="distillation", target_id=distillation_id,
+                user_id=owner, detail={"before": before_type, "after": kind,
+                                       "event_on_before": None if before_day is None else before_day.isoformat(),
+                                       "event_on_after": None if event_on is None else event_on.isoformat()})
+    return before_type, before_day
+
+
+def memory_types_of(conn: psycopg.Connection, distillation_ids: Sequence[str]) -> dict[str, tuple[str, date | None]]:
+    """``(memory_type, event_on)`` of each distillation, by id (one round trip)."""
+    if not distillation_ids:
+        return {}
+    rows = conn.execute("SELECT id::text, memory_type, event_on FROM distillations WHERE id = ANY(%s::uuid[])",
+                        (uuid_array(distillation_ids),)).fetchall()
+    return {r[0]: (r[1], r[2]) for r in rows}
