@@ -132,8 +132,8 @@ class Settings(BaseSettings):
         description="Token budget of the profile part of the memory block: the user's standing instructions and preferences, sent with every prompt (instructions first, newest first; 0: no profile).",
     )
     recall_query_parts: bool = Field(
-        default=False,
-        description="A question that lists things to weigh together (\"Considering A, B and C, …\", \"between A and B\") is also recalled for each of them, the rankings interleaved (true/false; off by default: on the dev files it moved R@10 by +0.2 points on BEAM and -0.1 on LoCoMo, docs/RECALL.md).",
+        default=True,
+        description="A question that lists things to weigh together (\"Considering A, B and C, …\", \"between A and B\") or gathers over several topics (\"… in my questions about A and B\") is also recalled for each of them, the rankings interleaved (true/false; docs/RECALL.md: BEAM's multi-session questions +5 points, cross-validated, the other files unchanged).",
     )
     recall_present_newest_first: bool = Field(
         default=True,

@@ -6,9 +6,9 @@ from datetime import date
 
 import pytest
 
+from yak_pipeline.core.dates import calendar_dates
 from yak_pipeline.core.memory_types import (
     TypedMemory,
-    calendar_dates,
     check_memory_type,
     classify_memory,
     event_day,

@@ -344,6 +344,23 @@ def test_query_parts_names_the_listed_things() -> None:
     assert query_parts("What is my sister's job in Leeds?") == [] and query_parts("Considering everything?") == []
 
 
+def test_query_parts_of_a_question_that_gathers_over_topics() -> None:
+    """A question that gathers names the topics it gathers over (the last list in it); the same
+    words in a lookup, or a time window, name none."""
+    assert query_parts("In my questions about tossing coins and rolling dice, how many calculations did I "
+                       "try to confirm?") == ["tossing coins", "rolling dice"]
+    assert query_parts("How many areas have I focused on improving based on my messages about my resume, "
+                       "portfolio, and salary negotiation?") == ["my resume", "portfolio", "salary negotiation"]
+    assert query_parts("How many times did I ask about hiking and cycling across my sessions?") == [
+        "hiking", "cycling"]
+    assert query_parts("What did I say about hiking and cycling?") == []  # a lookup, not a gathering
+    assert query_parts("How many times did I mention my dog?") == []  # one topic
+    assert query_parts("Where was John between August 11 and August 15 2023?") == []  # a time window
+    assert query_parts("What did John and Tim discuss between 3 May and 10 June?") == []
+    assert query_parts("How many weeks passed between Maria adopting Coco and Shadow?") == [
+        "Maria adopting Coco", "Shadow"]
+
+
 def test_a_question_that_gathers_gets_more_memories_newest_first(database: Database) -> None:
     """``core.block_choice.gathers``: "how many times …" gets every relevant memory up to the gather
     limit, with no odds gap, newest first; the same words asked as a lookup get the usual block."""

@@ -7,6 +7,10 @@ the block names the day each relative expression means (``core.memory_block``), 
 offline and deterministically. Only expressions whose day is certain are resolved (a weekday,
 today/yesterday/tomorrow, "N days/weeks ago", "in N days/weeks"); "last month" or "recently" are
 left as said.
+
+Calendar dates ("on 3 May", "May 3rd, 2027", "2026-05-03") are read here too
+(:func:`calendar_dates`): an event's day (``core.memory_types``), and a question's time window
+("between August 11 and August 15", ``core.query_intent.query_parts``).
 """
 
 from __future__ import annotations
@@ -27,6 +31,16 @@ _EXPRESSION: Final = re.compile(
     re.IGNORECASE)
 _FIXED: Final = {"today": 0, "yesterday": -1, "tomorrow": 1, "the day before yesterday": -2,
                  "the day after tomorrow": 2}
+_MONTHS: Final = ("january", "february", "march", "april", "may", "june", "july", "august", "september",
+                  "october", "november", "december")
+# Full names and the usual abbreviations ("Sept" too); "may" only in full, as it is a month.
+_MONTH: Final = (r"(jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|"
+                 r"sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)")
+_DAY: Final = r"(\d{1,2})(?:st|nd|rd|th)?"
+_YEAR: Final = r"(?:,?\s+(\d{4}))?"
+_DAY_MONTH: Final = re.compile(r"\b(?:the\s+)?" + _DAY + r"\s+(?:of\s+)?" + _MONTH + r"\.?" + _YEAR + r"\b", re.IGNORECASE)
+_MONTH_DAY: Final = re.compile(r"\b" + _MONTH + r"\.?\s+(?:the\s+)?" + _DAY + r"\b" + _YEAR, re.IGNORECASE)
+_ISO: Final = re.compile(r"\b(\d{4})-(\d{2})-(\d{2})\b")
 # At most this many resolved expressions are named per memory: a line stays a line.
 MAX_RESOLVED: Final = 3
 
@@ -69,3 +83,40 @@ def resolve_relative_dates(text: str, said: date) -> list[tuple[str, date]]:
         if len(found) == MAX_RESOLVED:
             break
     return found
+
+
+def _month(name: str) -> int:
+    return next(i for i, month in enumerate(_MONTHS, 1) if month.startswith(name.lower().rstrip(".")[:3]))
+
+
+def _nearest(year: int | None, month: int, day: int, said: date) -> date | None:
+    """The day, in the year given, or without one the occurrence nearest the day it was said."""
+    years = [year] if year is not None else [said.year - 1, said.year, said.year + 1]
+    found = []
+    for candidate in years:
+        try:
+            found.append(date(candidate, month, day))
+        except ValueError:  # 31 April, 29 February of a common year
+            continue
+    return min(found, key=lambda d: (abs((d - said).days), d)) if found else None
+
+
+def calendar_dates(text: str, said: date) -> list[tuple[str, date]]:
+    """Each calendar date in ``text`` (as written) with its day, in order; a date without a year is
+    the occurrence nearest ``said`` ("3 May" said in November is next May's)."""
+    found: list[tuple[int, str, date]] = []
+    for match in _DAY_MONTH.finditer(text):
+        day = _nearest(int(match.group(3)) if match.group(3) else None, _month(match.group(2)),
+                       int(match.group(1)), said)
+        if day is not None:
+            found.append((match.start(), match.group(0), day))
+    for match in _MONTH_DAY.finditer(text):
+        day = _nearest(int(match.group(3)) if match.group(3) else None, _month(match.group(1)),
+                       int(match.group(2)), said)
+        if day is not None and not any(start <= match.start() < start + len(phrase) for start, phrase, _ in found):
+            found.append((match.start(), match.group(0), day))
+    for match in _ISO.finditer(text):
+        day = _nearest(int(match.group(1)), int(match.group(2)), int(match.group(3)), said)
+        if day is not None:
+            found.append((match.start(), match.group(0), day))
+    return [(phrase, day) for _, phrase, day in sorted(found, key=lambda item: item[0])]

@@ -18,29 +18,16 @@ whatever else it says. Questions name no event ("What should I do tomorrow?"). P
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import date
 from typing import Final
 
-from yak_pipeline.core.dates import resolve_relative_dates
+from yak_pipeline.core.dates import calendar_dates, resolve_relative_dates
 from yak_pipeline.core.profile import profile_statements
 from yak_pipeline.core.sentences import split_sentences
 from yak_pipeline.core.types import MEMORY_TYPES, MemoryType
 
 DEFAULT_MEMORY_TYPE: Final[MemoryType] = "fact"
-
-_MONTHS: Final = ("january", "february", "march", "april", "may", "june", "july", "august", "september",
-                  "october", "november", "december")
-# Full names and the usual abbreviations ("Sept" too); "may" only in full, as it is a month.
-_MONTH: Final = (r"(jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|"
-                 r"sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)")
-_DAY: Final = r"(\d{1,2})(?:st|nd|rd|th)?"
-_YEAR: Final = r"(?:,?\s+(\d{4}))?"
-_DAY_MONTH: Final = re.compile(r"\b(?:the\s+)?" + _DAY + r"\s+(?:of\s+)?" + _MONTH + r"\.?" + _YEAR + r"\b", re.IGNORECASE)
-_MONTH_DAY: Final = re.compile(r"\b" + _MONTH + r"\.?\s+(?:the\s+)?" + _DAY + r"\b" + _YEAR, re.IGNORECASE)
-_ISO: Final = re.compile(r"\b(\d{4})-(\d{2})-(\d{2})\b")
-
 
 @dataclass(frozen=True)
 class TypedMemory:
@@ -55,43 +42,6 @@ def check_memory_type(value: object) -> MemoryType:
     if not isinstance(value, str) or value.strip().lower() not in MEMORY_TYPES:
         raise ValueError(f"type {value!r} is not one of {', '.join(MEMORY_TYPES)}")
     return value.strip().lower()  # type: ignore[return-value]  # checked against MEMORY_TYPES
-
-
-def _month(name: str) -> int:
-    return next(i for i, month in enumerate(_MONTHS, 1) if month.startswith(name.lower().rstrip(".")[:3]))
-
-
-def _nearest(year: int | None, month: int, day: int, said: date) -> date | None:
-    """The day, in the year given, or without one the occurrence nearest the day it was said."""
-    years = [year] if year is not None else [said.year - 1, said.year, said.year + 1]
-    found = []
-    for candidate in years:
-        try:
-            found.append(date(candidate, month, day))
-        except ValueError:  # 31 April, 29 February of a common year
-            continue
-    return min(found, key=lambda d: (abs((d - said).days), d)) if found else None
-
-
-def calendar_dates(text: str, said: date) -> list[tuple[str, date]]:
-    """Each calendar date in ``text`` (as written) with its day, in order; a date without a year is
-    the occurrence nearest ``said`` ("3 May" said in November is next May's)."""
-    found: list[tuple[int, str, date]] = []
-    for match in _DAY_MONTH.finditer(text):
-        day = _nearest(int(match.group(3)) if match.group(3) else None, _month(match.group(2)),
-                       int(match.group(1)), said)
-        if day is not None:
-            found.append((match.start(), match.group(0), day))
-    for match in _MONTH_DAY.finditer(text):
-        day = _nearest(int(match.group(3)) if match.group(3) else None, _month(match.group(1)),
-                       int(match.group(2)), said)
-        if day is not None and not any(start <= match.start() < start + len(phrase) for start, phrase, _ in found):
-            found.append((match.start(), match.group(0), day))
-    for match in _ISO.finditer(text):
-        day = _nearest(int(match.group(1)), int(match.group(2)), int(match.group(3)), said)
-        if day is not None:
-            found.append((match.start(), match.group(0), day))
-    return [(phrase, day) for _, phrase, day in sorted(found, key=lambda item: item[0])]
 
 
 def _statements(said: str) -> list[str]:

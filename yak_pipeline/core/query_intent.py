@@ -8,7 +8,8 @@ said, newest first (``services.recall.build_context``).
 A question that names several things to weigh together ("Considering my form validation code,
 lazy loading setup and GA4 tracking, …", "How many days between finishing my draft and the
 deadline?") needs a memory about each; :func:`query_parts` names them, so recall can look for
-each as well as for the whole (``services.recall.search_memories``).
+each as well as for the whole (``services.recall.search_memories``); so does a question that
+gathers over several topics ("… in my questions about tossing coins and rolling dice").
 
 A question about the *present* ("Which town do I live in now?", "What's my usual drink these
 days?", "Do I still play bass?") is answered by the latest of the memories on its topic: people
@@ -26,7 +27,10 @@ memory block leaves superseded memories out for every other question.
 from __future__ import annotations
 
 import re
+from datetime import date
 from typing import Final
+
+from yak_pipeline.core.dates import calendar_dates
 
 # Words that put a question in the present.
 PRESENT_CUE: Final = re.compile(
@@ -66,7 +70,28 @@ _LIST_END: Final = re.compile(r",\s*(?:and\s+)?(?:how|what|which|where|when|why|
                               r"will)\b|\?", re.IGNORECASE)
 # Between the items: a comma (not inside a number such as 3,600), "and", "or".
 _ITEM_SEPARATOR: Final = re.compile(r"(?<!\d),(?!\d)\s*(?:and\s+|or\s+)?|\s+(?:and|or)\s+", re.IGNORECASE)
+# What a gathering question's topics follow: "… my messages about my resume, portfolio, and salary
+# negotiation?", "In my questions about tossing coins and rolling dice, how many …".
+_TOPIC: Final = re.compile(r"\b(?:about|regarding|on|for|with|involving|of)\s+", re.IGNORECASE)
+# Where such a list of topics ends: the words that say where or when they were said.
+_TOPIC_TAIL: Final = re.compile(r"\s+(?:across|in|over|during|throughout|since|from|before|after|until|when|that|which)\b.*$",
+                                re.IGNORECASE)
 MAX_QUERY_PARTS: Final = 4
+# Any day will do: only whether an item is a date matters, not which day it is.
+_ANY_DAY: Final = date(2000, 1, 1)
+
+
+def _items(listed: str) -> list[str]:
+    items = [item.strip(" ,.;:") for item in _ITEM_SEPARATOR.split(listed)]
+    return [item for item in items if any(c.isalpha() for c in item)]
+
+
+def _is_date(item: str) -> bool:
+    """True when ``item`` is only a date ("August 15 2023", "11 December"): the end of a time window."""
+    rest = item
+    for phrase, _ in calendar_dates(item, _ANY_DAY):
+        rest = rest.replace(phrase, "")
+    return rest != item and not any(c.isalpha() for c in rest)
 
 
 def query_parts(question: str) -> list[str]:
@@ -75,15 +100,26 @@ def query_parts(question: str) -> list[str]:
 
     "Considering my form validation code, lazy loading setup, and GA4 tracking, how …" gives the
     three; "How many days between finishing my draft and the scholarship deadline?" the two ends.
+    A question that gathers (:func:`asks_to_gather`) also lists the topics it gathers over: "How
+    many calculations did I confirm in my questions about tossing coins and rolling dice?" gives
+    "tossing coins" and "rolling dice" (the last such list in the question). A time window ("Where
+    was John between August 11 and August 15?") is one thing, not two.
     Each is looked for on its own as well as within the whole question, so the block gets a
     memory of each even when one dominates the whole question's similarity."""
     match = _LISTING.search(question)
-    if match is None:
+    if match is not None:
+        items = _items(_LIST_END.split(match.group(1), maxsplit=1)[0])
+        if len(items) >= 2 and not all(_is_date(item) for item in items):
+            return items[:MAX_QUERY_PARTS]
+    if not asks_to_gather(question):
         return []
-    listed = _LIST_END.split(match.group(1), maxsplit=1)[0]
-    items = [item.strip(" ,.;:") for item in _ITEM_SEPARATOR.split(listed)]
-    items = [item for item in items if any(c.isalpha() for c in item)]
-    return items[:MAX_QUERY_PARTS] if len(items) >= 2 else []
+    # The last word that introduces a list: "… based on my messages about A, B, and C".
+    for topic in reversed(list(_TOPIC.finditer(question))):
+        listed = _TOPIC_TAIL.sub("", _LIST_END.split(question[topic.end():], maxsplit=1)[0])
+        items = _items(listed)
+        if len(items) >= 2:
+            return items[:MAX_QUERY_PARTS]
+    return []
 
 
 # Words of a question that gathers across what was said, rather than looking up one fact.

@@ -89,10 +89,10 @@ class RecallParams:
     # Exchanges no active distillation holds are candidates too, as the user's own words (kind
     # "raw"); False: distillations only (the offline warmth judge, ablations).
     raw_exchanges: bool = True
-    # A question that lists things to weigh together (``core.query_intent.query_parts``) is also
-    # recalled for each of them, and the rankings interleaved (:func:`interleave`); off by default
-    # (YAK_RECALL_QUERY_PARTS: a wash on the dev files, docs/RECALL.md).
-    query_parts: bool = False
+    # A question that lists things to weigh together, or gathers over several topics
+    # (``core.query_intent.query_parts``), is also recalled for each of them, and the rankings
+    # interleaved (:func:`interleave`; YAK_RECALL_QUERY_PARTS, docs/RECALL.md).
+    query_parts: bool = True
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.threshold <= 1.0:

@@ -127,7 +127,7 @@ BASELINES = ("BM25", "dense")
 YAK = "Yak"
 YAK_IN_SAMPLE = "Yak (in-sample)"
 YAK_SHIPPED = "Yak (shipped model)"
-YAK_QUERY_PARTS = "Yak + query parts"
+YAK_NO_QUERY_PARTS = "Yak, no query parts"
 YAK_JUDGED = "Yak + LLM judge"
 DEFAULT_FOLDS = 5
 _DISTIL_CHUNK = 100
@@ -263,9 +263,9 @@ def build_methods(settings: Settings, options: EvalOptions) -> list[Method]:
                note="the default recall with a relevance model fitted on all these conversations"),
         Method(YAK_SHIPPED, "yak", base, model="shipped",
                note="the default recall with the installed relevance model (recall_models)"),
-        Method(YAK_QUERY_PARTS, "yak", replace(base, query_parts=True), model="cross_validated",
-               note="the default recall, cross-validated, also recalling for each thing a question lists "
-                    "(YAK_RECALL_QUERY_PARTS)"),
+        Method(YAK_NO_QUERY_PARTS, "yak", replace(base, query_parts=False), model="cross_validated",
+               note="the default recall, cross-validated, without recalling for each thing a question lists "
+                    "(YAK_RECALL_QUERY_PARTS=false)"),
     ]
     if options.llm_judge:
         methods.append(Method(YAK_JUDGED, "yak_judged", base,
