@@ -38,7 +38,7 @@ OTHER_TEXT_COLUMNS: Final[frozenset[tuple[str, str]]] = frozenset({
     ("memories", "source"), ("memories", "content_sha256"), ("memories", "status"), ("memories", "embedding_model"),
     ("memories", "context_embedding_model"),
     ("distillations", "tier"), ("distillations", "status"), ("distillations", "embedding_model"),
-    ("distillations", "prompt_version"),
+    ("distillations", "prompt_version"), ("distillations", "memory_type"),
     ("distillation_versions", "embedding_model"), ("distillation_versions", "prompt_version"),
     ("distillation_versions", "reason"),
     ("conflicts", "status"), ("turns", "status"),
