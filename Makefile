@@ -27,7 +27,7 @@ else
 LLAMA_CMAKE_ARGS ?= -DLLAVA_BUILD=OFF
 endif
 
-.PHONY: setup setup-llm browser run run-llm test test-slow screenshots clean-state FORCE
+.PHONY: setup setup-llm browser run run-llm test test-slow lint screenshots clean-state FORCE
 
 setup: $(STAMP) .env
 
@@ -100,8 +100,12 @@ run-llm: setup setup-llm
 # slow part on two workers: the 10 MB drop-file test (ten minutes of storing) on one, the others one
 # at a time on the other (conftest.py groups them), so the load test's printed throughput shares the
 # cores with that storing and is a floor, not a figure to quote.
-test: setup browser
+test: setup browser lint
 	$(BIN)/python -m pytest -m "not slow" -n auto
+
+# ruff (pyproject's [tool.ruff]: pyflakes, import order, pyupgrade, bugbear), before the tests.
+lint: setup
+	$(BIN)/ruff check .
 
 test-slow: setup setup-llm
 	$(BIN)/python -m pytest -m slow -n 2 --dist loadgroup

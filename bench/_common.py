@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,7 +157,7 @@ def print_table(title: str, rows: list[tuple[str, str, str, str]],
 def write_result(name: str, payload: dict, out_dir: Path = RESULTS) -> Path:
     """Write ``payload`` (plus when and where) to ``bench/results/<name>.json``."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    payload = {**payload, "machine": machine(), "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    payload = {**payload, "machine": machine(), "finished_at": datetime.now(UTC).isoformat(timespec="seconds")}
     path = out_dir / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2) + "\n")
     return path

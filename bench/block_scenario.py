@@ -10,17 +10,18 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from datetime import datetime, timedelta, timezone
-from yak_pipeline.settings import get_settings
+from datetime import UTC, datetime, timedelta
+
 from yak_pipeline.embeddings import get_embedder
 from yak_pipeline.eval.locomo import Conversation, Turn
-from yak_pipeline.eval.runner import evaluation_database, _ingest
+from yak_pipeline.eval.runner import _ingest, evaluation_database
 from yak_pipeline.services.recall import block_choice, build_context, recall_params, relevance_model
+from yak_pipeline.settings import get_settings
 
 facts = ["I drink coffee every morning, black.", "I'm vegetarian.", "My sister lives in Lisbon.",
          "I work as a nurse.", "Radiohead is my favourite band.", "I go running three times a week.",
          "I have a peanut allergy.", "I write code in the Helix editor."]
-start = datetime(2026, 10, 1, 9, 0, tzinfo=timezone.utc)
+start = datetime(2026, 10, 1, 9, 0, tzinfo=UTC)
 turns = []
 for i, f in enumerate(facts):
     turns.append(Turn(dia_id=f"D{i+1}:1", speaker="User", text=f, occurred_at=start + timedelta(days=3 * i)))
@@ -33,7 +34,7 @@ settings = get_settings()
 embedder = get_embedder(settings)
 mode = sys.argv[1] if len(sys.argv) > 1 else "rules"
 with evaluation_database(settings) as db:
-    ingested, _ = _ingest(db, settings, embedder, [conv], lambda l: None, distiller=mode, label="scenario")
+    ingested, _ = _ingest(db, settings, embedder, [conv], lambda _: None, distiller=mode, label="scenario")
     user = ingested[0].user_id
     now = late + timedelta(days=1)
     for q in ("what should I cook tonight?", "what do I like to drink?", "which editor do I use?", "what is my dog's name?"):

@@ -46,7 +46,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -619,7 +619,7 @@ def run_candidate(name: str, threads: int, extra_paths: list[str]) -> dict[str, 
             return {"status": "failed", "reason": f"worker exited {proc.returncode}"}
         result = json.loads(out.read_text())
         result["loadavg_1m"] = {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)}
-        result["measured_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        result["measured_at"] = datetime.now(UTC).isoformat(timespec="seconds")
         return result
     finally:
         out.unlink(missing_ok=True)
@@ -749,7 +749,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "warmup_queries": WARMUP_QUERIES, "threads": args.threads},
             "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
             "git_commit": _git_commit(),
-            "updated_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "updated_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "candidates": {n: results[n] for n in CANDIDATES if n in results},
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)

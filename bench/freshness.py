@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -195,7 +195,7 @@ def drop_trial(client, up: YakUp, drop_dir: Path, user: str, index: int, timeout
     thing, city = _NAMES[index % len(_NAMES)], _CITIES[index % len(_CITIES)]
     said = f"I named my {thing} {token}; we live in {city}."
     record = {"user_id": user, "user": said, "assistant": f"{token} is a lovely name.",
-              "occurred_at": datetime.now(timezone.utc).isoformat()}
+              "occurred_at": datetime.now(UTC).isoformat()}
     name = f"freshness-{user}.jsonl"
     staged = drop_dir / f".{name}.part"  # hidden files are skipped; the rename makes it appear whole
     staged.write_text(json.dumps(record) + "\n")
@@ -367,11 +367,11 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(args.settle)
                 user = f"fresh-{tag}-{i}"
                 drop = drop_trial(client, up, drop_dir, user, i, args.timeout)
-                drop["day"] = datetime.fromtimestamp(drop["started"], timezone.utc).date().isoformat()
+                drop["day"] = datetime.fromtimestamp(drop["started"], UTC).date().isoformat()
                 drops.append(drop)
                 time.sleep(args.settle)
                 turn = turn_trial(client, up, user, drop["distillation_id"], drop["content"], args.timeout)
-                turn["day"] = datetime.fromtimestamp(turn["started"], timezone.utc).date().isoformat()
+                turn["day"] = datetime.fromtimestamp(turn["started"], UTC).date().isoformat()
                 turns.append(turn)
                 progress(f"  trial {i + 1}/{args.trials}: drop → recallable {drop['seconds']:.1f}s, "
                          f"turn → warmth {turn['seconds']:.1f}s ({turn['warmth_before']} → {turn['warmth_after']})")

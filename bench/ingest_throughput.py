@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +44,7 @@ _ACTS = ["moved to Lisbon", "adopted a kitten called Miso", "started learning th
 def exchanges(n: int, seed: int, user_prefix: str = "bench") -> list[dict]:
     """n varied exchanges over 5 users and 10 days, in the drop-folder JSON form."""
     rng = np.random.default_rng(seed)
-    start = datetime.now(timezone.utc) - timedelta(days=10)
+    start = datetime.now(UTC) - timedelta(days=10)
     out = []
     for i in range(n):
         said = f"{rng.choice(_OPENERS)} {rng.choice(_ACTS)}, and {rng.choice(_OPENERS).lower()} {rng.choice(_ACTS)} ({i})."
@@ -76,10 +76,10 @@ def bench_stages(settings: Settings, url: str, n: int, seed: int) -> dict:
     """The pipeline's functions in-process, each stage timed, over n exchanges."""
     from yak_pipeline.core.exchange_files import ExchangeRecord
     from yak_pipeline.embeddings import get_embedder
+    from yak_pipeline.ingestion.records import ingest_records
     from yak_pipeline.llm import get_llm_provider
     from yak_pipeline.services.consolidate import ConsolidateJob, merge_near_duplicates, score_conflicts
     from yak_pipeline.services.distill import DistillJob, distill_memories, partition_memory_ids
-    from yak_pipeline.ingestion.records import ingest_records
     from yak_pipeline.services.recall import embed_pending_exchanges
     from yak_pipeline.wiring import open_database
 
@@ -123,9 +123,9 @@ def bench_llm_concurrency(settings: Settings, url: str, n: int, seed: int) -> di
     """Distillation through a loopback OpenAI-protocol server that answers after 200 ms."""
     from yak_pipeline.core.exchange_files import ExchangeRecord
     from yak_pipeline.embeddings import get_embedder
+    from yak_pipeline.ingestion.records import ingest_records
     from yak_pipeline.llm import OpenAIChatProvider
     from yak_pipeline.services.distill import DistillJob, distill_memories, partition_memory_ids
-    from yak_pipeline.ingestion.records import ingest_records
     from yak_pipeline.wiring import open_database
     from yak_pipeline_tests.fake_openai import FakeOpenAIServer, Reply
 

@@ -91,7 +91,7 @@ import sys
 import time
 import uuid
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from itertools import permutations
 from pathlib import Path
 
@@ -305,7 +305,7 @@ def load(url: str, n: int, users: int, seed: int, corpus: RealisticCorpus | None
 
     rng = np.random.default_rng(seed)
     source = corpus.rows(n, rng) if corpus is not None else synthetic_rows(n, rng)
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     started = time.monotonic()
     rows = []
     with connect(url, autocommit=True) as conn:
@@ -581,7 +581,7 @@ def bench_store(url: str, queries: list, limit: int, warmup: list) -> dict:
         same_new = same_old = same_recall = 0
         measured = []
         for i, (user, text, vector) in enumerate(queries):
-            now = datetime.now(timezone.utc)
+            now = datetime.now(UTC)
             # The legs as recall runs them (side by side on spare connections that helper threads
             # borrow, services.recall), the same without raw candidates, and one after another on
             # one connection; each order of the three in turn, so that none always finds another's

@@ -36,7 +36,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from yak_pipeline.core.query_intent import asks_about_past  # noqa: E402
-from yak_pipeline.core.relevance import ANSWERABLE_FEATURES, FEATURES, NON_NEGATIVE_FEATURES, answerable_features, relevance_features  # noqa: E402
+from yak_pipeline.core.relevance import (  # noqa: E402
+    ANSWERABLE_FEATURES,
+    FEATURES,
+    NON_NEGATIVE_FEATURES,
+    answerable_features,
+    relevance_features,
+)
 from yak_pipeline.core.scoring import decay_factor, gravity, passes_tier_gate  # noqa: E402
 from yak_pipeline.eval.calibrate import ANSWERABLE_PASS_SHARE, TRUE_PASS_SHARE, fit_logistic, operating_point_shift  # noqa: E402
 from yak_pipeline.eval.runner import assign_folds  # noqa: E402

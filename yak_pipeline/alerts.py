@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Literal
 
@@ -42,7 +42,7 @@ class Alert:
     ids: tuple[str, ...] = ()
     error: str | None = None
     retry: tuple[int, int] | None = None
-    at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+    at: datetime = field(default_factory=lambda: datetime.now(UTC))
 
     def discord_payload(self) -> dict:
         """The Discord webhook body: a short content line and one embed with the details."""

@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from uuid import UUID
 
 import psycopg
@@ -99,7 +99,7 @@ class Seeded:
 
 
 def _seed_user(conn: psycopg.Connection, user_id: str, secret: str) -> UserData:
-    when = datetime.now(timezone.utc) - timedelta(days=1)
+    when = datetime.now(UTC) - timedelta(days=1)
     memory_id, distillation_id = seed_memory_with_distillation(
         conn, user_id=user_id, exchange=f"User: My locker code is {secret}.\nAssistant: Noted.",
         distillation=f"The user's locker code is {secret}.", tier="core", occurred_at=when)

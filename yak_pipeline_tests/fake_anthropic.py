@@ -209,7 +209,7 @@ class FakeAnthropicServer:
         sent = b""
         try:
             for name, data in events:
-                chunk = f"event: {name}\ndata: {json.dumps(data)}\n\n".encode("utf-8")
+                chunk = f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
                 handler.wfile.write(chunk)
                 handler.wfile.flush()
                 sent += chunk

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator, Sequence
-from datetime import date, datetime, time, timezone
+from datetime import UTC, date, datetime, time
 from pathlib import Path
 from typing import Any
 
@@ -100,7 +100,7 @@ def materialized_assets(result: dg.ExecuteInProcessResult) -> set[str]:
 
 def at(day: date, hour: int = 12, minute: int = 0) -> datetime:
     """A UTC time on ``day``."""
-    return datetime.combine(day, time(hour, minute), tzinfo=timezone.utc)
+    return datetime.combine(day, time(hour, minute), tzinfo=UTC)
 
 
 def add_exchange(db: Database, user_id: str, user_text: str, day: date, *, assistant: str = "Noted.",

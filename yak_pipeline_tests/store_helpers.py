@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from uuid import UUID
 
 import psycopg
@@ -30,7 +30,7 @@ def seed_memory_with_distillation(
     occurred_at: datetime | None = None,
 ) -> tuple[UUID, UUID]:
     """Insert one memory and one distillation of it; return (memory id, distillation id)."""
-    when = occurred_at or datetime.now(timezone.utc)
+    when = occurred_at or datetime.now(UTC)
     memory = insert_memory(conn, user_id=user_id, content=exchange, source="import", occurred_at=when)
     distillation_id = insert_distillation(
         conn,

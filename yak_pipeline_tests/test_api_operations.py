@@ -7,8 +7,8 @@ import socket
 import pytest
 from pydantic import SecretStr
 
-from yak_pipeline.services import queue_watch
 from yak_pipeline.api.app import create_app
+from yak_pipeline.services import queue_watch
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
 from yak_pipeline_tests.api_fixtures import ADMIN_KEY, admin, api_settings, app, client_with  # noqa: F401

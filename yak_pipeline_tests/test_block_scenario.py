@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -47,7 +47,7 @@ def _context(client: httpx.Client, query: str) -> list[str]:
 def test_the_block_holds_only_what_answers_with_the_current_fact(db_url: str, tmp_path: Path) -> None:
     env = yak_env(db_url, tmp_path / "home", YAK_EMBEDDER="local", YAK_ADMIN_API_KEY=ADMIN_KEY,
                   PYTHONPATH=str(PROJECT_ROOT))
-    start = datetime.now(timezone.utc) - timedelta(days=40)
+    start = datetime.now(UTC) - timedelta(days=40)
     with yak_serve(env, tmp_path) as server, httpx.Client(
             base_url=server.url, headers={"X-API-Key": ADMIN_KEY}, timeout=60) as client:
         # The eight facts an hour apart on one day, the change of diet a month later.

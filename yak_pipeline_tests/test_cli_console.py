@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import dagster as dg
 import pytest
-from rich.table import Table
-
 from dagster._core.instance.config import dagster_instance_config
+from rich.table import Table
 
 from yak_pipeline.cli.pipeline import SHIPPED, service_banner
 from yak_pipeline.cli.render import PIPED_WIDTH, make_console

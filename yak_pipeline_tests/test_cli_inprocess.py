@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from yak_pipeline.cli.main import app as yak
-from yak_pipeline.ingestion.drop_folder import claim_file, ensure_drop_dirs
 from yak_pipeline.embeddings.hashing import HashingEmbedder
+from yak_pipeline.ingestion.drop_folder import claim_file, ensure_drop_dirs
 from yak_pipeline.llm import RulesProvider
 from yak_pipeline.services.distill import DistillJob, distill_memories
 from yak_pipeline.settings import get_settings

@@ -6,7 +6,7 @@ import json
 import os
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg
@@ -126,7 +126,7 @@ def test_a_range_whose_quality_check_fails_runs_again_day_by_day(db_url: str, tm
     with connect(db_url) as conn:  # a row only the quality gate catches, on the 18th
         _, bad = seed_memory_with_distillation(conn, user_id="alice", exchange="User: hi\nAssistant: hello",
                                                distillation="User said hi.",
-                                               occurred_at=datetime(2026, 11, 18, 9, tzinfo=timezone.utc))
+                                               occurred_at=datetime(2026, 11, 18, 9, tzinfo=UTC))
         conn.execute("UPDATE distillations SET content = 'One. Two. Three. Four. Five. Six.', prompt_version = 'v1' "
                      "WHERE id = %s", (bad,))
 

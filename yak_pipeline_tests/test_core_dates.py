@@ -3,7 +3,7 @@ and named in the memory block's line (issue 39, item 4)."""
 
 from __future__ import annotations
 
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 
 import pytest
 
@@ -35,13 +35,13 @@ def test_vague_or_absolute_dates_are_left_as_said_and_a_line_names_a_few_at_most
 def test_the_block_line_names_the_day_a_relative_date_means() -> None:
     block = render_memory_block([BlockMemory(id="m", content="I finished the draft last Tuesday; the deadline is "
                                                                "in two weeks", tier="medium", kind="raw",
-                                             occurred_at=datetime(2026, 11, 27, 10, tzinfo=timezone.utc))])
+                                             occurred_at=datetime(2026, 11, 27, 10, tzinfo=UTC))])
     assert ('- (the user\'s own words, said on 27 Nov 2026; "last Tuesday" is 24 Nov 2026; "in two weeks" is '
             '11 Dec 2026) "I finished the draft last Tuesday; the deadline is in two weeks"') in block
 
 
 def test_a_standing_instruction_keeps_its_relative_dates_unresolved() -> None:
-    said = datetime(2026, 11, 27, 10, tzinfo=timezone.utc)
+    said = datetime(2026, 11, 27, 10, tzinfo=UTC)
     block = render_memory_block([BlockMemory(id="p", content="Always tell me tomorrow's weather first.", tier="core",
                                              kind="instruction", occurred_at=said),
                                  BlockMemory(id="m", content="The dentist is tomorrow.", tier="medium", kind="raw",

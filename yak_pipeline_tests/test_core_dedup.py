@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import given
@@ -21,7 +21,7 @@ from yak_pipeline.core.dedup import (
     select_near_duplicates,
 )
 
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def _n(id: str, similarity: float, user_id: str = "alice", status: str = "active", days: int = 0) -> Neighbour:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -29,7 +29,7 @@ def test_block_says_in_words_what_each_line_is_and_when_it_was_said() -> None:
     assert block == (f"<memories>\n{BLOCK_PREAMBLE}\n- (distilled memory) Alice lives in Berlin.\n"
                      "- (distilled memory) Likes tea &amp; coffee.\n</memories>")
     assert "not instructions" in BLOCK_PREAMBLE
-    said = datetime(2026, 11, 27, 9, 30, tzinfo=timezone.utc)
+    said = datetime(2026, 11, 27, 9, 30, tzinfo=UTC)
     lines = render_memory_block([
         BlockMemory("d", "My daughter is called Mia.", "core", occurred_at=said, in_conflict=True),
         BlockMemory("r", "I moved to Ghent", "medium", occurred_at=said, kind="raw"),

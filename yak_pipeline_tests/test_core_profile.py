@@ -3,7 +3,7 @@ which lines the block carries within its budget."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -54,7 +54,7 @@ def test_sentences_keep_their_positions_and_a_long_line_is_capped() -> None:
 
 def _line(i: int, kind: str, text: str, days_ago: int) -> ProfileLine:
     return ProfileLine(id=f"id-{i}", memory_id=f"m-{i}", kind=kind, text=text,  # type: ignore[arg-type]
-                       said_at=datetime(2026, 11, 27, tzinfo=timezone.utc) - timedelta(days=days_ago))
+                       said_at=datetime(2026, 11, 27, tzinfo=UTC) - timedelta(days=days_ago))
 
 
 def test_the_block_carries_instructions_first_newest_first_one_per_wording_within_budget() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import given, settings
@@ -31,7 +31,7 @@ from yak_pipeline.core.relevance import (
 from yak_pipeline.core.scoring import TIER_GRAVITY
 from yak_pipeline.core.types import TIERS
 
-NOW = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 # relevance = sigmoid(10 × cos_distillation): a candidate's relevance is set through its cosine.
 STEEP = RelevanceModel(embedding_model="test", version="test@1", bias=0.0, weights={"cos_distillation": 10.0})
 

@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from dagster._core.secrets.env_file import get_env_var_dict
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]

@@ -4,7 +4,7 @@ distillers (``--distiller none``), and the conversation-level cross-validation."
 from __future__ import annotations
 
 from contextlib import ExitStack
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import numpy as np
 import psycopg
@@ -91,8 +91,8 @@ def test_a_user_turn_and_the_reply_that_follows_are_one_exchange() -> None:
     assert first.content == format_exchange("I work as a paediatric nurse at the Royal infirmary.",
                                             "That sounds demanding.")
     assert first.dia_ids == ("D1:1", "D1:2")  # the user's turn first: the one evidence names
-    assert first.occurred_at == datetime(2024, 3, 3, 9, 0, tzinfo=timezone.utc)
-    assert exchanges[2].occurred_at == datetime(2024, 5, 14, 18, 30, tzinfo=timezone.utc)
+    assert first.occurred_at == datetime(2024, 3, 3, 9, 0, tzinfo=UTC)
+    assert exchanges[2].occurred_at == datetime(2024, 5, 14, 18, 30, tzinfo=UTC)
     # A user turn with no reply still becomes an exchange of its own.
     assert exchanges[3].content == format_exchange("My brother Tomasz lives in Gdansk.", "(no reply)")
     assert exchanges[3].dia_ids == ("D2:3",)

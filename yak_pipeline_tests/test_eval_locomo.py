@@ -5,13 +5,19 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from yak_pipeline.eval.locomo import LocomoFormatError, load_locomo, parse_evidence, parse_locomo, parse_session_datetime
+from yak_pipeline.eval.locomo import (
+    LocomoFormatError,
+    load_locomo,
+    parse_evidence,
+    parse_locomo,
+    parse_session_datetime,
+)
 from yak_pipeline.eval.metrics import ScoredQuestion, aggregate, score_ranking
 from yak_pipeline.eval.runner import EvalOptions, run_locomo_eval, user_id_for
 from yak_pipeline.llm.prompts import parse_payload
@@ -79,15 +85,15 @@ def test_loader_maps_turns_to_dated_exchanges_and_reads_evidence_leniently() -> 
     assert len(first.turns) == 7
     assert first.turns[0].exchange() == "User: Hi Ben! I adopted a grey kitten called Miso yesterday.\nAssistant: (Ana said this.)"
     assert first.turns[3].exchange().startswith("User: Here is my first bowl. [shares a photo: a photo of a blue ceramic bowl]")
-    assert first.turns[4].occurred_at == datetime(2023, 6, 27, 10, 37, tzinfo=timezone.utc)
-    assert first.last_session_at == datetime(2023, 6, 27, 10, 37, tzinfo=timezone.utc)
+    assert first.turns[4].occurred_at == datetime(2023, 6, 27, 10, 37, tzinfo=UTC)
+    assert first.last_session_at == datetime(2023, 6, 27, 10, 37, tzinfo=UTC)
     by_text = {q.question: q for q in first.questions}
     assert by_text["What sports is Ana training for?"].evidence == {"D2:3", "D1:3"}
     assert by_text["What did Ben make in pottery class?"].evidence == {"D1:4", "D1:2"}
     assert len(first.questions) == 4
     assert first.skipped == {"adversarial": 1, "other_category": 0, "no_evidence": 1, "unknown_evidence_ids": 1}
     assert parse_evidence(["D8:6; D9:17", "D"]) == ["D8:6", "D9:17"]
-    assert parse_session_datetime("12:06 am on 11 November, 2022") == datetime(2022, 11, 11, 0, 6, tzinfo=timezone.utc)
+    assert parse_session_datetime("12:06 am on 11 November, 2022") == datetime(2022, 11, 11, 0, 6, tzinfo=UTC)
 
 
 @pytest.mark.parametrize(

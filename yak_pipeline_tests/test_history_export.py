@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +56,7 @@ def recall(url: str, settings: Settings, user: str, query: str) -> list[tuple[st
         embedder = HashingEmbedder(384)
         hits = search_memories(db, embedder, user_id=user, query=query,
                                params=recall_params(settings, threshold=0.3, limit=10),
-                               model=relevance_model(settings, embedder), now=datetime(2026, 1, 1, tzinfo=timezone.utc))
+                               model=relevance_model(settings, embedder), now=datetime(2026, 1, 1, tzinfo=UTC))
         return [(str(h.id), round(h.score, 9)) for h in hits]
     finally:
         db.close()
@@ -177,8 +177,8 @@ def test_memory_md_lists_current_knowledge_by_tier_and_diffs_cleanly(
                                   WHERE user_id = 'alice' AND status = 'active' AND superseded_by IS NULL""").fetchall()
     assert len(superseded) == 1 and superseded[0][0] not in text
     assert "The user may like AZURE-7731 tea." not in text  # held for review
-    for content, tier, refreshed in current:
-        assert f"- {refreshed.astimezone(timezone.utc).date()}: {content}" in text
+    for content, _tier, refreshed in current:
+        assert f"- {refreshed.astimezone(UTC).date()}: {content}" in text
     assert "CRIMSON" not in text  # bob's
     # A new memory lands at the end of its section; nothing else moves.
     with database.connection() as conn:
@@ -198,7 +198,7 @@ def test_memory_md_lists_current_knowledge_by_tier_and_diffs_cleanly(
 
 
 def test_render_memory_markdown_orders_by_tier_date_and_text() -> None:
-    day = lambda d: datetime(2026, 1, d, 23, 30, tzinfo=timezone.utc)  # noqa: E731
+    day = lambda d: datetime(2026, 1, d, 23, 30, tzinfo=UTC)  # noqa: E731
     items = [{"content": "Likes  tea.\n", "tier": "low", "refreshed_at": day(3), "needs_review": False},
              {"content": "Lives in Lisbon.", "tier": "core", "refreshed_at": day(2), "needs_review": True},
              {"content": "Is a nurse.", "tier": "core", "refreshed_at": day(2), "needs_review": False}]
@@ -212,7 +212,7 @@ def test_render_memory_markdown_orders_by_tier_date_and_text() -> None:
 
 
 def test_render_memory_markdown_has_a_section_per_type_and_events_by_their_day() -> None:
-    said = lambda d: datetime(2026, 11, d, 9, 0, tzinfo=timezone.utc)  # noqa: E731
+    said = lambda d: datetime(2026, 11, d, 9, 0, tzinfo=UTC)  # noqa: E731
     items = [
         {"content": "User finished the migration last Tuesday.", "tier": "medium", "refreshed_at": said(27),
          "memory_type": "event", "event_on": date(2026, 11, 24)},

@@ -16,7 +16,8 @@ from pathlib import Path
 from yak_pipeline.core.chatgpt_export import without_citation_markers
 from yak_pipeline.core.claude_code_sessions import read_session, without_client_meta
 from yak_pipeline.store.database import connect
-from yak_pipeline_tests.test_cli_process import _env as yak_env, _yak as yak
+from yak_pipeline_tests.test_cli_process import _env as yak_env
+from yak_pipeline_tests.test_cli_process import _yak as yak
 
 SESSION = "5d1c7a2e-0b3f-4c6d-8e9a-7f6e5d4c3b2a"
 PROMPTS = ["Which port does the staging server use?", "Move the cron job to 03:00.", "Rename the bucket to yak-dev."]

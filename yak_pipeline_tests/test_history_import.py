@@ -24,7 +24,8 @@ from yak_pipeline.core.history_files import FORMATS, detect_format, parse_histor
 from yak_pipeline.ingestion.claim import claim_drop_files
 from yak_pipeline.store.database import Database, connect
 from yak_pipeline.store.forget import forget_memories
-from yak_pipeline_tests.test_cli_process import _env as yak_env, _yak as yak
+from yak_pipeline_tests.test_cli_process import _env as yak_env
+from yak_pipeline_tests.test_cli_process import _yak as yak
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "history"
 CHATGPT = FIXTURES / "chatgpt_conversations.json"

@@ -12,18 +12,18 @@ from __future__ import annotations
 
 import threading
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from yak_pipeline.core.exchange_files import ExchangeRecord
 from yak_pipeline.embeddings.batching import Coalescer
 from yak_pipeline.embeddings.hashing import HashingEmbedder
+from yak_pipeline.ingestion.records import ingest_records
 from yak_pipeline.llm.errors import LLMUnavailable
 from yak_pipeline.llm.rules import RulesProvider
 from yak_pipeline.services.consolidate import ConsolidateJob, merge_near_duplicates, score_conflicts
 from yak_pipeline.services.distill import DistillJob, distill_memories, partition_memory_ids
-from yak_pipeline.ingestion.records import ingest_records
 from yak_pipeline.store.database import Database
 
 # --- Coalescer ---------------------------------------------------------------------------------
@@ -115,7 +115,7 @@ _FACTS = ["moved to Lisbon", "adopted a kitten called Miso", "started learning t
 
 def _records(user_id: str, n: int) -> list[ExchangeRecord]:
     """Exchanges repeating a few facts in varying pairs, so near-duplicates chain up."""
-    start = datetime.now(timezone.utc) - timedelta(days=3)
+    start = datetime.now(UTC) - timedelta(days=3)
     return [ExchangeRecord(user_id=user_id,
                            content=f"User: I {_FACTS[i % 6]}, and I {_FACTS[(i * 5 + 1) % 6]} ({i % 17}).\nAssistant: Nice!",
                            occurred_at=start + timedelta(minutes=7 * i), line=i)

@@ -19,8 +19,8 @@ from yak_pipeline.llm import (
     OpenAIChatProvider,
     RulesProvider,
     get_llm_provider,
+    prompts,
 )
-from yak_pipeline.llm import prompts
 from yak_pipeline.llm.models import DistillationOutput, ScoreOutput, response_schema
 from yak_pipeline.llm.openai_client import RETRY_TEMPERATURE
 from yak_pipeline.settings import Settings

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 import uuid
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 import psycopg
@@ -26,7 +26,7 @@ from yak_pipeline_tests.fake_openai import FakeOpenAIServer, Reply, openai_serve
 from yak_pipeline_tests.test_cli_inprocess import run  # noqa: F401 - the in-process `yak` fixture
 from yak_pipeline_tests.test_llm_openai_client import make_provider
 
-FRIDAY = datetime(2026, 11, 27, 15, 0, tzinfo=timezone.utc)
+FRIDAY = datetime(2026, 11, 27, 15, 0, tzinfo=UTC)
 EXCHANGES = {
     "instruction": "User: Always answer me in French.\nAssistant: D'accord.",
     "preference": "User: I'd rather take trains everywhere.\nAssistant: Noted.",

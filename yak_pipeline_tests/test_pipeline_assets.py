@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from typing import Any
 
 import dagster as dg
@@ -284,7 +284,7 @@ def test_failing_quality_gate_skips_downstream_and_holds_later_runs_back(
     with database.connection() as conn:
         _, bad = seed_memory_with_distillation(conn, user_id="alice", exchange="User: hi\nAssistant: hello",
                                                distillation="User said hi.", confidence=0.5,
-                                               occurred_at=datetime(2026, 3, 14, 9, tzinfo=timezone.utc))
+                                               occurred_at=datetime(2026, 3, 14, 9, tzinfo=UTC))
         # The current prompt version, so the run does not re-distil (and so repair) the bad row.
         conn.execute("UPDATE distillations SET content = %s, embedding = CASE WHEN %s THEN embedding END, "
                      "prompt_version = 'v1' WHERE id = %s", (content, embedded, bad))
@@ -441,7 +441,7 @@ def test_a_conflicting_pair_is_never_merged(settings: Settings, database: Databa
 
 
 def _seed_recalled(database: Database, today: date) -> tuple[str, str]:
-    when = datetime.combine(today, datetime.min.time(), tzinfo=timezone.utc)
+    when = datetime.combine(today, datetime.min.time(), tzinfo=UTC)
     with database.connection() as conn:
         _, useful = seed_memory_with_distillation(conn, user_id="alice", exchange="User: I live in Berlin.\nAssistant: ok",
                                                   distillation="User lives in Berlin.", occurred_at=when)
@@ -469,7 +469,7 @@ NIGHTLY = {"ops": {"warmth": {"config": {"nightly": True, "days": 7}}}}
 
 def test_warmth_per_turn_is_counted_once_even_when_rerun_or_rerun_nightly(
         settings: Settings, database: Database, openai_server: FakeOpenAIServer) -> None:
-    today = datetime.now(timezone.utc).date()
+    today = datetime.now(UTC).date()
     useful, useless = _seed_recalled(database, today)
     turn = _add_turn(database, [useful, useless])
     instance = new_instance("alice")
@@ -497,7 +497,7 @@ def test_warmth_per_turn_is_counted_once_even_when_rerun_or_rerun_nightly(
 
 def test_nightly_pass_evaluates_recalled_memories_a_failed_turn_left_out(
         settings: Settings, database: Database, openai_server: FakeOpenAIServer) -> None:
-    today = datetime.now(timezone.utc).date()
+    today = datetime.now(UTC).date()
     useful, useless = _seed_recalled(database, today)
     turn = _add_turn(database, [useful, useless])
     first_id, second_id = sorted([useful, useless])  # a turn's recalled ids are evaluated in id order

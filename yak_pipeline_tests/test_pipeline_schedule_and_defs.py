@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import dagster as dg
@@ -22,7 +22,7 @@ from yak_pipeline.defs.partitions import (
 )
 from yak_pipeline.defs.resources import AlertsResource, EmbedderResource, LLMResource, PostgresResource
 
-NIGHT = datetime(2026, 3, 15, 2, 0, tzinfo=timezone.utc)
+NIGHT = datetime(2026, 3, 15, 2, 0, tzinfo=UTC)
 NIGHTLY_CONFIG = {"ops": {"warmth": {"config": {"nightly": True, "days": NIGHTLY_DAYS}}}}
 MEMORY_ASSETS = {"raw_exchanges", "distillations", "conflict_scores", "distillation_versions"}
 

@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import dagster as dg
@@ -29,7 +29,7 @@ from yak_pipeline.defs.exchanges.assets import DROP_FILES_TAG, raw_exchanges
 from yak_pipeline.defs.partitions import DAYS_TAG, add_missing_partitions, day_tags, users_partitions
 from yak_pipeline.defs.resources import AlertsResource, PostgresResource
 from yak_pipeline.ingestion.claim import claim_drop_files
-from yak_pipeline.settings import Settings, get_settings
+from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.forget import forget_memories
 from yak_pipeline.store.memories import record_memory_error
@@ -361,7 +361,7 @@ def test_a_user_whose_memories_were_all_forgotten_leaves_the_partitions(
 
 
 def test_turns_sensor_requests_warmth_runs_for_pending_turns(settings: Settings, database: Database) -> None:
-    today = datetime.now(timezone.utc).date()
+    today = datetime.now(UTC).date()
     with database.connection() as conn:
         _, recalled = seed_memory_with_distillation(conn, user_id="alice", exchange="User: I live in Berlin.\nAssistant: ok",
                                                     distillation="User lives in Berlin.")

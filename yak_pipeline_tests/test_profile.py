@@ -8,9 +8,7 @@ action (drop; forgetting its memory). Keys stay scoped; a read-only key cannot d
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-
-from pydantic import SecretStr
+from datetime import UTC, datetime
 
 from yak_pipeline.api.app import create_app
 from yak_pipeline.core.memory_block import BLOCK_PREAMBLE, PROFILE_PREAMBLE
@@ -49,7 +47,7 @@ def test_every_block_carries_the_users_instructions_and_preferences_apart_and_fi
     block = body["block"]
     assert len(body["profile_ids"]) == 2
     assert block.startswith(f"<memories>\n{PROFILE_PREAMBLE}\n")
-    assert f'(instruction, said on ' in block and f'"{BRITISH}"' in block and f'"{MINIMAL}"' in block
+    assert '(instruction, said on ' in block and f'"{BRITISH}"' in block and f'"{MINIMAL}"' in block
     # Instructions first; the profile before anything recalled; another user's never.
     assert block.index(BRITISH) < block.index(MINIMAL)
     assert BLOCK_PREAMBLE not in block or block.index(MINIMAL) < block.index(BLOCK_PREAMBLE)
@@ -124,7 +122,7 @@ def test_a_zero_budget_turns_the_profile_off(api_settings: Settings, database: D
 
 
 def test_lines_follow_their_exchange_when_it_grows_and_come_back_on_a_rebuild(database: Database) -> None:
-    when = datetime(2026, 11, 1, tzinfo=timezone.utc)
+    when = datetime(2026, 11, 1, tzinfo=UTC)
     with database.connection() as conn:
         memory = insert_memory(conn, user_id="alice", content="User: Always cite sources.\nAssistant: …",
                                source="import", occurred_at=when)
@@ -216,6 +214,6 @@ def test_memory_md_lists_the_profile_first(admin) -> None:  # noqa: ANN001
     _add(admin, "alice", BRITISH)
     _add(admin, "alice", f"{MINIMAL}.")
     text = admin.get("/api/export/memory.md", params={"user_id": "alice"}).text
-    day = datetime.now(timezone.utc).date().isoformat()
+    day = datetime.now(UTC).date().isoformat()
     assert text.startswith("# MEMORY.md: alice\n\n## How to answer — standing instructions and preferences")
     assert f'- {day} (instruction): "{BRITISH}"' in text and f'- {day} (preference): "{MINIMAL}"' in text

@@ -13,14 +13,16 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 import openai
 import pytest
 from fastapi import FastAPI
-from hypothesis import HealthCheck, given, settings as hypothesis_settings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 from pydantic import SecretStr
 
 from yak_pipeline.api.app import create_app, create_proxy_app
@@ -455,7 +457,7 @@ def test_warmth_changes_after_the_pipeline_evaluates_a_proxied_turn(
     client(yak_url, seeded.alice_key).chat.completions.create(model="fake-model", messages=chat())
     settle(yak_app)
     before = fetch_one(database, "SELECT warmth FROM distillations WHERE id = %s", (seeded.alice.distillation_id,))[0]
-    today = datetime.now(timezone.utc).date()
+    today = datetime.now(UTC).date()
     result = run_partition(new_instance("alice"), pipeline_resources(settings), "alice", today, assets=[warmth])
     assert result.success
     events = fetch_all(database, """SELECT e.distillation_id::text, e.delta FROM warmth_events e

@@ -13,7 +13,7 @@ keep it to about a minute on 2 cores (plus the one-time build of llama-cpp-pytho
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -112,7 +112,7 @@ def test_malformed_answers_are_counted_kept_pending_and_retried_until_distilled(
 
     # 2. Room to answer: the next run retries them; each is now distilled, or pending with a reason.
     _set_max_tokens(monkeypatch, None)
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
     done = run_partition(instance, _resources(settings, local_llm, max_retries=2), "alice", DAY)
 
     assert done.success
@@ -161,7 +161,7 @@ def test_conflicts_merges_and_warmth_follow_the_rules_for_the_real_models_scores
     # it a conflict) consolidates it; the coffee pair's conflict check is already done, so it
     # goes straight to consolidation. Then it judges how useful two recalled memories were.
     embedder = HashingEmbedder(384)
-    now = datetime.now(timezone.utc).replace(hour=12)
+    now = datetime.now(UTC).replace(hour=12)
     pairs = {"berlin": embedder.embed_query("where the user lives"), "coffee": embedder.embed_query("coffee")}
     seeded: dict[str, str] = {}
     with database.connection() as conn:

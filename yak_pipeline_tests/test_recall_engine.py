@@ -8,7 +8,7 @@ import select
 import time
 from collections import Counter
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import psycopg
@@ -49,7 +49,7 @@ from yak_pipeline_tests.store_helpers import (
     seed_memory_with_distillation,
 )
 
-NOW = datetime(2026, 6, 1, tzinfo=timezone.utc)
+NOW = datetime(2026, 6, 1, tzinfo=UTC)
 MODEL = EMBEDDER.model_name
 FITTED = load_relevance_model(MODEL)  # the shipped model for the hashing embedder
 

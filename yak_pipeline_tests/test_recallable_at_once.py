@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -202,7 +202,7 @@ VERBS = ["I was thinking about", "Can you help me with", "Tell me something abou
 def _export(path: Path, *, count: int, fact_at: int) -> None:
     """A Yak drop file (.jsonl) of ``count`` exchanges over ``count`` minutes; number ``fact_at`` says PASSPORT."""
     rng = random.Random(32)
-    start = datetime(2025, 6, 1, 8, 0, tzinfo=timezone.utc)
+    start = datetime(2025, 6, 1, 8, 0, tzinfo=UTC)
     with path.open("w", encoding="utf-8") as handle:
         for i in range(count):
             if i == fact_at:
@@ -310,7 +310,7 @@ def test_forget_by_a_raw_hits_id_removes_it_from_every_leg_at_once_and_as_of_bef
         for query in (WORDS_QUERY, MEANING_QUERY):  # nothing of it before
             assert not [h for h in search(query) if "Okafor" in h["content"]]
         # The exchange before it in the same conversation (its context holds the fact once it is said).
-        earlier = (datetime.now(timezone.utc) - timedelta(minutes=5)).isoformat()
+        earlier = (datetime.now(UTC) - timedelta(minutes=5)).isoformat()
         neighbour = api.post("/api/memories", json={"content": NEIGHBOUR, "user_id": "alice", "occurred_at": earlier})
         assert neighbour.status_code == 201, neighbour.text
         neighbour_id = neighbour.json()["id"]

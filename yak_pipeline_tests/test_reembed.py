@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pytest
@@ -19,7 +19,7 @@ from yak_pipeline.store.migrations import read_meta
 from yak_pipeline.store.recall import vector_search
 from yak_pipeline_tests.store_helpers import EMBEDDER, seed_memory_with_distillation
 
-T0 = datetime(2026, 5, 1, 9, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 5, 1, 9, 0, tzinfo=UTC)
 FACTS = [("I keep bees on the roof.", "User keeps bees on the roof."),
          ("My brother Tomas repairs old radios.", "User's brother Tomas repairs old radios."),
          ("We sail on the lake every August.", "User and others sail on the lake every August.")]

@@ -18,13 +18,15 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from hypothesis import HealthCheck, given, settings as hypothesis_settings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from yak_pipeline.defs.automation.sensors import drop_folder_sensor
 from yak_pipeline.defs.exchanges.assets import DROP_FILES_TAG
 from yak_pipeline.defs.resources import PostgresResource
 from yak_pipeline.ingestion.claim import claim_drop_files
-from yak_pipeline.settings import Settings, get_settings
+from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
 from yak_pipeline_tests.pipeline_helpers import drop_dir, fetch_all, new_instance, pipeline_env  # noqa: F401 - fixtures
 from yak_pipeline_tests.reliability_helpers import report_figure

@@ -16,8 +16,9 @@ import re
 import uuid
 
 import psycopg
-import pytest
-from hypothesis import HealthCheck, given, settings as hypothesis_settings, strategies as st
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from yak_pipeline.embeddings.hashing import HashingEmbedder
 from yak_pipeline.llm.rules import RulesProvider

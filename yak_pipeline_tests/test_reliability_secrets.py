@@ -25,7 +25,13 @@ from yak_pipeline.store.memories import insert_memory
 from yak_pipeline_tests.api_fixtures import rows_mentioning
 from yak_pipeline_tests.fake_openai import FakeOpenAIServer, Reply
 from yak_pipeline_tests.pipeline_helpers import DAY, MEMORY_ASSETS, at
-from yak_pipeline_tests.reliability_helpers import WebhookReceiver, forget_shared_pool, report_figure, yak_env, yak_serve
+from yak_pipeline_tests.reliability_helpers import (
+    WebhookReceiver,
+    forget_shared_pool,
+    report_figure,
+    yak_env,
+    yak_serve,
+)
 from yak_pipeline_tests.store_helpers import seed_memory_with_distillation
 
 ADMIN_KEY = "adm-SECRET-7f3e9a1c-admin-key"

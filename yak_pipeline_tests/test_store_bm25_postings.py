@@ -7,18 +7,18 @@ query must read index entries only, no exchange or distillation row.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import psycopg
 import pytest
 
 from yak_pipeline.store.database import connect
-from yak_pipeline.store.recall import BM25_B, BM25_K1, _BM25_POSTINGS_SQL, bm25_search, fold_bm25_statistics
+from yak_pipeline.store.recall import _BM25_POSTINGS_SQL, BM25_B, BM25_K1, bm25_search, fold_bm25_statistics
 from yak_pipeline_tests.store_helpers import EMBEDDER, seed_memory_with_distillation
 
 MODEL = EMBEDDER.model_name
-NOW = datetime(2026, 6, 1, tzinfo=timezone.utc)
+NOW = datetime(2026, 6, 1, tzinfo=UTC)
 # A few words in most rows, many in a few: the shape of real text (a common word's rows are many).
 COMMON = ["like", "work", "today", "really", "home", "friend"]
 RARE = ["kayak", "sourdough", "violin", "lisbon", "peanut", "kitten", "marathon", "chess", "tomato", "tokyo",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import psycopg
@@ -17,7 +17,7 @@ from yak_pipeline.store.memories import insert_memory
 from yak_pipeline.store.recall import bm25_search, recall, recall_candidates
 from yak_pipeline_tests.store_helpers import EMBEDDER, seed_memory_with_distillation
 
-T0 = datetime(2026, 3, 1, 14, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 3, 1, 14, 0, tzinfo=UTC)
 
 
 def _insert(conn: psycopg.Connection, text: str, at: datetime, user: str = "ann") -> str:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import psycopg
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from yak_pipeline.store.distillations import add_version, list_distillations, list_versions, set_distillation_status
 from yak_pipeline.store.forget import find_forget_candidates, forget_memories, resolve_memory_ids

@@ -11,7 +11,14 @@ import pytest
 
 from yak_pipeline.store.database import connect
 from yak_pipeline.store.errors import DatabaseUnavailable, SchemaMismatch
-from yak_pipeline.store.migrations import DATA_TABLES, discover_migrations, migrate, migration_states, read_meta, table_counts
+from yak_pipeline.store.migrations import (
+    DATA_TABLES,
+    discover_migrations,
+    migrate,
+    migration_states,
+    read_meta,
+    table_counts,
+)
 from yak_pipeline_tests.conftest import create_database, drop_database
 
 

@@ -9,7 +9,7 @@ and those candidates carry the signals recomputed here in Python from the stored
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import psycopg
@@ -25,7 +25,7 @@ from yak_pipeline.store.recall import UNKNOWN_COSINE, recall, recall_candidates
 from yak_pipeline_tests.store_helpers import EMBEDDER, seed_memory_with_distillation
 from yak_pipeline_tests.test_recall_engine import FITTED, reference_bm25
 
-NOW = datetime(2026, 6, 1, tzinfo=timezone.utc)
+NOW = datetime(2026, 6, 1, tzinfo=UTC)
 MODEL = EMBEDDER.model_name
 TIERS = ("core", "medium", "low")
 WORDS = ("kitten", "sister", "chemistry", "canal", "peanuts", "camping", "lake", "bread", "violin", "garden",

@@ -8,7 +8,7 @@ exactly and is the reference they must match.
 from __future__ import annotations
 
 import json
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import psycopg
@@ -21,7 +21,7 @@ from yak_pipeline.store.user_indexes import VECTOR_COLUMNS, ensure_user_indexes,
 from yak_pipeline_tests.store_helpers import EMBEDDER, recorded_statements
 from yak_pipeline_tests.test_recall_engine import FITTED
 
-NOW = datetime(2026, 6, 1, tzinfo=timezone.utc)
+NOW = datetime(2026, 6, 1, tzinfo=UTC)
 MODEL = EMBEDDER.model_name
 TIERS = ("core", "medium", "low")
 WORDS = ("kitten", "violin", "garden", "coffee", "train", "piano", "lake", "bread")

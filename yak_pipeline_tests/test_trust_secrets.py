@@ -15,6 +15,7 @@ import json
 import random
 import string
 import subprocess
+from datetime import UTC
 from pathlib import Path
 
 import anyio
@@ -27,8 +28,14 @@ from mcp.client.streamable_http import streamable_http_client
 
 from yak_pipeline.api.dependencies import ApiServices
 from yak_pipeline.api.mcp_server import MCP_PATH, mcp_http_app
-from yak_pipeline.core.secrets import find_secrets, iban_valid, luhn_valid, redact_secrets, screen_secrets
-from yak_pipeline.core.secrets import SecretRefused
+from yak_pipeline.core.secrets import (
+    SecretRefused,
+    find_secrets,
+    iban_valid,
+    luhn_valid,
+    redact_secrets,
+    screen_secrets,
+)
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
 from yak_pipeline_tests.api_fixtures import rows_mentioning, serve_in_thread
@@ -346,14 +353,14 @@ def test_refuse_policy_rejects_every_write_with_one_line_and_stores_nothing(
 
 
 def test_a_record_quarantined_for_another_reason_does_not_keep_its_secret(database: Database) -> None:
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     from yak_pipeline.core.exchange_files import ExchangeRecord
     from yak_pipeline.ingestion.records import ingest_records
 
     secret = "ghp_" + "Qr7" * 12
     report = ingest_records(database, [
-        ExchangeRecord("sam", f"User: push with {secret}\nAssistant: ok", datetime(1999, 1, 1, tzinfo=timezone.utc), 1),
+        ExchangeRecord("sam", f"User: push with {secret}\nAssistant: ok", datetime(1999, 1, 1, tzinfo=UTC), 1),
         ExchangeRecord("sam", f"User: and again {secret}\nAssistant: ok", None, 2),
     ], source="drop_folder")
     (rejected,) = report.rejected

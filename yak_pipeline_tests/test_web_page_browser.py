@@ -14,7 +14,7 @@ import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -26,8 +26,8 @@ from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import WebDriverWait
 
 from yak_pipeline.api.app import create_app
-from yak_pipeline.services.curation import merge_distillations
 from yak_pipeline.llm.rules import RulesProvider
+from yak_pipeline.services.curation import merge_distillations
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.api_keys import create_api_key
 from yak_pipeline.store.conflicts import record_conflict
@@ -55,7 +55,7 @@ class Web:
 
 def _seed(conn, ids: dict[str, str]) -> None:  # noqa: ANN001 - a psycopg connection
     """Alice's memory as a person would have it after a few weeks, and one of Bob's."""
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
 
     def remember(key: str, user: str, exchange: str, fact: str, days_ago: float, **kwargs: object) -> None:
         memory_id, distillation_id = seed_memory_with_distillation(

@@ -8,21 +8,21 @@ The browser tests (test_web_page_curation_browser.py) click through the same act
 from __future__ import annotations
 
 import re
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
 from starlette.testclient import TestClient
 
 from yak_pipeline.alerts import Alerter
+from yak_pipeline.api.app import create_app
 from yak_pipeline.core.dedup import newer_side
 from yak_pipeline.core.wording import plural, weight_note
-from yak_pipeline.api.app import create_app
 from yak_pipeline.embeddings.openai_embedder import OpenAIEmbedder
-from yak_pipeline.settings import Settings
 from yak_pipeline.services.curation import list_conflicts, set_tier
 from yak_pipeline.services.memory_export import memory_markdown
 from yak_pipeline.services.overview import distillation_page, user_overview, users_overview
+from yak_pipeline.settings import Settings
 from yak_pipeline.store.conflicts import record_conflict
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.distillations import mark_superseded_by_newer, set_distillation_status
@@ -32,7 +32,7 @@ from yak_pipeline_tests.store_helpers import seed_memory_with_distillation
 from yak_pipeline_tests.test_cli_inprocess import run  # noqa: F401 - the in-process `yak` fixture
 from yak_pipeline_tests.test_web_page import signed_in
 
-NOW = datetime.now(timezone.utc)
+NOW = datetime.now(UTC)
 
 
 def _audit(conn: psycopg.Connection, action: str, target: object) -> list[tuple]:
@@ -251,7 +251,7 @@ def test_a_memory_added_with_the_day_it_was_said(app, seeded: Seeded, database: 
     assert _flash(client, added) == "added: recallable now; the pipeline distils it next"
     with database.connection() as conn:
         said = conn.execute("SELECT occurred_at FROM memories WHERE content = 'I moved to Utrecht.'").fetchone()[0]
-    assert said == datetime(2026, 5, 3, 12, tzinfo=timezone.utc)  # noon of that day in Yak's zone (UTC here)
+    assert said == datetime(2026, 5, 3, 12, tzinfo=UTC)  # noon of that day in Yak's zone (UTC here)
     for day, reason in (("1999-12-31", "said on: is before 2000-01-01"),
                         ("03/05/2026", "said on: '03/05/2026' is not a date (YYYY-MM-DD)")):
         refused = client.post("/ui/u/alice/memories", data={"csrf_token": csrf, "content": "I moved to Delft.",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from pydantic import SecretStr
@@ -30,7 +30,7 @@ from yak_pipeline_tests.conftest import create_database, drop_database
 from yak_pipeline_tests.store_helpers import seed_memory_with_distillation
 from yak_pipeline_tests.test_web_page_browser import Web, follow, shot, sign_in, text
 
-NOW = datetime.now(timezone.utc)
+NOW = datetime.now(UTC)
 LISBON_SAID = NOW - timedelta(days=30)
 PORTO_SAID = NOW - timedelta(days=2)
 EXAM_SAID = NOW - timedelta(days=3)

@@ -20,8 +20,8 @@ from fastapi_offline import FastAPIOffline
 from starlette.concurrency import run_in_threadpool
 
 from yak_pipeline import __version__
-from yak_pipeline.api.dependencies import ApiServices, ServiceParts
 from yak_pipeline.api.body_limit import BodyLimitMiddleware
+from yak_pipeline.api.dependencies import ApiServices, ServiceParts
 from yak_pipeline.api.errors import document_error_bodies, install_error_handlers
 from yak_pipeline.api.request_metrics import RequestMetricsMiddleware
 from yak_pipeline.api.routes import ROUTERS, health, proxy

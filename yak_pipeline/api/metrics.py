@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 from typing import Final
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from yak_pipeline.services.metrics import (

@@ -6,7 +6,7 @@ ignored; text fields refuse NUL characters, which PostgreSQL cannot store.
 
 from __future__ import annotations
 
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
@@ -37,7 +37,7 @@ def _plausible_exchange_time(when: datetime) -> datetime:
     """The date limits file ingestion applies: not before 2000, not more than a day ahead."""
     if when.date() < EARLIEST_EXCHANGE_DATE:
         raise ValueError(f"is before {EARLIEST_EXCHANGE_DATE}")
-    if when > datetime.now(timezone.utc) + FUTURE_TOLERANCE:
+    if when > datetime.now(UTC) + FUTURE_TOLERANCE:
         raise ValueError("is in the future")
     return when
 

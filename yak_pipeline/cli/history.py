@@ -12,7 +12,7 @@ import os
 import sys
 import tempfile
 from collections.abc import Iterator
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -29,7 +29,7 @@ err_console = make_console(stderr=True)
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON for scripts instead of a table.")]
 
 
-class ExportFormat(str, Enum):
+class ExportFormat(StrEnum):
     """What ``yak export`` writes."""
 
     md = "md"

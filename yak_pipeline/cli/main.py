@@ -6,7 +6,13 @@ import json
 
 import typer
 
-from yak_pipeline.cli import db, pipeline
+from yak_pipeline.cli import context as context_cli
+from yak_pipeline.cli import db, history, ops, pipeline, serve
+from yak_pipeline.cli import distill as distill_cli
+from yak_pipeline.cli import eval as eval_cli
+from yak_pipeline.cli import memory as memory_cli
+from yak_pipeline.cli import profile as profile_cli
+from yak_pipeline.cli import warmth as warmth_cli
 from yak_pipeline.cli.errors import USAGE_EXIT, fail
 from yak_pipeline.settings import Settings, SettingsError, get_settings, settings_table_markdown
 
@@ -16,23 +22,17 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+# The order here is the order `yak --help` lists them in.
 app.add_typer(db.app, name="db")
 pipeline.register(app)
-# API client commands (issue 4) register below this line.
-from yak_pipeline.cli import distill as distill_cli, memory as memory_cli, ops, serve, warmth as warmth_cli  # noqa: E402
-
 serve.register(app)
 app.add_typer(memory_cli.app, name="memory")
 app.add_typer(distill_cli.app, name="distill")
 app.add_typer(warmth_cli.app, name="warmth")
 ops.register(app)
-from yak_pipeline.cli import eval as eval_cli  # noqa: E402
 app.add_typer(eval_cli.app, name="eval")
-from yak_pipeline.cli import history  # noqa: E402
 history.register(app)
-from yak_pipeline.cli import context as context_cli  # noqa: E402
 context_cli.register(app)
-from yak_pipeline.cli import profile as profile_cli  # noqa: E402
 app.add_typer(profile_cli.app, name="profile")
 
 

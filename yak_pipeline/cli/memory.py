@@ -107,7 +107,7 @@ def search_command(
         body["as_of"] = as_of
     def render(hits: list) -> None:
         if not hits:
-            console.print("no memory is relevant enough (threshold %.2f)" % threshold)
+            console.print(f"no memory is relevant enough (threshold {threshold:.2f})")
             return
         grid = table("score", "relevance", "kind", "type", "date", "warmth", "id", "content")
         for h in hits:

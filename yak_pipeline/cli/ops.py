@@ -6,8 +6,6 @@ from typing import Annotated, Literal
 
 import typer
 
-from yak_pipeline.core.forget import ForgetCommandError, parse_forget_command
-from yak_pipeline.core.wording import plural
 from yak_pipeline.cli.api_client import (
     ApiError,
     ApiKeyOption,
@@ -22,6 +20,8 @@ from yak_pipeline.cli.api_client import (
 from yak_pipeline.cli.api_command import ApiCall, api_command
 from yak_pipeline.cli.errors import FAILURE_EXIT, USAGE_EXIT, fail, friendly_errors
 from yak_pipeline.cli.render import make_console, short, table
+from yak_pipeline.core.forget import ForgetCommandError, parse_forget_command
+from yak_pipeline.core.wording import plural
 from yak_pipeline.settings import get_settings
 
 console = make_console()

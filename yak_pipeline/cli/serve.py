@@ -62,8 +62,8 @@ def register(app: typer.Typer) -> None:
         first start, create an admin key and say where it is stored."""
         import uvicorn
 
-        from yak_pipeline.api.app import create_app
         from yak_pipeline.api.access_log import uvicorn_log_options
+        from yak_pipeline.api.app import create_app
         from yak_pipeline.wiring import shared_database
 
         settings = get_settings()
@@ -112,8 +112,8 @@ def register(app: typer.Typer) -> None:
         X-Yak-Recalled-Ids header names the memories put into its prompt."""
         import uvicorn
 
-        from yak_pipeline.api.app import create_proxy_app
         from yak_pipeline.api.access_log import uvicorn_log_options
+        from yak_pipeline.api.app import create_proxy_app
         from yak_pipeline.wiring import shared_database
 
         settings = get_settings()

@@ -251,7 +251,7 @@ def _format_spans(text: str) -> Iterator[SecretFound]:
         if length is None:
             continue
         taken = end = 0
-        for end, char in enumerate(text[start:match.end(1)], start=start + 1):
+        for end, char in enumerate(text[start:match.end(1)], start=start + 1):  # noqa: B007 - end is read after the loop
             taken += char != " "
             if taken == length:
                 break

@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -198,7 +198,7 @@ def fit_model(examples: Examples, *, embedding_model: str, exclude: frozenset[st
         per_file[Path(name).name] = {"examples": int(mask.sum()), "relevant": int(examples.labels[mask].sum()),
                                      "conversations": len(set(examples.conversations[mask].tolist())),
                                      "roc_auc": None if auc is None else round(auc, 4)}
-    stamp = datetime.now(timezone.utc)
+    stamp = datetime.now(UTC)
     # Minutes too: two fits on one day (a new feature, a new distiller) must not share a version.
     version = version or f"{embedding_model}@{stamp:%Y%m%d-%H%M}"
     for name in sorted(set(examples.query_files.tolist())):
@@ -225,7 +225,7 @@ def calibrate(settings: Settings, datasets: Sequence[tuple[str, Sequence[Convers
     """Fit the relevance model for the configured embedder on ``datasets`` (all their conversations),
     through the evaluation's own pass; returns the model and the evaluation report, whose ``"Yak"``
     figures are cross-validated (``runner.run_evaluation``)."""
-    from yak_pipeline.eval.runner import EvalOptions, run_evaluation, resolve_distiller
+    from yak_pipeline.eval.runner import EvalOptions, resolve_distiller, run_evaluation
 
     chosen = resolve_distiller(settings, distiller)
     command = ("yak eval calibrate " + " ".join(f"--data {name}" for name, _ in datasets)

@@ -69,7 +69,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
@@ -216,7 +216,7 @@ def parse_session_datetime(value: str) -> datetime:
     text = " ".join(str(value).split())
     for fmt in _DATE_FORMATS:
         try:
-            return datetime.strptime(text, fmt).replace(tzinfo=timezone.utc)
+            return datetime.strptime(text, fmt).replace(tzinfo=UTC)
         except ValueError:
             continue
     raise ValueError(f"unreadable session date/time {value!r} (expected e.g. '1:56 pm on 8 May, 2023')")

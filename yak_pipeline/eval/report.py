@@ -69,11 +69,13 @@ def _measures_table(report: dict[str, Any], title: str = "Knowledge updates and 
     for column in ("method", "knowledge_update_current_first", "n", "abstention_empty", "n"):
         table.add_column(column, justify="left" if column == "method" else "right")
     rows = {**report["methods"], **report.get("ablations", {})}
+
+    def shown(data: dict[str, Any], key: str) -> str:
+        return "—" if data.get(key) is None else f"{data[key]:.3f}"
+
     for name, data in rows.items():
-        def shown(key: str) -> str:
-            return "—" if data.get(key) is None else f"{data[key]:.3f}"
-        table.add_row(name, shown("knowledge_update_current_first"), str(data.get("knowledge_update_n", 0)),
-                      shown("abstention_empty"), str(data.get("abstention_n", 0)))
+        table.add_row(name, shown(data, "knowledge_update_current_first"), str(data.get("knowledge_update_n", 0)),
+                      shown(data, "abstention_empty"), str(data.get("abstention_n", 0)))
     return table
 
 

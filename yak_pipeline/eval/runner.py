@@ -60,23 +60,29 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta, timezone
-from typing import Any, Iterator, Literal
+from datetime import UTC, datetime, timedelta
+from typing import Any, Literal
 
 import numpy as np
 import psycopg
 
 from yak_pipeline.alerts import NULL_ALERTER
-from yak_pipeline.core.exchange_files import ExchangeRecord
 from yak_pipeline.core.block_choice import BlockChoice, choose_block, gathers, line_tokens
+from yak_pipeline.core.exchange_files import ExchangeRecord
 from yak_pipeline.core.exchanges import content_sha256, normalise_exchange_text
-from yak_pipeline.core.secrets import redact_secrets
 from yak_pipeline.core.query_intent import asks_about_past, asks_about_present, query_parts
 from yak_pipeline.core.recall import Candidate, RankedMemory, RecallParams, interleave, rank_memories
-from yak_pipeline.core.relevance import ANSWERABLE_FEATURES, FEATURES, RelevanceModel, answerable_features, relevance_features
+from yak_pipeline.core.relevance import (
+    ANSWERABLE_FEATURES,
+    FEATURES,
+    RelevanceModel,
+    answerable_features,
+    relevance_features,
+)
+from yak_pipeline.core.secrets import redact_secrets
 from yak_pipeline.embeddings import Embedder, get_embedder
 from yak_pipeline.eval.calibrate import Examples, fit_model
 from yak_pipeline.eval.locomo import CATEGORY_NAMES, KNOWLEDGE_UPDATE_CATEGORY, Conversation, Question
@@ -93,9 +99,9 @@ from yak_pipeline.eval.metrics import (
 from yak_pipeline.ingestion.records import ingest_records
 from yak_pipeline.llm import RulesProvider, get_llm_provider
 from yak_pipeline.llm.provider import LLMProvider
-from yak_pipeline.services.profile import block_profile
 from yak_pipeline.services.consolidate import ConsolidateJob, merge_near_duplicates, score_conflicts
 from yak_pipeline.services.distill import DistillJob, distill_memories, partition_memory_ids
+from yak_pipeline.services.profile import block_profile
 from yak_pipeline.services.recall import (
     LLMRecallJudge,
     block_choice,
@@ -110,7 +116,14 @@ from yak_pipeline.store.database import Database, create_database, drop_database
 from yak_pipeline.store.distillations import status_counts
 from yak_pipeline.store.errors import StoreError
 from yak_pipeline.store.memories import list_memories
-from yak_pipeline.store.recall import active_distillation_ids, bm25_search, recall, recall_candidates, source_memories, vector_search
+from yak_pipeline.store.recall import (
+    active_distillation_ids,
+    bm25_search,
+    recall,
+    recall_candidates,
+    source_memories,
+    vector_search,
+)
 
 Progress = Callable[[str], None]
 MethodKind = Literal["bm25", "dense", "yak", "yak_judged"]
@@ -1012,7 +1025,7 @@ def run_evaluation(settings: Settings, datasets: Sequence[Dataset], options: Eva
         "seconds": round(time.monotonic() - started, 1),
         "stage_seconds": {"ingest_and_ask": round(collected_at - started, 1),
                           "fit_and_score": round(fitted_at - collected_at, 1)},
-        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }, in_sample
 
 

@@ -17,7 +17,7 @@ import hashlib
 import logging
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
@@ -123,7 +123,7 @@ def plan_drop_files(db: Database, drop_dir: Path, *, min_age_seconds: float = 2.
     quarantine with its reason.
     """
     plan = DropPlan()
-    received = now or datetime.now(timezone.utc)
+    received = now or datetime.now(UTC)
     for path, user in list_ready_files_by_user(drop_dir, min_age_seconds=min_age_seconds)[:limit]:
         shown = _shown(path, user)
         try:

@@ -37,7 +37,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
@@ -122,7 +122,7 @@ def list_quarantine(drop_dir: Path) -> list[QuarantinedFile]:
         per_record = bool(reasons) and all(_RECORD_REASON.match(line) for line in reasons)
         entries.append(QuarantinedFile(
             name=data_name, kind="records" if per_record else "file", records=len(reasons) if per_record else 0,
-            reasons=reasons, quarantined_at=datetime.fromtimestamp(modified, timezone.utc)))
+            reasons=reasons, quarantined_at=datetime.fromtimestamp(modified, UTC)))
     return sorted(entries, key=lambda entry: (entry.quarantined_at, entry.name), reverse=True)
 
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 
 import psycopg
 
 from yak_pipeline.core.exchange_files import ExchangeRecord, RejectedRecord
-from yak_pipeline.core.secrets import redact_secrets
 from yak_pipeline.core.exchanges import content_sha256, normalise_exchange_text
+from yak_pipeline.core.secrets import redact_secrets
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.grown_exchanges import grow_exchange, memories_by_ref
 from yak_pipeline.store.memories import insert_memory
@@ -57,7 +57,7 @@ def exchange_time(record: ExchangeRecord, received: datetime) -> tuple[datetime,
 def exchange_partition(record: ExchangeRecord, received: datetime) -> tuple[str, date] | None:
     """The (user, UTC day) partition ``record`` is stored in, or None when its time is refused."""
     when, refused = exchange_time(record, received)
-    return None if refused else (record.user_id, when.astimezone(timezone.utc).date())
+    return None if refused else (record.user_id, when.astimezone(UTC).date())
 
 
 def _reject(record: ExchangeRecord, reason: str) -> RejectedRecord:
@@ -102,7 +102,7 @@ def ingest_records(
     record's own ``ref`` (an export's conversation and message) is added to it.
     """
     report = IngestReport()
-    received = now or datetime.now(timezone.utc)
+    received = now or datetime.now(UTC)
     with db.connection() as conn:
         by_ref = _stored_by_ref(conn, records)
         for record in records:
@@ -125,7 +125,7 @@ def ingest_records(
                         continue
                     if grew:
                         report.grown.append(str(earlier.id))
-                        report.partitions.add((record.user_id, when.astimezone(timezone.utc).date()))
+                        report.partitions.add((record.user_id, when.astimezone(UTC).date()))
                         continue
                 # The same text, or forgotten since: forgotten stays forgotten.
                 report.duplicates.append(str(earlier.id))
@@ -139,5 +139,5 @@ def ingest_records(
                 report.rejected.append(_reject(record, " ".join(str(exc).split())[:300]))
                 continue
             (report.stored if stored.created else report.duplicates).append(str(stored.id))
-            report.partitions.add((record.user_id, when.astimezone(timezone.utc).date()))
+            report.partitions.add((record.user_id, when.astimezone(UTC).date()))
     return report

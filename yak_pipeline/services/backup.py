@@ -18,7 +18,7 @@ import json
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import IO, Any, Final
 
 import psycopg
@@ -42,8 +42,8 @@ from yak_pipeline.store.backup import (
     start_restore,
 )
 from yak_pipeline.store.database import Database
-from yak_pipeline.store.migrations import migration_states, read_meta
 from yak_pipeline.store.memory_types import type_distillations
+from yak_pipeline.store.migrations import migration_states, read_meta
 from yak_pipeline.store.profile import rebuild_profile_lines
 
 BACKUP_VERSION: Final = 1
@@ -83,7 +83,7 @@ def write_backup(db: Database, out: IO[str], *, user_id: str | None, on_progress
         applied = [s.migration.name for s in migration_states(conn) if s.applied_at is not None]
         columns = {table: backup_columns(conn, table) for table in BACKUP_TABLES}
         total = backup_size_estimate(conn, user_id)
-        header = {"yak_backup": BACKUP_VERSION, "created_at": datetime.now(timezone.utc).isoformat(),
+        header = {"yak_backup": BACKUP_VERSION, "created_at": datetime.now(UTC).isoformat(),
                   "user_id": user_id, "schema": applied[-1] if applied else None,
                   "embedding": {"model": meta.get("embedding_model"), "dimensions": _int(meta.get("embedding_dim"))},
                   "tables": list(BACKUP_TABLES), "columns": columns}

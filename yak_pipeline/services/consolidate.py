@@ -45,7 +45,6 @@ from yak_pipeline.store.distillations import (
 )
 from yak_pipeline.store.metrics import record_error
 
-
 # How many unchecked distillations the merge stage works out ahead of committing them (see
 # ``merge_near_duplicates``): enough to give the embedder a real batch, few enough that the
 # look-ahead rarely goes stale.

@@ -22,10 +22,11 @@ from yak_pipeline.store import distillations as distillations_store
 from yak_pipeline.store import review as review_store
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.distillations import MAX_USER_WEIGHT, add_version, get_distillation, set_distillation_status
-from yak_pipeline.store.memory_types import memory_types_of, set_memory_type as store_set_memory_type
+from yak_pipeline.store.memory_types import memory_types_of
+from yak_pipeline.store.memory_types import set_memory_type as store_set_memory_type
 from yak_pipeline.store.reembed import replace_embedding
-from yak_pipeline.store.secret_redactions import record_redaction
 from yak_pipeline.store.review import ReviewOutcome
+from yak_pipeline.store.secret_redactions import record_redaction
 
 __all__ = ["MAX_USER_WEIGHT", "ReviewOutcome"]  # re-exported for the shells, which import no store module
 

@@ -45,7 +45,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Final, Protocol
 
 import anyio.to_thread
@@ -284,7 +284,7 @@ def yak_answer(text: str, *, body: Mapping[str, Any], stream: bool) -> ProxyAnsw
 
     async def relay() -> AsyncIterator[bytes]:
         for event in events:
-            yield f"data: {json.dumps(event)}\n\n".encode("utf-8")
+            yield f"data: {json.dumps(event)}\n\n".encode()
         yield b"data: [DONE]\n\n"
 
     return ProxyStream(relay())
@@ -380,7 +380,7 @@ def upstream_error(status_code: int, content: bytes) -> ProxyError:
 def _stream_error_event(message: str) -> bytes:
     """A server-sent event that makes OpenAI clients raise instead of ending quietly (how OpenAI reports mid-stream errors)."""
     error = {"error": {"message": message, "type": "upstream_error", "param": None, "code": "upstream_cut"}}
-    return f"data: {json.dumps(error)}\n\n".encode("utf-8")
+    return f"data: {json.dumps(error)}\n\n".encode()
 
 
 # --- storing the turn --------------------------------------------------------------------------
@@ -412,7 +412,7 @@ class TurnStore:
             return None  # tool calls or an empty answer: no exchange to remember
         # The turn happened now, whenever the writer gets to it.
         turn = PendingTurn(user_id=self._user_id, user_text=self._user_text, answer=answer,
-                           recalled_ids=self._recalled_ids, actor=self._actor, occurred_at=datetime.now(timezone.utc))
+                           recalled_ids=self._recalled_ids, actor=self._actor, occurred_at=datetime.now(UTC))
         return None if self._writer.submit(turn) else turn
 
     async def store_now(self, turn: PendingTurn) -> None:

@@ -89,7 +89,7 @@ def as_anthropic_error(exc: ProxyError) -> AnthropicProxyError:
 def error_event(message: str, error_type: str = "api_error") -> bytes:
     """An ``error`` server-sent event (how Anthropic reports a stream failing midway; the SDKs raise it)."""
     data = json.dumps({"type": "error", "error": {"type": error_type, "message": message}})
-    return f"event: error\ndata: {data}\n\n".encode("utf-8")
+    return f"event: error\ndata: {data}\n\n".encode()
 
 
 # --- reading the request -----------------------------------------------------------------------
@@ -208,7 +208,7 @@ def yak_message(text: str, *, body: Mapping[str, Any], stream: bool) -> ProxyAns
 
     async def relay() -> AsyncIterator[bytes]:
         for name, data in events:
-            yield f"event: {name}\ndata: {json.dumps(data)}\n\n".encode("utf-8")
+            yield f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
 
     return ProxyStream(relay())
 

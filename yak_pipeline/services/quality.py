@@ -17,7 +17,6 @@ from yak_pipeline.core.sentences import count_sentences
 from yak_pipeline.core.types import TIERS
 
 
-
 @dataclass(frozen=True)
 class QualityOutcome:
     """The gate's verdict on one partition."""
@@ -45,7 +44,6 @@ def _batch_definition():  # noqa: ANN202 - GX types are heavy to import at modul
     # Set here, before GX is first used, not when this module is imported (importing changes nothing).
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     import great_expectations as gx
-
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
     context = gx.get_context(mode="ephemeral")

@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import lru_cache, partial
 from pathlib import Path
 from typing import NotRequired, TypedDict, Unpack
@@ -38,8 +38,8 @@ from yak_pipeline.core.recall import RankedMemory, RecallParams, interleave
 from yak_pipeline.core.relevance import RelevanceModel, RelevanceSignals
 from yak_pipeline.embeddings import Embedder
 from yak_pipeline.llm.errors import LLMError, reason_for_log
-from yak_pipeline.llm.rules.words import STOP_WORDS, words_of
 from yak_pipeline.llm.provider import LLMProvider
+from yak_pipeline.llm.rules.words import STOP_WORDS, words_of
 from yak_pipeline.recall_models import load_relevance_model
 from yak_pipeline.services.profile import block_profile
 from yak_pipeline.settings import Settings
@@ -55,6 +55,7 @@ from yak_pipeline.store.recall import (
     set_exchange_embeddings,
 )
 from yak_pipeline.store.user_indexes import USER_INDEX_MIN_ROWS, ensure_user_indexes
+
 # The shells word their progress with it and call services, not the store.
 from yak_pipeline.store.user_indexes import describe_build as describe_build  # noqa: F401 - re-exported
 
@@ -246,7 +247,7 @@ def search_memories(db: Database, embedder: Embedder, *, judge: LLMRecallJudge |
         if not ranked:
             return []
         hits = recall_hits(conn, ranked, query=ask["query"],
-                           now=ask.get("as_of") or ask.get("now") or datetime.now(timezone.utc))
+                           now=ask.get("as_of") or ask.get("now") or datetime.now(UTC))
     return judge.judge(ask["query"], hits) if judge is not None else hits
 
 

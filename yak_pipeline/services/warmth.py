@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -23,9 +23,9 @@ import psycopg
 
 from yak_pipeline.alerts import NULL_ALERTER, Alerter
 from yak_pipeline.core.exchanges import format_exchange
-from yak_pipeline.core.warmth import WARMTH_DEFAULT
 from yak_pipeline.core.recall import RecallParams
 from yak_pipeline.core.relevance import RelevanceModel, RelevanceSignals
+from yak_pipeline.core.warmth import WARMTH_DEFAULT
 from yak_pipeline.embeddings import Embedder
 from yak_pipeline.llm.errors import LLMError
 from yak_pipeline.llm.provider import LLMProvider
@@ -179,7 +179,7 @@ def reevaluate_recent(job: WarmthJob, *, user_id: str | None, day: date | None, 
     interrupted evaluation, a turn posted while the daemon was down); pairs already evaluated
     are left alone, so running it twice changes nothing.
     """
-    since = (now or datetime.now(timezone.utc)) - timedelta(days=days)
+    since = (now or datetime.now(UTC)) - timedelta(days=days)
     total = StageReport()
     for turn_id in _turn_ids(job.db, user_id=user_id, day=day, since=since, pending_only=False):
         total.merge(evaluate_turn(job, turn_id, reason="nightly"))

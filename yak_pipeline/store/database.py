@@ -5,12 +5,12 @@ from __future__ import annotations
 import re
 import select
 from collections.abc import Iterator
-from urllib.parse import urlsplit, urlunsplit
 from contextlib import ExitStack, contextmanager, nullcontext
+from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
-from psycopg import sql
 from pgvector.psycopg import register_vector
+from psycopg import sql
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from yak_pipeline.core.secrets import SecretsPolicy

@@ -19,7 +19,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg
@@ -121,7 +121,7 @@ def upgrade_embedded_data(pgdata: Path, *, on_progress: Callable[[str], None] = 
         shutil.rmtree(dumps, ignore_errors=True)
     _stop_quietly(pgdata)
     stop_embedded_server(new)
-    kept = pgdata.with_name(f"{pgdata.name}.pg{found}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}")
+    kept = pgdata.with_name(f"{pgdata.name}.pg{found}-{datetime.now(UTC):%Y%m%d-%H%M%S}")
     pgdata.rename(kept)
     new.rename(pgdata)
     shutil.rmtree(socket_dir, ignore_errors=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from typing import Any
 from uuid import UUID
 
@@ -65,7 +65,7 @@ def insert_memory(
         raise ValueError("memory content is empty")
     if occurred_at is not None and occurred_at.tzinfo is None:
         raise ValueError("occurred_at must carry a time zone")
-    when = occurred_at or datetime.now(timezone.utc)
+    when = occurred_at or datetime.now(UTC)
     digest = content_sha256(text)
     row = conn.execute(
         """INSERT INTO memories (user_id, content, occurred_at, source, source_ref, content_sha256)

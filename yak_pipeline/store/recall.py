@@ -60,7 +60,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Final, Generic, Literal, NotRequired, TypedDict, TypeVar, Unpack
 
 import numpy as np
@@ -806,7 +806,7 @@ def recall(conn: psycopg.Connection, *, model: RelevanceModel, now: datetime | N
                          f"not {ask['embedding_model']}: run `yak eval calibrate` for this embedder")
     if params.limit <= 0:
         return []
-    now = as_of or now or datetime.now(timezone.utc)
+    now = as_of or now or datetime.now(UTC)
     return rank_memories(recall_candidates(conn, **ask), model=model, params=params, now=now,
                          about_present=asks_about_present(ask["query"]))
 

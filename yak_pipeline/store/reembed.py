@@ -16,11 +16,9 @@ from uuid import UUID
 
 import numpy as np
 import psycopg
-
 from psycopg import sql
 
 from yak_pipeline.store.audit import write_audit
-
 
 # pg_attribute.attstorage codes and their names in ALTER TABLE … SET STORAGE.
 _STORAGE = {"p": "PLAIN", "e": "EXTERNAL", "m": "MAIN", "x": "EXTENDED"}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from typing import Any
 from uuid import UUID
 
@@ -47,7 +47,7 @@ def insert_turn(
            FROM distillations d WHERE d.id = ANY(%(ids)s::uuid[]) AND d.user_id = %(user)s AND d.deleted_at IS NULL
            RETURNING id""",
         {"user": user_id, "memory": None if memory_id is None else str(memory_id), "um": user_message,
-         "am": assistant_message, "ids": ids, "at": occurred_at or datetime.now(timezone.utc)},
+         "am": assistant_message, "ids": ids, "at": occurred_at or datetime.now(UTC)},
     ).fetchone()
     return row[0]
 

@@ -30,11 +30,15 @@ from yak_pipeline.services.curation import (
     list_distillations,
     merge_distillations,
     reembed_distillation,
-    set_tier as set_distillation_tier,
     set_memory_type,
-    set_weight as set_distillation_weight,
     types_of,
     write_manual_version,
+)
+from yak_pipeline.services.curation import (
+    set_tier as set_distillation_tier,
+)
+from yak_pipeline.services.curation import (
+    set_weight as set_distillation_weight,
 )
 from yak_pipeline.services.memories import user_has_memories
 from yak_pipeline.services.recall import recall_params, relevance_model, search_memories

@@ -9,7 +9,8 @@ from fastapi import APIRouter, HTTPException, Query, status
 
 from yak_pipeline.api.dependencies import Caller, Services
 from yak_pipeline.api.schemas import ReviewDecision, ReviewItem, UserId, rows_to
-from yak_pipeline.services.curation import ReviewOutcome, review, review_queue as list_review_queue
+from yak_pipeline.services.curation import ReviewOutcome, review
+from yak_pipeline.services.curation import review_queue as list_review_queue
 
 router = APIRouter(prefix="/api/review", tags=["review"])
 

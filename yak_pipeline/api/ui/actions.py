@@ -20,6 +20,8 @@ from fastapi import APIRouter, Form, Request, Response
 from pydantic import ValidationError
 
 from yak_pipeline.api.dependencies import Services
+from yak_pipeline.api.errors import one_line
+from yak_pipeline.api.schemas import ManualVersion, MemoryCreate
 from yak_pipeline.api.ui.access import (
     PREFIX,
     CsrfToken,
@@ -32,8 +34,6 @@ from yak_pipeline.api.ui.access import (
     user_page,
     user_url,
 )
-from yak_pipeline.api.errors import one_line
-from yak_pipeline.api.schemas import ManualVersion, MemoryCreate
 from yak_pipeline.api.ui.views import render_distillation, render_overview
 from yak_pipeline.core.forget import ForgetCommandError
 from yak_pipeline.core.types import MemoryType, Tier
@@ -50,8 +50,8 @@ from yak_pipeline.services.curation import (
     write_manual_version,
 )
 from yak_pipeline.services.forget import confirm_forget, run_forget_command
-from yak_pipeline.services.profile import drop_profile_lines
 from yak_pipeline.services.memories import memory_with_distillations, store_memory
+from yak_pipeline.services.profile import drop_profile_lines
 
 router = APIRouter(prefix=f"{PREFIX}/u/{{user_id}}", include_in_schema=False, route_class=PageRoute)
 

@@ -17,8 +17,8 @@ from yak_pipeline.core.types import MEMORY_TYPES, TIERS
 from yak_pipeline.ingestion.drop_folder import failed_dir, list_quarantine
 from yak_pipeline.services.curation import MAX_USER_WEIGHT, list_conflicts, review_queue, types_of
 from yak_pipeline.services.memories import user_has_memories
-from yak_pipeline.services.profile import show_profile
 from yak_pipeline.services.overview import distillation_page, exchanges_of, recent_changes, user_overview
+from yak_pipeline.services.profile import show_profile
 from yak_pipeline.services.queue_watch import queue_status
 from yak_pipeline.services.recall import recall_params, relevance_model, search_memories
 

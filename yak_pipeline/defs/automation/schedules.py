@@ -1,6 +1,6 @@
 """The nightly schedules: warmth re-evaluation of the last 7 days at 02:00, recall indexes at 03:00 (local time)."""
 
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta
 
 import dagster as dg
 
@@ -14,7 +14,7 @@ def nightly_window(scheduled_for: datetime, days: int = NIGHTLY_DAYS) -> tuple[d
     """The UTC days the nightly pass re-evaluates: the last ``days``, ending today (UTC)."""
     # Days are UTC days: 02:00 in a zone east of UTC+2 (Tokyo, Sydney) is still the previous UTC
     # day, whose next day has no data yet, so the local date would look one day ahead.
-    today = scheduled_for.astimezone(timezone.utc).date()
+    today = scheduled_for.astimezone(UTC).date()
     return today - timedelta(days=days - 1), today
 
 

@@ -11,7 +11,6 @@ from typing import Final
 from yak_pipeline.llm.rules.english import rewrite_subject
 from yak_pipeline.llm.rules.words import content_words, jaccard, negation_free, sentences_of
 
-
 VALUE_END: Final = re.compile(r",|;|\s(?:and|but|with|since|because|for|where|who|which|when|while|as|until)\s")
 
 

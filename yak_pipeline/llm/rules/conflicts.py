@@ -7,10 +7,9 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from yak_pipeline.llm.rules.claims import Claim, PREDICATES, VALUE_END, differing_values_score, same_value
+from yak_pipeline.llm.rules.claims import PREDICATES, VALUE_END, Claim, differing_values_score, same_value
 from yak_pipeline.llm.rules.english import rewrite_subject, third_person_verb
 from yak_pipeline.llm.rules.words import STOP_WORDS, negation_free, sentences_of, stem, words_of
-
 
 # Two memories contradict when they make claims about the same subject that cannot both hold now:
 # two values in a slot that holds one ("lives in Lisbon" / "moved to Porto", "drives a Renault Zoe"

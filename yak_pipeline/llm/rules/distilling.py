@@ -14,7 +14,6 @@ from yak_pipeline.llm.models import MAX_CONTENT_CHARS, MAX_SENTENCES
 from yak_pipeline.llm.rules.english import clip
 from yak_pipeline.llm.rules.words import TRAILING_PUNCT, content_words, sentences_of, words_of
 
-
 DIRECT_CONFIDENCE: Final = 0.9
 
 

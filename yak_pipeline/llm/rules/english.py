@@ -12,7 +12,6 @@ from typing import Final
 
 from yak_pipeline.llm.rules.words import TRAILING_PUNCT
 
-
 # A sentence longer than this is cut at a word boundary, so four of them stay within the limit.
 _MAX_SENTENCE_CHARS: Final = 220
 

@@ -29,7 +29,6 @@ from yak_pipeline.llm.rules.distilling import (
 from yak_pipeline.llm.rules.english import Statement, finish, third_person_statement, user_part
 from yak_pipeline.llm.rules.words import TRAILING_PUNCT, content_words, normalised, sentences_of
 
-
 # The offline provider's name: shown as the evaluator, and how callers tell it from a real LLM.
 RULES_PROVIDER_NAME: Final = "rules"
 

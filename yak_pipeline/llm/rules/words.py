@@ -7,7 +7,6 @@ from typing import Final
 
 from yak_pipeline.core.sentences import split_sentences
 
-
 STOP_WORDS: Final = frozenset(
     """
     a an the and or but if then than so of in on at to for from by with about as into onto over
