@@ -186,3 +186,27 @@ def test_the_cli_uses_the_server_yak_serve_recorded_and_falls_back_when_it_is_go
     configured = subprocess.run([str(YAK), "memory", "list", "--user", "ana", "--json"],
                                 env={**env, "YAK_API_URL": url}, capture_output=True, text=True, timeout=120)
     assert configured.returncode == 0 and "no Yak server answers at" in configured.stderr
+
+
+def test_the_cli_uses_yak_admin_api_key_set_in_the_same_shell_as_the_server(db_url: str, tmp_path: Path) -> None:
+    """``YAK_ADMIN_API_KEY`` exported before ``yak serve``: the server writes no key file, and the CLI
+    in the same shell sends that key (it used to send none: "missing X-API-Key header")."""
+    home = tmp_path / "home"
+    key = "admin-key-from-the-shell-" + "x" * 24
+    env = {**os.environ, "YAK_DATABASE_URL": db_url, "YAK_EMBEDDER": "hashing", "YAK_HOME": str(home),
+           "YAK_ADMIN_API_KEY": key}
+    process, _, _ = start_serve(env, tmp_path)
+    # Its own database URL points nowhere: only the server can answer.
+    nowhere = {**env, "YAK_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none"}
+    try:
+        assert not (home / "admin-api-key").exists()
+        added = subprocess.run([str(YAK), "memory", "add", "I keep bees.", "--user", "ana", "--json"], env=nowhere,
+                               capture_output=True, text=True, timeout=60)
+        assert added.returncode == 0 and added.stderr == "", added.stderr
+        # Another key in the shell is refused by the server: the key sent is the one set, not any.
+        wrong = subprocess.run([str(YAK), "memory", "list", "--user", "ana", "--json"],
+                               env={**nowhere, "YAK_ADMIN_API_KEY": "not-the-servers-key-" + "y" * 24},
+                               capture_output=True, text=True, timeout=60)
+        assert wrong.returncode != 0 and "key" in wrong.stderr.lower(), wrong.stderr
+    finally:
+        stop_serve(process)

@@ -15,7 +15,8 @@ of a command's time with the server up (docs/BENCHMARKS.md). In-process, request
 exactly as against a server. Someone who can run Yak
 in-process already holds the database credentials, so without ``--api-key`` the in-process
 app accepts a random admin key that never leaves this process. Against a server the key is
-``--api-key``, else ``YAK_API_KEY``, else the admin key ``yak serve`` stored on first start.
+``--api-key``, else ``YAK_API_KEY``, else ``YAK_ADMIN_API_KEY`` (set in the same shell as the
+server, which then stores no key file), else the admin key ``yak serve`` stored on first start.
 """
 
 from __future__ import annotations
@@ -221,7 +222,12 @@ class ApiClient:
 
     @staticmethod
     def _stored_admin_key() -> str | None:
-        path = admin_key_file(get_settings())
+        """The admin key of this configuration: ``YAK_ADMIN_API_KEY`` when set (``yak serve`` then
+        writes no key file), else the file ``yak serve`` wrote on first start."""
+        settings = get_settings()
+        if settings.admin_api_key is not None:
+            return settings.admin_api_key.get_secret_value()
+        path = admin_key_file(settings)
         return path.read_text().strip() if path.is_file() else None
 
     def _open_in_process(self) -> str:
