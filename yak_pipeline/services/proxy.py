@@ -398,37 +398,50 @@ class PendingTurn:
 
 
 class TurnStore:
-    """One chat's turn, handed to the turn writer once its answer is known (both protocols)."""
+    """One chat's turn, handed to the turn writer once its answer is known (both protocols).
+
+    It is handed over at most once. A turn the writer's full queue hands back waits here: the chat
+    stores it itself once the client has every byte (:meth:`settle`) or, the client gone before
+    that, the writer takes it past the limit (:meth:`release`)."""
 
     def __init__(self, writer: TurnWriter[PendingTurn], *, user_id: str, user_text: str, recalled_ids: list[str],
                  actor: str) -> None:
         self._writer = writer
         self._user_id, self._user_text, self._recalled_ids, self._actor = user_id, user_text, recalled_ids, actor
+        self._handed_over = False
+        self._overflow: PendingTurn | None = None  # handed back by a full queue, not stored yet
 
-    def hand_over(self, answer: str | None) -> PendingTurn | None:
-        """Queue the turn with ``answer`` for the writer; the turn back when the writer's queue is full:
-        the chat stores it itself (:meth:`store_now`) once the client has every byte of the answer."""
+    def hand_over(self, answer: str | None) -> None:
+        """Queue the turn with ``answer`` for the writer (the first call only); when the writer's queue
+        is full the turn stays here for :meth:`settle`."""
+        if self._handed_over:
+            return
+        self._handed_over = True
         if not answer:
-            return None  # tool calls or an empty answer: no exchange to remember
+            return  # tool calls or an empty answer: no exchange to remember
         # The turn happened now, whenever the writer gets to it.
         turn = PendingTurn(user_id=self._user_id, user_text=self._user_text, answer=answer,
                            recalled_ids=self._recalled_ids, actor=self._actor, occurred_at=datetime.now(UTC))
-        return None if self._writer.submit(turn) else turn
+        if not self._writer.submit(turn):
+            self._overflow = turn
 
-    async def store_now(self, turn: PendingTurn) -> None:
-        """Store a turn the full queue handed back, in a worker thread: the chat's response ends after it."""
-        await anyio.to_thread.run_sync(self._writer.store_now, [turn])
+    async def settle(self) -> None:
+        """Store the turn a full queue handed back, if any, in a worker thread: the chat's response ends after it."""
+        turn, self._overflow = self._overflow, None
+        if turn is not None:
+            await anyio.to_thread.run_sync(self._writer.store_now, [turn])
 
-    def queue_anyway(self, turn: PendingTurn) -> None:
-        """Queue a handed-back turn past the limit: its client left before the chat could store it."""
-        self._writer.submit(turn, over_limit=True)
+    def release(self) -> None:
+        """Queue a handed-back turn not stored yet past the limit: its client left before the chat could store it."""
+        turn, self._overflow = self._overflow, None
+        if turn is not None:
+            self._writer.submit(turn, over_limit=True)
 
     async def __call__(self, answer: str | None) -> None:
         """Queue the turn, or (the queue full) store it before returning: for whole answers, whose
         body goes out only after this."""
-        turn = self.hand_over(answer)
-        if turn is not None:
-            await self.store_now(turn)
+        self.hand_over(answer)
+        await self.settle()
 
 
 # --- the proxy -------------------------------------------------------------------------------
@@ -736,14 +749,10 @@ class MemoryProxy:
         its turn itself, after the last byte is passed on and before the response ends."""
         answer = StreamedAnswer()
         outcome = "client_gone"  # until the loop below ends: a client that hangs up stops the relay
-        handed_over = store is None
-        overflow: PendingTurn | None = None  # handed back by a full queue: stored once the client has every byte
 
-        def hand_over_once() -> None:
-            nonlocal handed_over, overflow
-            if not handed_over and answer.complete and not answer.tool_calls:
-                handed_over = True
-                overflow = store.hand_over("".join(answer.text))  # type: ignore[union-attr] - set when not handed_over
+        def hand_over_when_complete() -> None:
+            if store is not None and answer.complete and not answer.tool_calls:
+                store.hand_over("".join(answer.text))
 
         try:
             try:
@@ -757,7 +766,7 @@ class MemoryProxy:
                     answer.feed(head)
                     if head:
                         yield head
-                    hand_over_once()
+                    hand_over_when_complete()
                     answer.feed(tail)
                     yield tail
             except httpx.HTTPError as exc:
@@ -773,13 +782,12 @@ class MemoryProxy:
                                           "nothing was stored, please retry")
                 return
             outcome = "answered"
-            hand_over_once()
-            if overflow is not None:
-                turn, overflow = overflow, None
-                await store.store_now(turn)  # type: ignore[union-attr] - overflow comes from store
+            hand_over_when_complete()
+            if store is not None:
+                await store.settle()
         finally:
-            if overflow is not None:  # the client left before its turn could be stored here: the writer stores it
-                store.queue_anyway(overflow)  # type: ignore[union-attr] - overflow comes from store
+            if store is not None:
+                store.release()
             await response.aclose()
             if outcome == "upstream_cut":
                 self.metrics.count_proxy_degradation("upstream_cut")

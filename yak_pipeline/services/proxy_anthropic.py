@@ -40,7 +40,6 @@ from yak_pipeline.core.conversation_query import recall_queries
 from yak_pipeline.services.proxy import (
     RECALLED_IDS_HEADER,
     MemoryProxy,
-    PendingTurn,
     ProxyAnswer,
     ProxyError,
     ProxyStream,
@@ -424,20 +423,16 @@ class AnthropicMessages:
         every event, ``message_stop`` included, is passed on and before the response ends."""
         answer = StreamedMessage()
         outcome = "client_gone"  # until the loop ends: a client that hangs up stops the relay
-        handed_over = store is None
-        overflow: PendingTurn | None = None  # handed back by a full queue: stored once the client has every event
 
-        def hand_over_once() -> None:
-            nonlocal handed_over, overflow
-            if not handed_over and answer.complete:
-                handed_over = True
-                overflow = store.hand_over(answer.answer)  # type: ignore[union-attr] - set when not handed_over
+        def hand_over_when_complete() -> None:
+            if store is not None and answer.complete:
+                store.hand_over(answer.answer)
 
         try:
             try:
                 async for chunk in response.aiter_bytes():
                     answer.feed(chunk)
-                    hand_over_once()
+                    hand_over_when_complete()
                     yield chunk
             except httpx.HTTPError as exc:
                 self.proxy.transport_error(exc)  # logs the failure (its type only)
@@ -453,13 +448,12 @@ class AnthropicMessages:
                                       "nothing was stored, please retry")
                 return
             outcome = "answered"
-            hand_over_once()
-            if overflow is not None:
-                turn, overflow = overflow, None
-                await store.store_now(turn)  # type: ignore[union-attr] - overflow comes from store
+            hand_over_when_complete()
+            if store is not None:
+                await store.settle()
         finally:
-            if overflow is not None:  # the client left before its turn could be stored here: the writer stores it
-                store.queue_anyway(overflow)  # type: ignore[union-attr] - overflow comes from store
+            if store is not None:
+                store.release()
             await response.aclose()
             if outcome == "upstream_cut":
                 self.metrics.count_proxy_degradation("upstream_cut")
