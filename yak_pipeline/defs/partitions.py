@@ -144,7 +144,8 @@ def add_missing_partitions(instance: dg.DagsterInstance, keys: Iterable[tuple[st
 def forgotten_users(instance: dg.DagsterInstance, conn: psycopg.Connection, *, keep: Iterable[str]) -> list[str]:
     """Users who are partitions but hold no live exchange or turn any more (all forgotten), except
     those in ``keep`` (users whose data is on its way: drop files not stored yet, runs in flight)."""
-    known = [user_id for user_id in instance.get_dynamic_partitions(users_partitions.name) if user_id not in set(keep)]
+    keep = set(keep)
+    known = [user_id for user_id in instance.get_dynamic_partitions(users_partitions.name) if user_id not in keep]
     if not known:
         return []
     return sorted(set(known) - users_with_data(conn, known))
@@ -154,7 +155,6 @@ def sync_user_partitions(instance: dg.DagsterInstance, conn: psycopg.Connection,
                          keep: Iterable[str] = ()) -> None:
     """Make the users partitions match the data: every user with data is one, a forgotten user is
     not (``yak up`` before the UI opens, ``yak process``; the sensors do the same as data changes)."""
-    keep = set(keep)
     add_missing_partitions(instance, days_with_data(conn))
     for user_id in forgotten_users(instance, conn, keep=keep):
         instance.delete_dynamic_partition(users_partitions.name, user_id)
