@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from yak_pipeline.core.query_intent import asks_about_present, asks_to_gather
@@ -129,3 +129,22 @@ def gathers(question: str, choice: BlockChoice) -> bool:
     ``choice.gather_limit`` memories, no odds gap, newest first. A question about
     the present ("how many … now") is not one: it wants the current value, first."""
     return choice.gather_limit > 0 and asks_to_gather(question) and not asks_about_present(question)
+
+
+@dataclass(frozen=True)
+class BlockShape:
+    """How one question's block is cut: how many memories recall is asked for, the choice that cuts
+    them (no odds gap for a question that gathers), and whether they go newest first."""
+
+    limit: int
+    choice: BlockChoice
+    newest_first: bool = False
+
+
+def block_shape(question: str, limit: int, choice: BlockChoice) -> BlockShape:
+    """The block's shape for ``question`` (``services.recall.build_context`` and ``yak eval`` alike):
+    ``limit`` memories cut by ``choice``, or, for a question that :func:`gathers`, up to
+    ``choice.gather_limit`` of them, every one recall finds relevant (no odds gap), newest first."""
+    if not gathers(question, choice):
+        return BlockShape(limit, choice)
+    return BlockShape(max(limit, choice.gather_limit), replace(choice, odds_gap=None), newest_first=True)

@@ -70,7 +70,7 @@ import numpy as np
 import psycopg
 
 from yak_pipeline.alerts import NULL_ALERTER
-from yak_pipeline.core.block_choice import BlockChoice, choose_block, gathers, line_tokens
+from yak_pipeline.core.block_choice import BlockChoice, BlockShape, block_shape, choose_block, line_tokens
 from yak_pipeline.core.exchange_files import ExchangeRecord
 from yak_pipeline.core.exchanges import content_sha256, normalise_exchange_text
 from yak_pipeline.core.query_intent import asks_about_past, asks_about_present, query_parts
@@ -710,18 +710,17 @@ def _block(asked: _Asked, ranked: Sequence[RankedMemory], items: Sequence[frozen
     """The block's memories (each the turns it holds) and its estimated tokens; with ``cut`` False,
     the first memories as they come (the block before the odds gap and the budget). The tokens are
     each kept memory's whole line: a bound, since the block cuts a first line longer than the budget."""
-    # A question that gathers gets up to the gather limit, no odds gap, newest first (as
-    # services.recall.build_context; here by when each memory was last stated).
-    gather = cut and gathers(asked.question.question, spec.choice)
-    top = list(range(min(max(spec.limit, spec.choice.gather_limit) if gather else spec.limit, len(ranked))))
+    # A question that gathers gets up to the gather limit, no odds gap, newest first (the shape
+    # services.recall.build_context cuts too; here by when each memory was last stated).
+    shape = block_shape(asked.question.question, spec.limit, spec.choice) if cut else BlockShape(spec.limit, spec.choice)
+    top = list(range(min(shape.limit, len(ranked))))
     tokens = [line_tokens(texts[i]) for i in top]
     if cut:
         history = asks_about_past(asked.question.question)
-        choice = replace(spec.choice, odds_gap=None) if gather else spec.choice
-        chosen = choose_block([ranked[i].rank_odds for i in top], tokens, exponent=spec.exponent, choice=choice,
+        chosen = choose_block([ranked[i].rank_odds for i in top], tokens, exponent=spec.exponent, choice=shape.choice,
                               superseded=None if history else [ranked[i].superseded_by is not None for i in top])
         top = [top[i] for i in chosen]
-        if gather:
+        if shape.newest_first:
             top = sorted(top, key=lambda i: ranked[i].refreshed_at, reverse=True)
     return [items[i] for i in top], sum(tokens[i] for i in top)
 

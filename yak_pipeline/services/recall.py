@@ -25,8 +25,8 @@ import psycopg
 
 from yak_pipeline.core.block_choice import (
     BlockChoice,
+    block_shape,
     fit_text,
-    gathers,
     line_tokens,
     within_odds_gap,
     within_token_budget,
@@ -337,8 +337,8 @@ def build_context(
     """
     # A question that gathers ("how many times …", "in what order …") gets more memories, every one
     # recall finds relevant up to the gather limit, newest first.
-    gather = gathers(ask["query"], choice)
-    limit = max(ask["params"].limit, choice.gather_limit) if gather else ask["params"].limit
+    shape = block_shape(ask["query"], ask["params"].limit, choice)
+    limit = shape.limit
 
     def _recall() -> list[BlockMemory]:
         hits = search_memories(db, embedder, judge=judge, **{**ask, "params": replace(ask["params"], limit=limit)})
@@ -346,7 +346,7 @@ def build_context(
         full = len(hits) >= limit
         # Only what answers: the memories near the best one (the odds gap), not a fixed count.
         near = within_odds_gap([h.rank_odds for h in hits], exponent=ask["params"].relevance_exponent,
-                               odds_gap=None if gather else choice.odds_gap)
+                               odds_gap=shape.choice.odds_gap)
         hits = [h for h, keep in zip(hits, near) if keep]
         found = {h.id for h in hits}
         added: dict[str, RecallHit] = {}
@@ -364,7 +364,7 @@ def build_context(
             hits = [h for h in hits if h.superseded_by is None]
         # Then the token budget, over the lines as the block shows them (the first always, cut to fit).
         kept = within_token_budget([line_tokens(h.content) for h in hits], choice.token_budget)
-        if gather:
+        if shape.newest_first:
             # Newest first: what was said last leads (a value that changed shows its current one
             # first, as everywhere else), and each line's date gives the order.
             kept = sorted(kept, key=lambda i: hits[i].occurred_at, reverse=True)
