@@ -42,7 +42,6 @@ from yak_pipeline.core.exchanges import MAX_RECALL_QUERY_CHARS, MAX_TURN_MESSAGE
 from yak_pipeline.core.forget import ForgetCommandError
 from yak_pipeline.core.secrets import SecretRefused
 from yak_pipeline.llm.errors import one_line
-from yak_pipeline.services.curation import types_of
 from yak_pipeline.services.forget import ForgetOutcome, confirm_forget, run_forget_command
 from yak_pipeline.services.memories import list_memories, store_memory
 from yak_pipeline.services.memory_export import memory_markdown
@@ -105,12 +104,10 @@ class YakMemoryTools:
         hits = search_memories(self.services.database, embedder, user_id=user_id, query=query,
                                params=recall_params(settings, threshold=threshold, limit=limit),
                                model=relevance_model(settings, embedder), judge=self.services.recall_judge)
-        # A distilled memory's type (and an event's day); a raw one (the user's words) has none.
-        types = types_of(self.services.database, [h.id for h in hits if h.kind == "distilled"])
         return _plain({"memories": [{
             "id": h.id, "kind": h.kind, "memory_id": h.memory_id, "content": h.content, "tier": h.tier,
-            "type": types.get(str(h.id), (None, None))[0],
-            **({"event_on": types[str(h.id)][1]} if types.get(str(h.id), (None, None))[1] else {}),
+            # A distilled memory's type (and an event's day); a raw one (the user's words) has none.
+            "type": h.memory_type, **({"event_on": h.event_on} if h.event_on else {}),
             "said_at": h.occurred_at, **({"reply": h.reply} if h.reply else {}),
             "relevance": round(h.relevance, 2), "score": round(h.score, 2), "superseded": h.superseded_by is not None,
             "in_conflict": h.in_conflict, **({"explain": h.explain()} if explain else {})} for h in hits]})

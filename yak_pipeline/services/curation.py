@@ -8,7 +8,6 @@ change leaves a version and an audit row.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date
 from typing import Any, Literal
@@ -22,7 +21,6 @@ from yak_pipeline.store import distillations as distillations_store
 from yak_pipeline.store import review as review_store
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.distillations import MAX_USER_WEIGHT, add_version, get_distillation, set_distillation_status
-from yak_pipeline.store.memory_types import memory_types_of
 from yak_pipeline.store.memory_types import set_memory_type as store_set_memory_type
 from yak_pipeline.store.reembed import replace_embedding
 from yak_pipeline.store.review import ReviewOutcome
@@ -149,14 +147,6 @@ def set_memory_type(db: Database, distillation_id: UUID | str, *, memory_type: s
     that does not exist)."""
     with db.connection() as conn:
         return store_set_memory_type(conn, distillation_id, memory_type=memory_type, user_id=user_id, actor=actor)
-
-
-def types_of(db: Database, distillation_ids: Sequence[str]) -> dict[str, tuple[str, date | None]]:
-    """``(memory_type, event_on)`` of each distillation, by id (for recall hits, which do not carry them)."""
-    if not distillation_ids:
-        return {}
-    with db.connection() as conn:
-        return memory_types_of(conn, distillation_ids)
 
 
 def review_queue(db: Database, *, user_id: str | None, limit: int = 50, offset: int = 0) -> list[dict[str, Any]]:

@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from functools import lru_cache, partial
 from pathlib import Path
 from typing import NotRequired, TypedDict, Unpack
@@ -80,6 +80,10 @@ class RecallHit:
     # The LLM's judgement of this memory for the query (:class:`LLMRecallJudge`), when one judged it.
     judgement: float | None = None
     reply: str | None = None
+    # What kind of thing a distilled hit says (core.memory_types) and an event's day; a raw hit, the
+    # user's own words, has no type.
+    memory_type: str | None = None
+    event_on: date | None = None
     # Why it ranked, in plain words (``RankedMemory.reasons`` and the words it shares with the query).
     why: tuple[str, ...] = ()
 
@@ -281,7 +285,7 @@ def recall_hits(conn: psycopg.Connection, ranked: Sequence[RankedMemory], *, que
         elif r.kind == "distilled" and r.id in distilled:
             row = distilled[r.id]
             hits.append(RecallHit(ranked=r, memory_id=str(row[1]), content=row[2], confidence=row[3],
-                                  occurred_at=row[4], in_conflict=bool(row[5]),
+                                  occurred_at=row[4], in_conflict=bool(row[5]), memory_type=row[6], event_on=row[7],
                                   why=_why(r, query, row[2], now) if now is not None else ()))
     return hits
 

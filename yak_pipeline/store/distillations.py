@@ -492,11 +492,13 @@ def redistill(conn: psycopg.Connection, distillation_id: UUID | str, *, content:
 
 
 def recall_hit_rows(conn: psycopg.Connection, distillation_ids: Sequence[str]) -> dict[str, tuple]:
-    """What a recall hit shows, by id: ``(id, memory_id, content, confidence, occurred_at, in_conflict)``."""
+    """What a recall hit shows, by id: ``(id, memory_id, content, confidence, occurred_at, in_conflict,
+    memory_type, event_on)``."""
     rows = conn.execute(
         """SELECT d.id, d.memory_id, d.content, d.confidence, m.occurred_at,
                   EXISTS (SELECT 1 FROM conflicts c WHERE c.status = 'open'
-                            AND (c.distillation_a = d.id OR c.distillation_b = d.id))
+                            AND (c.distillation_a = d.id OR c.distillation_b = d.id)),
+                  d.memory_type, d.event_on
            FROM distillations d JOIN memories m ON m.id = d.memory_id
            WHERE d.id = ANY(%s::uuid[])""",
         (uuid_array(distillation_ids),),

@@ -1,9 +1,8 @@
 """Distillations' memory types (sql/017): the offline typing of existing rows, a person's change of
-type (audited with before and after), and the types of a set of distillations (for recall hits)."""
+type (audited with before and after)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import date
 from uuid import UUID
 
@@ -13,7 +12,6 @@ from yak_pipeline.core.exchanges import users_words
 from yak_pipeline.core.memory_types import classify_memory, typed
 from yak_pipeline.core.types import MEMORY_TYPES, MemoryType
 from yak_pipeline.store.audit import write_audit
-from yak_pipeline.store.rows import uuid_array
 
 
 def type_distillations(conn: psycopg.Connection, *, user_id: str | None = None, batch: int = 2000) -> int:
@@ -72,12 +70,3 @@ def set_memory_type(conn: psycopg.Connection, distillation_id: UUID | str, *, me
                                        "event_on_before": None if before_day is None else before_day.isoformat(),
                                        "event_on_after": None if event_on is None else event_on.isoformat()})
     return before_type, before_day
-
-
-def memory_types_of(conn: psycopg.Connection, distillation_ids: Sequence[str]) -> dict[str, tuple[str, date | None]]:
-    """``(memory_type, event_on)`` of each distillation, by id (one round trip)."""
-    if not distillation_ids:
-        return {}
-    rows = conn.execute("SELECT id::text, memory_type, event_on FROM distillations WHERE id = ANY(%s::uuid[])",
-                        (uuid_array(distillation_ids),)).fetchall()
-    return {r[0]: (r[1], r[2]) for r in rows}

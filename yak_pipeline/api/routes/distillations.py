@@ -31,7 +31,6 @@ from yak_pipeline.services.curation import (
     merge_distillations,
     reembed_distillation,
     set_memory_type,
-    types_of,
     write_manual_version,
 )
 from yak_pipeline.services.curation import (
@@ -76,11 +75,9 @@ def search(body: SearchRequest, caller: Caller, services: Services) -> list[Sear
         # Asked only when nothing was found, so a successful search costs nothing more.
         if not user_has_memories(services.database, user_id):
             raise HTTPException(status.HTTP_404_NOT_FOUND, f"user {user_id!r} has no memories")
-    # Each distilled hit's type (recall ranks without it; it is read for the answer only).
-    types = types_of(services.database, [h.id for h in hits if h.kind == "distilled"])
     return [SearchHit(id=h.id, kind=h.kind, memory_id=h.memory_id, content=h.content, reply=h.reply,
                       confidence=h.confidence, tier=h.tier,
-                      memory_type=types.get(str(h.id), (None, None))[0], event_on=types.get(str(h.id), (None, None))[1],
+                      memory_type=h.memory_type, event_on=h.event_on,
                       warmth=h.warmth, similarity=h.similarity, relevance=h.relevance, score=h.score, rank_odds=h.rank_odds,
                       is_core=h.is_core, occurred_at=h.occurred_at, superseded_by=h.superseded_by,
                       in_conflict=h.in_conflict, explain=h.explain() if body.explain else None) for h in hits]

@@ -15,7 +15,7 @@ from yak_pipeline.api.ui.access import PREFIX, PageError, PageRoute, SignedIn, V
 from yak_pipeline.core.dedup import newer_side
 from yak_pipeline.core.types import MEMORY_TYPES, TIERS
 from yak_pipeline.ingestion.drop_folder import failed_dir, list_quarantine
-from yak_pipeline.services.curation import MAX_USER_WEIGHT, list_conflicts, review_queue, types_of
+from yak_pipeline.services.curation import MAX_USER_WEIGHT, list_conflicts, review_queue
 from yak_pipeline.services.memories import user_has_memories
 from yak_pipeline.services.overview import distillation_page, exchanges_of, recent_changes, user_overview
 from yak_pipeline.services.profile import show_profile
@@ -69,7 +69,7 @@ def search(
     breakdown and, on demand, its raw exchange."""
     user_page(visitor, user_id)
     query = q.strip()
-    hits, exchanges, types, note = [], {}, {}, None
+    hits, exchanges, note = [], {}, None
     if query:
         started = time.perf_counter()
         hits = search_memories(services.database, services.embedder, user_id=user_id, query=query,
@@ -78,11 +78,10 @@ def search(
                                judge=services.recall_judge)
         services.metrics.observe_recall((time.perf_counter() - started) * 1000)
         exchanges = exchanges_of(services.database, [h.memory_id for h in hits], user_id=user_id)
-        types = types_of(services.database, [h.id for h in hits if h.kind == "distilled"])
         if not hits and not user_has_memories(services.database, user_id):
             note = f"user {user_id!r} has no memories"
     return render(request, "search.html", visitor=visitor, user_id=user_id, query=query, threshold=threshold,
-                  limit=limit, hits=hits, exchanges=exchanges, types=types, note=note, section="search")
+                  limit=limit, hits=hits, exchanges=exchanges, note=note, section="search")
 
 
 @router.get("/d/{distillation_id}")
