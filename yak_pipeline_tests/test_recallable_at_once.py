@@ -217,7 +217,8 @@ def _export(path: Path, *, count: int, fact_at: int) -> None:
 def test_yak_import_of_1000_exchanges_is_searchable_as_raw_within_a_second_of_exiting(
         db_url: str, api_settings: Settings, database: Database, tmp_path: Path) -> None:  # noqa: F811
     """``yak import`` (a real subprocess) of a generated 1,000-exchange drop file, one exchange of
-    which holds a passport number: it exits 0 having stored and embedded all 1,000 (no pipeline),
+    which holds a passport number: with ``--wait`` (the vectors made before it returns, not in the
+    background) it exits 0 having stored and embedded all 1,000 (no pipeline),
     and one search through the HTTP API (already serving before the import) finds the passport
     exchange as a raw hit within 1 s of the import exiting, by a question that shares few words
     with it."""
@@ -232,7 +233,7 @@ def test_yak_import_of_1000_exchanges_is_searchable_as_raw_within_a_second_of_ex
                         ).status_code == 404
 
         started = time.monotonic()
-        result = subprocess.run(_yak_cmd("import", str(export), "--user", "maria", "--json"),
+        result = subprocess.run(_yak_cmd("import", str(export), "--user", "maria", "--wait", "--json"),
                                 env=yak_env(db_url, tmp_path / "home", YAK_DROP_DIR=str(tmp_path / "drop")),
                                 cwd=ROOT, capture_output=True, text=True, timeout=600)
         exited = time.monotonic()

@@ -539,6 +539,9 @@ class QueueOut(BaseModel):
     pending_turns: int
     failed_memories: int
     failed_turns: int
+    unembedded_memories: int = Field(
+        default=0, description="Memories still without their vectors (recallable by their words meanwhile): "
+                               "an import's are made in the background after `yak import` returns.")
     failed: list[FailedItem]
     quarantine: QuarantineOut | None = Field(
         default=None, description="What the drop folder refused, with reasons (admin keys only: a file can hold "

@@ -49,6 +49,9 @@ def import_command(
     user: Annotated[str | None, typer.Option(
         "--user", help="Whose history it is: needed for exports, which name no user; Yak records without "
                        "user_id get it too, and records naming another user are quarantined.")] = None,
+    wait: Annotated[bool, typer.Option(
+        "--wait", help="Make the imported exchanges' vectors before returning, with a progress bar, instead "
+                       "of in the background.")] = False,
     as_json: JsonOption = False,
 ) -> None:
     """Import chat history: each exchange of each file becomes a pending memory of the user.
@@ -58,7 +61,9 @@ def import_command(
     still being answered is updated in place, never stored twice. Bad records are quarantined
     once in the drop folder's failed/ with their reasons (`yak queue status` lists them), the rest
     imported. A damaged file (cut mid-line) has what was whole imported and exits 1 saying so.
-    Run `yak process` (or let `yak up` run) to distil what was imported.
+    What is imported is recallable by its words when the command returns; the vectors that make
+    it recallable by meaning follow in the background (`yak queue status` shows how many wait;
+    --wait makes them first). Run `yak process` (or let `yak up` run) to distil what was imported.
     """
     from yak_pipeline.ingestion.history import import_history, quarantine_import
     from yak_pipeline.wiring import open_database
@@ -76,7 +81,7 @@ def import_command(
                 except OSError as exc:
                     results.append({"file": str(path), "format": None, "error": f"cannot read it: {exc.strerror or exc}"})
                     continue
-                task = bars.add_task(path.name, total=None)
+                task = bars.add_task(f"storing {path.name}", total=None)
                 outcome = import_history(
                     db, path.name, data, user_id=user, source="import", source_ref=path.name,
                     on_progress=lambda done, total, task=task: bars.update(task, completed=done, total=total))
@@ -84,10 +89,17 @@ def import_command(
                 quarantine_import(outcome, settings.resolved_drop_dir)
                 results.append(outcome.summary() | {"file": str(path)})
             totals = _import_totals(results)
-            if totals["exchanges"]:
+            if totals["exchanges"] or totals["updated"]:
                 # Recallable by their words already; their vectors make them recallable by meaning
-                # before distillation has run (batches commit: an interrupted run keeps its part).
-                totals["embedded"] = _embed_imported(db, settings, totals["users"], bars)
+                # before distillation has run. The embedder takes minutes where storing took seconds,
+                # so they are made in the background unless asked for now (batches commit either way).
+                if wait:
+                    totals["embedded"] = _embed_imported(db, settings, totals["users"], bars)
+                else:
+                    from yak_pipeline.cli import import_vectors
+
+                    totals["vectors"] = {"background_pid": import_vectors.start(settings, totals["users"]),
+                                         "log": str(import_vectors.log_path(settings).resolve())}
     finally:
         db.close()
     report = {"files": results, "totals": totals}
@@ -154,6 +166,9 @@ def _print_import(report: dict) -> None:
     if totals["exchanges"]:
         console.print("recallable now as your own words; `yak process` distils them (a running `yak up` does it "
                       "by itself)")
+    if totals.get("vectors"):
+        console.print(f"their vectors (recall by meaning) are being made in the background: `yak queue status` "
+                      f"shows how many wait (log: {totals['vectors']['log']})", highlight=False)
 
 
 def export_command(

@@ -78,12 +78,17 @@ def health_command(remote: RemoteOption = None, api_key: ApiKeyOption = None, as
 
 @api_command(queue_app, "status")
 def queue_status_command(user: UserFilter = None) -> ApiCall:
-    """Show pending memories and turns, the latest failed items, and (admin key) what the drop
-    folder quarantined in failed/, with the reasons."""
+    """Show pending memories (awaiting distillation) and turns, the memories still without vectors
+    (an import's follow in the background), the latest failed items, and (admin key) what the
+    drop folder quarantined in failed/, with the reasons."""
 
     def render(q: dict) -> None:
         console.print(f"pending: {q['pending_memories']} memories, {q['pending_turns']} turns; "
                       f"failed: {q['failed_memories']} memories, {q['failed_turns']} turns")
+        if q.get("unembedded_memories"):
+            # An import's vectors follow in the background (`yak import`): recallable by words meanwhile.
+            console.print(f"without vectors yet: {q['unembedded_memories']} memories (found by their words "
+                          "until then)", highlight=False)
         if q["failed"]:
             grid = table("kind", "id", "user", "status", "attempts", "last error")
             for f in q["failed"]:

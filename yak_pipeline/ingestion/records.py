@@ -13,8 +13,8 @@ from yak_pipeline.core.exchange_files import ExchangeRecord, RejectedRecord
 from yak_pipeline.core.exchanges import content_sha256, normalise_exchange_text
 from yak_pipeline.core.secrets import redact_secrets
 from yak_pipeline.store.database import Database
-from yak_pipeline.store.grown_exchanges import grow_exchange, memories_by_ref
-from yak_pipeline.store.memories import insert_memory
+from yak_pipeline.store.grown_exchanges import StoredByRef, grow_exchange, memories_by_ref
+from yak_pipeline.store.memories import NewExchange, StoredMemory, insert_memories, new_exchange
 
 # An exchange dated earlier is a wrong date, not history (partitions no longer depend on it: the
 # day dimension grows with the data, see defs/partitions.py).
@@ -93,18 +93,24 @@ def ingest_records(
     source_ref: str | None = None,
     now: datetime | None = None,
 ) -> IngestReport:
-    """Store records as ``pending`` memories in one transaction, a savepoint per record.
+    """Store records as ``pending`` memories in one transaction.
 
-    A record the database refuses is rejected with its reason while the others are kept; the
+    A record that cannot be stored is rejected with its reason while the others are kept; the
     same exchange twice is stored once (``duplicates``); a record whose answer may still grow
     (``grows``) and whose ref was stored before updates that memory in place (``grown``) instead
     of adding a second one, unless it was forgotten since. ``source_ref`` names the file; a
     record's own ``ref`` (an export's conversation and message) is added to it.
+
+    The new exchanges are stored with one INSERT (``store.memories.insert_memories``): a batch of
+    an import costs a few statements, not a few per exchange. Only if the database refuses that
+    INSERT (a value it will not take) is the batch stored again one record at a time, a savepoint
+    each, to tell which records it refuses.
     """
     report = IngestReport()
     received = now or datetime.now(UTC)
     with db.connection() as conn:
         by_ref = _stored_by_ref(conn, records)
+        fresh: list[tuple[ExchangeRecord, NewExchange, datetime]] = []
         for record in records:
             when, refused = exchange_time(record, received)
             if refused is not None:
@@ -112,32 +118,70 @@ def ingest_records(
                 continue
             earlier = by_ref.get((record.user_id, record.ref)) if record.grows else None
             if earlier is not None:
-                # Compared as it would be stored (its secrets replaced), or a secret in it would make
-                # every re-import "grow" the exchange again.
-                if not earlier.forgotten and earlier.content_sha256 != content_sha256(
-                        redact_secrets(normalise_exchange_text(record.content)).text):
-                    try:
-                        with conn.transaction():
-                            grew = grow_exchange(conn, earlier.id, user_id=record.user_id, content=record.content,
-                                                 secrets=db.secrets)
-                    except ValueError as exc:  # YAK_SECRETS=refuse: the grown text held a secret
-                        report.rejected.append(_reject(record, " ".join(str(exc).split())[:300]))
-                        continue
-                    if grew:
-                        report.grown.append(str(earlier.id))
-                        report.partitions.add((record.user_id, when.astimezone(UTC).date()))
-                        continue
-                # The same text, or forgotten since: forgotten stays forgotten.
-                report.duplicates.append(str(earlier.id))
+                _grow(conn, db, record, earlier, when, report)
                 continue
             try:
-                with conn.transaction():
-                    stored = insert_memory(conn, user_id=record.user_id, content=record.content, source=source,
-                                           occurred_at=when, source_ref=_source_ref(source_ref, record.ref),
-                                           secrets=db.secrets)
-            except (ValueError, psycopg.errors.DataError, psycopg.errors.IntegrityError) as exc:
-                report.rejected.append(_reject(record, " ".join(str(exc).split())[:300]))
+                new = new_exchange(user_id=record.user_id, content=record.content, source=source,
+                                   occurred_at=when, source_ref=_source_ref(source_ref, record.ref),
+                                   secrets=db.secrets)
+            except ValueError as exc:  # an empty text, or a secret under YAK_SECRETS=refuse
+                report.rejected.append(_reject(record, _reason(exc)))
                 continue
-            (report.stored if stored.created else report.duplicates).append(str(stored.id))
+            fresh.append((record, new, when))
+        try:
+            with conn.transaction():
+                stored = insert_memories(conn, [new for _, new, _ in fresh])
+        except _REFUSED:
+            stored = _insert_one_by_one(conn, fresh, report)
+        for (record, _, when), memory in zip(fresh, stored, strict=True):
+            if memory is None:
+                continue
+            (report.stored if memory.created else report.duplicates).append(str(memory.id))
             report.partitions.add((record.user_id, when.astimezone(UTC).date()))
     return report
+
+
+# What the database raises for a value it will not store (the rest of the batch is fine).
+_REFUSED = (ValueError, psycopg.errors.DataError, psycopg.errors.IntegrityError)
+
+
+def _reason(exc: Exception) -> str:
+    """An error as the one-line reason a rejected record is quarantined with."""
+    return " ".join(str(exc).split())[:300]
+
+
+def _insert_one_by_one(conn: psycopg.Connection, fresh: Sequence[tuple[ExchangeRecord, NewExchange, datetime]],
+                       report: IngestReport) -> list[StoredMemory | None]:
+    """Store each exchange with its own INSERT and savepoint; those the database refuses are
+    rejected (None), the others stored as :func:`insert_memories` would have."""
+    stored: list[StoredMemory | None] = []
+    for record, new, _ in fresh:
+        try:
+            with conn.transaction():
+                stored.append(insert_memories(conn, [new])[0])
+        except _REFUSED as exc:
+            report.rejected.append(_reject(record, _reason(exc)))
+            stored.append(None)
+    return stored
+
+
+def _grow(conn: psycopg.Connection, db: Database, record: ExchangeRecord, earlier: StoredByRef, when: datetime,
+          report: IngestReport) -> None:
+    """A growing record whose ref was stored before: update that memory in place if its text grew."""
+    # Compared as it would be stored (its secrets replaced), or a secret in it would make
+    # every re-import "grow" the exchange again.
+    if not earlier.forgotten and earlier.content_sha256 != content_sha256(
+            redact_secrets(normalise_exchange_text(record.content)).text):
+        try:
+            with conn.transaction():
+                grew = grow_exchange(conn, earlier.id, user_id=record.user_id, content=record.content,
+                                     secrets=db.secrets)
+        except ValueError as exc:  # YAK_SECRETS=refuse: the grown text held a secret
+            report.rejected.append(_reject(record, _reason(exc)))
+            return
+        if grew:
+            report.grown.append(str(earlier.id))
+            report.partitions.add((record.user_id, when.astimezone(UTC).date()))
+            return
+    # The same text, or forgotten since: forgotten stays forgotten.
+    report.duplicates.append(str(earlier.id))

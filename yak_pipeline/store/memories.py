@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
 from typing import Any
@@ -14,8 +14,7 @@ import psycopg
 from yak_pipeline.core.exchanges import content_sha256, normalise_exchange_text
 from yak_pipeline.core.secrets import SecretsPolicy, screen_secrets
 from yak_pipeline.core.types import MEMORY_SOURCES, validate_user_id
-from yak_pipeline.store.audit import write_audit
-from yak_pipeline.store.profile import write_profile_lines
+from yak_pipeline.store.profile import write_fresh_profile_lines
 from yak_pipeline.store.rows import claim_pending_rows, list_live_rows, live_row
 from yak_pipeline.store.secret_redactions import record_redaction
 
@@ -37,6 +36,65 @@ class StoredMemory:
     status: str
 
 
+@dataclass(frozen=True)
+class NewExchange:
+    """An exchange checked and ready to store: its text normalised and screened for secrets, hashed."""
+
+    user_id: str
+    content: str
+    occurred_at: datetime
+    source: str
+    source_ref: str | None
+    content_sha256: str
+    # The secrets replaced in its text, by kind (none for most exchanges).
+    secret_kinds: Mapping[str, int]
+
+
+def new_exchange(
+    *,
+    user_id: str,
+    content: str,
+    source: str,
+    occurred_at: datetime | None = None,
+    source_ref: str | None = None,
+    secrets: SecretsPolicy = "redact",
+) -> NewExchange:
+    """Check one exchange and make it what storing keeps; ``ValueError`` (one line) when it cannot be stored.
+
+    A secret in its text is replaced by a placeholder (or, with ``secrets="refuse"``,
+    ``SecretRefused`` is raised) before it is hashed, stored, embedded or distilled.
+    """
+    validate_user_id(user_id)
+    if source not in MEMORY_SOURCES:
+        raise ValueError(f"unknown memory source {source!r}")
+    screened = screen_secrets(normalise_exchange_text(content), secrets)
+    text = screened.text
+    if not text.strip():
+        raise ValueError("memory content is empty")
+    if occurred_at is not None and occurred_at.tzinfo is None:
+        raise ValueError("occurred_at must carry a time zone")
+    return NewExchange(user_id, text, occurred_at or datetime.now(UTC), source, source_ref, content_sha256(text),
+                       screened.kinds)
+
+
+def _record_stored(conn: psycopg.Connection, stored: Sequence[tuple[UUID, NewExchange]], actor: str) -> None:
+    """What storing new exchanges writes beside them: an audit row each, their redactions, their profile lines."""
+    if not stored:
+        return
+    # One statement for all their audit rows (write_audit's row, each).
+    conn.execute(
+        """INSERT INTO audit_log (user_id, actor, action, target_type, target_id, detail)
+           SELECT user_id, %s, 'ingest', 'memory', target_id, jsonb_build_object('source', source)
+             FROM unnest(%s::text[], %s::text[], %s::text[]) AS t(user_id, target_id, source)""",
+        (actor, [new.user_id for _, new in stored], [str(memory_id) for memory_id, _ in stored],
+         [new.source for _, new in stored]))
+    for memory_id, new in stored:
+        record_redaction(conn, kinds=new.secret_kinds, actor=actor, user_id=new.user_id, target_type="memory",
+                         target_id=memory_id)
+    # The user's standing instructions and preferences, in the profile at once (store.profile).
+    write_fresh_profile_lines(conn, [(memory_id, new.user_id, new.content) for memory_id, new in stored])
+
+
 def insert_memory(
     conn: psycopg.Connection,
     *,
@@ -51,42 +109,77 @@ def insert_memory(
     """Store one exchange as a ``pending`` memory; the same exchange twice is stored once.
 
     Returns the existing row (``created=False``) when the user already has this content. Every
-    exchange that enters Yak passes here: a secret in its text is replaced by a placeholder (or,
-    with ``secrets="refuse"``, the write raises ``SecretRefused``) before it is stored, hashed,
-    embedded or distilled; the audit log and ``yak_secrets_redacted_total`` count it. The
-    instructions and preferences the user states in it join their profile (``store.profile``).
+    exchange that enters Yak passes here or through :func:`insert_memories`: a secret in its text
+    is replaced by a placeholder (or, with ``secrets="refuse"``, the write raises
+    ``SecretRefused``) before it is stored, hashed, embedded or distilled; the audit log and
+    ``yak_secrets_redacted_total`` count it. The instructions and preferences the user states in
+    it join their profile (``store.profile``).
     """
-    validate_user_id(user_id)
-    if source not in MEMORY_SOURCES:
-        raise ValueError(f"unknown memory source {source!r}")
-    screened = screen_secrets(normalise_exchange_text(content), secrets)
-    text = screened.text
-    if not text.strip():
-        raise ValueError("memory content is empty")
-    if occurred_at is not None and occurred_at.tzinfo is None:
-        raise ValueError("occurred_at must carry a time zone")
-    when = occurred_at or datetime.now(UTC)
-    digest = content_sha256(text)
+    new = new_exchange(user_id=user_id, content=content, source=source, occurred_at=occurred_at,
+                       source_ref=source_ref, secrets=secrets)
     row = conn.execute(
         """INSERT INTO memories (user_id, content, occurred_at, source, source_ref, content_sha256)
            VALUES (%s, %s, %s, %s, %s, %s)
            ON CONFLICT (user_id, content_sha256) DO NOTHING
            RETURNING id, created_at, occurred_at, status""",
-        (user_id, text, when, source, source_ref, digest),
+        (new.user_id, new.content, new.occurred_at, new.source, new.source_ref, new.content_sha256),
     ).fetchone()
     if row is not None:
-        write_audit(conn, actor=actor, action="ingest", target_type="memory", target_id=row[0], user_id=user_id,
-                    detail={"source": source})
-        record_redaction(conn, kinds=screened.kinds, actor=actor, user_id=user_id, target_type="memory",
-                         target_id=row[0])
-        # The user's standing instructions and preferences, in the profile at once (store.profile).
-        write_profile_lines(conn, memory_id=row[0], user_id=user_id, content=text, fresh=True)
+        _record_stored(conn, [(row[0], new)], actor)
         return StoredMemory(row[0], user_id, True, row[1], row[2], row[3])
     existing = conn.execute(
         "SELECT id, created_at, occurred_at, status FROM memories WHERE user_id = %s AND content_sha256 = %s",
-        (user_id, digest),
+        (user_id, new.content_sha256),
     ).fetchone()
     return StoredMemory(existing[0], user_id, False, existing[1], existing[2], existing[3])
+
+
+def insert_memories(conn: psycopg.Connection, exchanges: Sequence[NewExchange], *,
+                    actor: str = "system") -> list[StoredMemory]:
+    """Store many checked exchanges (:func:`new_exchange`) as ``pending`` memories with one INSERT;
+    one :class:`StoredMemory` per exchange, in order.
+
+    What :func:`insert_memory` does for each, in a handful of statements for them all: an exchange
+    the user already has (stored before, or earlier in ``exchanges``) is not stored again
+    (``created=False``, the stored row's id). Rows are inserted in the given order, so exchanges
+    sharing a timestamp keep their arrival order (``seq``, sql/006), and the one INSERT gives the
+    conversation context of them all and of their neighbours in one step (sql/018). A value the
+    database refuses fails the whole call (the caller's transaction): store one by one to tell which.
+    """
+    if not exchanges:
+        return []
+    inserted = conn.execute(
+        """INSERT INTO memories (user_id, content, occurred_at, source, source_ref, content_sha256)
+           SELECT user_id, content, occurred_at, source, source_ref, sha
+             FROM unnest(%s::text[], %s::text[], %s::timestamptz[], %s::text[], %s::text[], %s::text[])
+                  WITH ORDINALITY AS t(user_id, content, occurred_at, source, source_ref, sha, position)
+            ORDER BY position
+           ON CONFLICT (user_id, content_sha256) DO NOTHING
+           RETURNING id, user_id, content_sha256, created_at, occurred_at, status""",
+        ([e.user_id for e in exchanges], [e.content for e in exchanges], [e.occurred_at for e in exchanges],
+         [e.source for e in exchanges], [e.source_ref for e in exchanges], [e.content_sha256 for e in exchanges]),
+    ).fetchall()
+    fresh = {(r[1], r[2]): r for r in inserted}
+    # The first of equal exchanges is the one stored; the others, and those stored before, find it.
+    first: dict[tuple[str, str], int] = {}
+    for position, e in enumerate(exchanges):
+        first.setdefault((e.user_id, e.content_sha256), position)
+    missing = [key for key in first if key not in fresh]
+    found = {}
+    if missing:
+        found = {(r[1], r[2]): r for r in conn.execute(
+            """SELECT m.id, m.user_id, m.content_sha256, m.created_at, m.occurred_at, m.status
+                 FROM unnest(%s::text[], %s::text[]) AS k(user_id, sha)
+                 JOIN memories m ON m.user_id = k.user_id AND m.content_sha256 = k.sha""",
+            ([k[0] for k in missing], [k[1] for k in missing])).fetchall()}
+    result = []
+    for position, e in enumerate(exchanges):
+        key = (e.user_id, e.content_sha256)
+        created = key in fresh and first[key] == position
+        row = fresh[key] if key in fresh else found[key]
+        result.append(StoredMemory(row[0], e.user_id, created, row[3], row[4], row[5]))
+    _record_stored(conn, [(stored.id, e) for stored, e in zip(result, exchanges) if stored.created], actor)
+    return result
 
 
 def get_memory(conn: psycopg.Connection, memory_id: UUID | str, *, user_id: str | None = None) -> dict[str, Any] | None:

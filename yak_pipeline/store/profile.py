@@ -33,6 +33,12 @@ def write_profile_lines(conn: psycopg.Connection, *, memory_id: UUID | str, user
     return _write_lines(conn, [(memory_id, user_id, content)], fresh=fresh)[0]
 
 
+def write_fresh_profile_lines(conn: psycopg.Connection, exchanges: Sequence[tuple[UUID | str, str, str]]) -> int:
+    """:func:`write_profile_lines` for many just-inserted ``(memory_id, user_id, content)`` at once
+    (an import's batch): one statement for all their lines; how many lines."""
+    return sum(_write_lines(conn, exchanges, fresh=True))
+
+
 def _write_lines(conn: psycopg.Connection, exchanges: Sequence[tuple[UUID | str, str, str]], *,
                  fresh: bool = False) -> list[int]:
     """:func:`write_profile_lines` for many ``(memory_id, user_id, content)`` at once: one read of the

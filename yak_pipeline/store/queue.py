@@ -11,12 +11,14 @@ from psycopg.rows import dict_row
 
 @dataclass(frozen=True)
 class QueueCounts:
-    """Pending and failed memories (awaiting distillation) and turns (awaiting warmth evaluation)."""
+    """Pending and failed memories (awaiting distillation) and turns (awaiting warmth evaluation),
+    and the memories still waiting for a vector (an import's follow in the background)."""
 
     pending_memories: int
     pending_turns: int
     failed_memories: int
     failed_turns: int
+    unembedded_memories: int = 0
 
     @property
     def pending(self) -> int:
@@ -25,7 +27,9 @@ class QueueCounts:
 
 
 def queue_counts(conn: psycopg.Connection, *, user_id: str | None = None) -> QueueCounts:
-    """Counts of live pending and failed memories and turns, optionally for one user."""
+    """Counts of live pending and failed memories and turns, optionally for one user, and of the live
+    memories still lacking their own vector or their vector in context (sql/004, 008: both counted
+    from their partial indexes of the rows without one)."""
     row = conn.execute(
         """SELECT
              (SELECT count(*) FROM memories WHERE status = 'pending' AND deleted_at IS NULL
@@ -35,7 +39,9 @@ def queue_counts(conn: psycopg.Connection, *, user_id: str | None = None) -> Que
              (SELECT count(*) FROM memories WHERE status = 'failed' AND deleted_at IS NULL
                 AND (%(user)s::text IS NULL OR user_id = %(user)s)),
              (SELECT count(*) FROM turns WHERE status = 'failed' AND deleted_at IS NULL
-                AND (%(user)s::text IS NULL OR user_id = %(user)s))""",
+                AND (%(user)s::text IS NULL OR user_id = %(user)s)),
+             (SELECT count(*) FROM memories WHERE (embedding IS NULL OR context_embedding IS NULL)
+                AND deleted_at IS NULL AND (%(user)s::text IS NULL OR user_id = %(user)s))""",
         {"user": user_id},
     ).fetchone()
     return QueueCounts(*(int(v) for v in row))

@@ -32,6 +32,7 @@ def queue(
     counts, failed = queue_status(services.database, services.alerter, user_id=scope)
     return QueueOut(pending_memories=counts.pending_memories, pending_turns=counts.pending_turns,
                     failed_memories=counts.failed_memories, failed_turns=counts.failed_turns,
+                    unembedded_memories=counts.unembedded_memories,
                     failed=rows_to(FailedItem, failed),
                     quarantine=_quarantine(services.settings.resolved_drop_dir) if caller.is_admin else None)
 
