@@ -165,6 +165,7 @@ def bench_import(url: str, export: Path, home: str, *, vectors: bool, conversati
             followed = wait_for_vectors(url, pid, first["stored"])
         else:
             stop_worker(pid)
+            followed = {"worker_pid": pid, "stopped": True}
     again, _ = _yak_import(export, env)
     return {"first": first, "again": again, "searchable": found, "vectors": followed}
 
@@ -222,7 +223,7 @@ def main() -> None:
         ("yak import again (adds nothing)", f"{result['reimport_exchanges_per_s']:.0f} exchanges/s "
          f"({again['stored']} new)", "", ""),
     ]
-    if result["vectors"]:
+    if result["vectors"] and not result["vectors"].get("stopped"):
         rows.append(("vectors, in the background", f"{result['vectors']['exchanges_per_s']:.1f} exchanges/s "
                      f"({result['vectors']['seconds']:.0f}s)", "", ""))
     print_table(f"History import: a {exchanges}-exchange ChatGPT export ({path.relative_to(ROOT)}; load average "

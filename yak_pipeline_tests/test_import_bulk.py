@@ -22,6 +22,7 @@ from yak_pipeline.core.exchange_files import ExchangeRecord
 from yak_pipeline.ingestion.records import ingest_records
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.memories import insert_memories, insert_memory, new_exchange
+from yak_pipeline.store.queue import queue_counts
 from yak_pipeline.store.recall import bm25_search
 
 T0 = datetime(2026, 3, 1, 14, 0, tzinfo=UTC)
@@ -131,6 +132,9 @@ def test_ingest_records_stores_a_batch_as_one_by_one_did(database: Database) -> 
         assert conn.execute("SELECT count(*) FROM profile_lines WHERE user_id = 'ann'").fetchone()[0] == 1
         assert conn.execute("SELECT count(*) FROM audit_log WHERE action = 'redact_secrets'").fetchone()[0] == 1
         assert conn.execute("SELECT count(*) FROM memories WHERE content LIKE '%sk-proj-%'").fetchone()[0] == 0
+        # What `yak queue status` shows while the vectors follow: all eight wait for theirs, and distilling.
+        counts = queue_counts(conn, user_id="ann")
+        assert (counts.unembedded_memories, counts.pending_memories) == (8, 8)
         # Searchable by its words at once, alone and in its conversation.
         for context in (False, True):
             hits = bm25_search(conn, table="memories", user_id="ann", query="rhubarb", limit=3, context=context)
