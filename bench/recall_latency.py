@@ -313,7 +313,9 @@ def load(url: str, n: int, users: int, seed: int, corpus: RealisticCorpus | None
             conn.execute(f"DROP INDEX IF EXISTS {name}")
         # Exchange contexts (sql/006) are computed once after the load, not row by row by the
         # trigger: the same contexts (a test checks that the two agree), minutes sooner.
-        conn.execute("ALTER TABLE memories DISABLE TRIGGER memories_context")
+        # (sql/018: an INSERT's contexts come from a trigger of their own, per statement.)
+        for trigger in ("memories_context", "memories_context_insert"):
+            conn.execute(f"ALTER TABLE memories DISABLE TRIGGER {trigger}")
         # Likewise BM25's postings and statistics (sql/013, 014): written once after the load.
         for table, trigger in BM25_TRIGGERS:
             conn.execute(f"ALTER TABLE {table} DISABLE TRIGGER {trigger}")
@@ -342,7 +344,8 @@ def load(url: str, n: int, users: int, seed: int, corpus: RealisticCorpus | None
                     copy.write_row([memory_id, user, text, ACTIVE_CONFIDENCE if held else REVIEW_CONFIDENCE,
                                     str(tier), float(rng.uniform(0, 1)), 1.0, "active" if held else "review",
                                     vector, MODEL, "bench", when])
-        conn.execute("ALTER TABLE memories ENABLE TRIGGER memories_context")
+        for trigger in ("memories_context", "memories_context_insert"):
+            conn.execute(f"ALTER TABLE memories ENABLE TRIGGER {trigger}")
         conn.execute("SELECT yak_rebuild_exchange_context()")
         for table, trigger in BM25_TRIGGERS:
             conn.execute(f"ALTER TABLE {table} ENABLE TRIGGER {trigger}")
