@@ -51,6 +51,8 @@ def test_process_distils_two_users_and_quarantines_a_malformed_file(db_url: str,
     report = json.loads(result.stdout)
     assert report["assets"]["distillations"]["rows_out"] == 20
     assert report["assets"]["raw_exchanges"]["rows_in"] == 20
+    # Each exchange's distillation, its own text and its context were embedded (merges may add more).
+    assert report["documents_embedded"] >= 3 * 20
     # One run per user over both of their days, not one per day.
     assert sorted((p["user"], p["success"], p["date"], p["last_date"], p["days_with_work"])
                   for p in report["partitions"]) == [("alice", True, "2026-11-18", "2026-11-19", 2),
@@ -76,6 +78,7 @@ def test_process_distils_two_users_and_quarantines_a_malformed_file(db_url: str,
 
     again = _yak(["process", "--json"], _env(db_url, tmp_path))
     assert again.returncode == 0 and json.loads(again.stdout)["partitions"] == []
+    assert json.loads(again.stdout)["documents_embedded"] == 0
 
 
 def test_process_rejects_a_bad_date_in_one_line(db_url: str, tmp_path: Path) -> None:

@@ -80,12 +80,14 @@ def run_pending_work(settings: Settings, *, user_id: str | None, day: date | Non
     import dagster as dg
 
     from yak_pipeline.definitions import ASSETS, CHECKS, defs
+    from yak_pipeline.embeddings.usage import documents_embedded
     from yak_pipeline.defs.exchanges.assets import DROP_FILES_TAG
     from yak_pipeline.defs.partitions import add_missing_partitions, day_tags, runs_by_user
     from yak_pipeline.services.discovery import discover_work
     from yak_pipeline.services.recall import describe_build, maintain_recall_indexes
     from yak_pipeline.wiring import shared_database
 
+    embedded_before = documents_embedded()
     db = shared_database(settings)
     found = discover_work(db, drop_dir=settings.resolved_drop_dir, user_id=user_id, day=day, min_age_seconds=0)
     instance = dagster_instance(settings)
@@ -153,6 +155,8 @@ def run_pending_work(settings: Settings, *, user_id: str | None, day: date | Non
         "assets": totals,
         "failed_runs": failed_runs,
         "recall_indexes_built": indexes,
+        # The runs' embedding work (texts of distillations, exchanges, contexts, merges): most of their time.
+        "documents_embedded": documents_embedded() - embedded_before,
     }
 
 

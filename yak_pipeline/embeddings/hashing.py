@@ -10,6 +10,8 @@ import math
 import re
 from collections.abc import Sequence
 
+from yak_pipeline.embeddings.usage import count_documents
+
 _TOKEN = re.compile(r"[a-z0-9]+")
 
 
@@ -48,7 +50,9 @@ class HashingEmbedder:
 
     def embed_documents(self, texts: Sequence[str]) -> list[list[float]]:
         """Embed many texts."""
-        return [self._embed(t) for t in texts]
+        vectors = [self._embed(t) for t in texts]
+        count_documents(len(vectors))
+        return vectors
 
     def embed_query(self, text: str) -> list[float]:
         """Embed one query."""

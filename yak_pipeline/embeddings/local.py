@@ -19,6 +19,7 @@ from typing import Any
 
 from yak_pipeline.embeddings.batching import Coalescer
 from yak_pipeline.embeddings.protocol import EmbeddingError
+from yak_pipeline.embeddings.usage import count_documents
 
 _MODEL_LOCK = threading.Lock()
 _MODEL: Any = None
@@ -165,8 +166,11 @@ class LocalMiniLMEmbedder:
             vectors = _load_model().encode(
                 list(texts), batch_size=self._batch_size, normalize_embeddings=True, show_progress_bar=False
             )
+            count_documents(len(vectors))
             return [v.tolist() for v in vectors]
-        return _COALESCER(texts)
+        shared = _COALESCER(texts)
+        count_documents(len(shared))
+        return shared
 
     def warm_up(self) -> None:
         """Load the document model and run it once, so the first real batch does not pay for that

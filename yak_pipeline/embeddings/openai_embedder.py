@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import openai
 
 from yak_pipeline.embeddings.protocol import EmbeddingError
+from yak_pipeline.embeddings.usage import count_documents
 
 
 class OpenAIEmbedder:
@@ -68,6 +69,7 @@ class OpenAIEmbedder:
         for vector in vectors:
             if len(vector) != expected:
                 raise EmbeddingError(f"embedding endpoint returned {len(vector)} dimensions, expected {expected}")
+        count_documents(len(vectors))
         return vectors
 
     def embed_query(self, text: str) -> list[float]:
