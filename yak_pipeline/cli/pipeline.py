@@ -80,9 +80,9 @@ def run_pending_work(settings: Settings, *, user_id: str | None, day: date | Non
     import dagster as dg
 
     from yak_pipeline.definitions import ASSETS, CHECKS, defs
-    from yak_pipeline.embeddings.usage import documents_embedded
     from yak_pipeline.defs.exchanges.assets import DROP_FILES_TAG
     from yak_pipeline.defs.partitions import add_missing_partitions, day_tags, runs_by_user
+    from yak_pipeline.embeddings.usage import documents_embedded
     from yak_pipeline.services.discovery import discover_work
     from yak_pipeline.services.recall import describe_build, maintain_recall_indexes
     from yak_pipeline.wiring import shared_database
