@@ -13,8 +13,8 @@ from yak_pipeline.cli import eval as eval_cli
 from yak_pipeline.cli import memory as memory_cli
 from yak_pipeline.cli import profile as profile_cli
 from yak_pipeline.cli import warmth as warmth_cli
+from yak_pipeline.cli.config import check_settings, get_settings
 from yak_pipeline.cli.errors import USAGE_EXIT, fail
-from yak_pipeline.settings import Settings, SettingsError, get_settings, settings_table_markdown
 
 app = typer.Typer(
     name="yak",
@@ -38,10 +38,17 @@ app.add_typer(profile_cli.app, name="profile")
 
 @app.callback()
 def _validate_settings() -> None:
-    """Read the settings once up front so a bad YAK_* value is one line, exit 2, before any work."""
+    """Check the settings once up front so a bad YAK_* value is one line, exit 2, before any work.
+
+    Without pydantic when every YAK_* value is surely valid (:func:`.config.check_settings`).
+    """
     try:
-        get_settings()
-    except SettingsError as exc:
+        check_settings()
+    except Exception as exc:
+        from yak_pipeline.settings import SettingsError  # imported already when it was raised
+
+        if not isinstance(exc, SettingsError):
+            raise
         raise fail(str(exc), USAGE_EXIT) from None
 
 
@@ -51,6 +58,8 @@ def settings_command(
     as_json: bool = typer.Option(False, "--json", help="Print the effective settings as JSON (secrets hidden)."),
 ) -> None:
     """Show the effective configuration (secrets hidden), or the table of all YAK_* variables."""
+    from yak_pipeline.settings import Settings, settings_table_markdown
+
     if markdown:
         print(settings_table_markdown())
         return
