@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import sys
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -233,6 +232,8 @@ class ApiClient:
         return path.read_text().strip() if path.is_file() else None
 
     def _open_in_process(self) -> str:
+        import secrets  # here, not at the top: hashlib, hmac and random cost every command a few ms
+
         from yak_pipeline.api.app import create_app
         from yak_pipeline.wiring import open_database
 
