@@ -13,8 +13,20 @@ there, with no flag. For comparison each command is then timed once in-process (
 stopped, ``YAK_API_URL`` unset: the embedder loaded and the database opened in the command's
 own process), unless ``--no-in-process``.
 
-Target (issue "Fast on the default path"): every command < 1 s with a server running. The
-1-minute load average is recorded: the figures are only as quiet as the machine was.
+``yak --help`` is timed ``--runs`` times too (it needs no server). The JSON's ``commands`` holds
+each command's ``median``, ``max`` and ``target``; the per-run times stay in
+``server_up_seconds`` (``help_seconds`` for ``--help``).
+
+The ``yak`` console script imports the ``yak_pipeline`` found first: to time another checkout
+than the installed one, put it on ``PYTHONPATH`` (the commands inherit it).
+
+The commands run as a shell runs them from an installed Yak, with their bytecode compiled
+(``PYTHONDONTWRITEBYTECODE`` is dropped from their environment: with it set, every run compiles
+every module it imports again, which no installed ``yak`` does).
+
+Targets (issue 37, "A CLI under one second, always"): every command's median < 1 s with a server
+running, ``yak --help`` < 0.3 s. The 1-minute load average is recorded: the figures are only as
+quiet as the machine was.
 """
 
 from __future__ import annotations
@@ -35,6 +47,8 @@ from _common import free_port, print_table, progress, running_yak, verdict, writ
 
 YAK = Path(sys.executable).parent / "yak"
 TARGET_SECONDS = 1.0
+HELP_TARGET_SECONDS = 0.3
+HELP = "--help"
 FACTS = ["I keep two beehives on the roof.", "My sister Ines lives in Porto.", "I prefer strong black coffee.",
          "I run 5 km every morning before work.", "My daughter turns six in March."]
 
@@ -67,10 +81,15 @@ def _commands(memory_id: str) -> list[list[str]]:
     ]
 
 
+def _name(args: list[str]) -> str:
+    """The command's name in the results: ``memory show`` for ``memory show <id> --json``."""
+    return " ".join(a for a in args[:2] if not a.startswith("-") and len(a) < 20) or " ".join(args)
+
+
 def _time_all(commands: list[list[str]], env: dict[str, str], runs: int) -> dict[str, list[float]]:
     times: dict[str, list[float]] = {}
     for args in commands:
-        name = " ".join(a for a in args[:2] if not a.startswith("-") and len(a) < 20)
+        name = _name(args)
         for _ in range(runs):
             elapsed, _done = _run(args, env)
             times.setdefault(name, []).append(elapsed)
@@ -107,7 +126,7 @@ def main() -> None:
     args = parser.parse_args()
 
     home = Path(tempfile.mkdtemp(prefix="yak-cli-bench-"))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("YAK_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("YAK_") and k != "PYTHONDONTWRITEBYTECODE"}
     env.update(YAK_HOME=str(home))
     load_before = os.getloadavg()[0]
     try:
@@ -119,6 +138,9 @@ def main() -> None:
                                    env)[1].stdout)["id"] for fact in FACTS]
             commands = _commands(ids[0])
             settled = _settle(env)
+            # --help first: the writes timed last start pipeline runs that hold the CPU for a while.
+            progress(f"timing yak {HELP} × {args.runs} …")
+            helped = _time_all([[HELP]], env, args.runs)[HELP]
             progress(f"timing {len(commands)} commands × {args.runs} with the server up …")
             served = _time_all(commands, env, args.runs)
         in_process: dict[str, list[float]] = {}
@@ -131,23 +153,33 @@ def main() -> None:
     load_after = os.getloadavg()[0]
 
     rows = []
-    for name, samples in served.items():
+    summary: dict[str, dict[str, float]] = {}
+    for name, samples in [*served.items(), (HELP, helped)]:
         median = statistics.median(samples)
-        rows.append((f"yak {name} (server up: median / max of {len(samples)})",
-                     f"{median:.2f} / {max(samples):.2f} s", f"< {TARGET_SECONDS:.0f} s",
-                     verdict(max(samples), TARGET_SECONDS, higher_is_better=False)))
+        target = HELP_TARGET_SECONDS if name == HELP else TARGET_SECONDS
+        summary[name] = {"median": round(median, 3), "max": round(max(samples), 3), "target": target}
+        label = f"yak {name} (median / max of {len(samples)})" if name == HELP else \
+            f"yak {name} (server up: median / max of {len(samples)})"
+        rows.append((label, f"{median:.2f} / {max(samples):.2f} s", f"median < {target:g} s",
+                     verdict(median, target, higher_is_better=False)))
         if name in in_process:
             rows.append((f"yak {name} (in-process, no server)", f"{in_process[name][0]:.2f} s", "-", "-"))
     slowest = max(max(s) for s in served.values())
-    rows.append(("slowest command with the server up", f"{slowest:.2f} s", f"< {TARGET_SECONDS:.0f} s",
-                 verdict(slowest, TARGET_SECONDS, higher_is_better=False)))
+    slowest_median = max(statistics.median(s) for s in served.values())
+    rows.append(("slowest median with the server up", f"{slowest_median:.2f} s", f"< {TARGET_SECONDS:g} s",
+                 verdict(slowest_median, TARGET_SECONDS, higher_is_better=False)))
+    rows.append(("slowest single run with the server up", f"{slowest:.2f} s", "-", "-"))
     rows.append(("load average (1 min) before / after", f"{load_before:.2f} / {load_after:.2f}", "-", "-"))
     rows.append(("waited for yak up to settle (nothing pending, then 15 s)", f"{settled:.0f} s", "-", "-"))
     payload = {"runs": args.runs, "target_seconds": TARGET_SECONDS, "load_average": [load_before, load_after],
                "settle_seconds": round(settled, 1),
+               "help_target_seconds": HELP_TARGET_SECONDS,
+               "commands": summary,
                "server_up_seconds": {n: [round(x, 3) for x in s] for n, s in served.items()},
+               "help_seconds": [round(x, 3) for x in helped],
                "in_process_seconds": {n: [round(x, 3) for x in s] for n, s in in_process.items()},
-               "slowest_server_up_seconds": round(slowest, 3)}
+               "slowest_server_up_seconds": round(slowest, 3),
+               "slowest_server_up_median_seconds": round(slowest_median, 3)}
     path = write_result("cli_latency", payload)
     if args.json:
         print(json.dumps(payload, indent=2))

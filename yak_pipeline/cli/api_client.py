@@ -21,11 +21,8 @@ server, which then stores no key file), else the admin key ``yak serve`` stored 
 
 from __future__ import annotations
 
-import asyncio
-import http.client
 import json
 import os
-import secrets
 import sys
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -37,11 +34,13 @@ from urllib.parse import urlencode, urlsplit
 
 import typer
 
+from yak_pipeline.cli.config import ClientSettings, client_settings, get_settings
 from yak_pipeline.cli.errors import FAILURE_EXIT, USAGE_EXIT, fail
-from yak_pipeline.settings import Settings, get_settings
 
 if TYPE_CHECKING:
     import httpx
+
+    from yak_pipeline.settings import Settings
 
 REQUEST_TIMEOUT_SECONDS: Final = 120.0
 ADMIN_KEY_FILE_NAME: Final = "admin-api-key"
@@ -67,12 +66,12 @@ class ApiError(Exception):
         self.body = body
 
 
-def admin_key_file(settings: Settings) -> Path:
+def admin_key_file(settings: Settings | ClientSettings) -> Path:
     """Where ``yak serve`` stores the admin key it creates on first start."""
     return settings.home / ADMIN_KEY_FILE_NAME
 
 
-def server_record_file(settings: Settings) -> Path:
+def server_record_file(settings: Settings | ClientSettings) -> Path:
     """Where a running ``yak serve`` records the URL it answers on."""
     return settings.home / SERVER_RECORD_FILE_NAME
 
@@ -107,7 +106,7 @@ def _read_record(path: Path) -> dict:
     return record if isinstance(record, dict) else {}
 
 
-def configured_server(settings: Settings) -> str | None:
+def configured_server(settings: Settings | ClientSettings) -> str | None:
     """``YAK_API_URL``, else the server ``yak serve`` recorded if its process is alive; else None."""
     if settings.api_url:
         return settings.api_url
@@ -188,6 +187,8 @@ class _Server:
         if json_body is not None:
             body = json.dumps(json_body, ensure_ascii=False, allow_nan=False).encode("utf-8")
             headers["Content-Type"] = "application/json"
+        import http.client  # imported by the commands that send a request, not by `yak --help`
+
         connection_type = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
         connection = connection_type(self._host, self._port, timeout=REQUEST_TIMEOUT_SECONDS)
         try:
@@ -204,7 +205,7 @@ class ApiClient:
     def __init__(self, *, remote: str | None, api_key: str | None) -> None:
         # A server found on its own (not named by --remote) may have gone: then run in-process.
         self._fallback = remote is None
-        remote = remote or configured_server(get_settings())
+        remote = remote or configured_server(client_settings())
         self._remote = remote.rstrip("/") if remote else None
         self._api_key = api_key
         self._server: _Server | None = None
@@ -224,13 +225,15 @@ class ApiClient:
     def _stored_admin_key() -> str | None:
         """The admin key of this configuration: ``YAK_ADMIN_API_KEY`` when set (``yak serve`` then
         writes no key file), else the file ``yak serve`` wrote on first start."""
-        settings = get_settings()
+        settings = client_settings()
         if settings.admin_api_key is not None:
-            return settings.admin_api_key.get_secret_value()
+            return settings.admin_api_key
         path = admin_key_file(settings)
         return path.read_text().strip() if path.is_file() else None
 
     def _open_in_process(self) -> str:
+        import secrets  # here, not at the top: hashlib, hmac and random cost every command a few ms
+
         from yak_pipeline.api.app import create_app
         from yak_pipeline.wiring import open_database
 
@@ -252,6 +255,8 @@ class ApiClient:
         """Send one request; the parsed JSON (or text) answer, or :class:`ApiError`."""
         params = {k: v for k, v in (params or {}).items() if v is not None}
         if self._server is not None:
+            import http.client  # for its HTTPException below; _Server.request imports it anyway
+
             try:
                 answer = self._server.request(method, path, params=params, json_body=json_body)
             except ConnectionRefusedError as exc:
@@ -269,6 +274,8 @@ class ApiClient:
             kwargs: dict[str, Any] = {"params": params}
             if json_body is not None:
                 kwargs["json"] = json_body
+            import asyncio  # in-process only: a request to a server needs no event loop
+
             response = asyncio.run(self._asgi_request(method, path, **kwargs))
             answer = _Answer(response.status_code, response.headers.get("content-type", ""), response.content)
         return _result(answer)

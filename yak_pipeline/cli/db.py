@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 
 import typer
-from rich.table import Table
 
+from yak_pipeline.cli.config import get_settings
 from yak_pipeline.cli.errors import USAGE_EXIT, fail, friendly_errors
 from yak_pipeline.cli.render import make_console
-from yak_pipeline.settings import get_settings
 
-# The store (psycopg, the migrations) is imported inside each command: every `yak` command
-# imports this module, and the ones that talk to the API need none of it (bench/cli_latency.py).
+# The store (psycopg, the migrations) and rich's tables are imported inside each command: every
+# `yak` command imports this module, and the ones that talk to the API need none of it
+# (bench/cli_latency.py).
 
 app = typer.Typer(help="Database: URL, migrations, status, embedded server.", no_args_is_help=True)
 console = make_console()
@@ -55,6 +55,8 @@ def migrate_command(as_json: bool = JsonOption) -> None:
 @friendly_errors
 def status_command(as_json: bool = JsonOption) -> None:
     """Show applied and pending migrations, the embedding the database holds, and row counts."""
+    from rich.table import Table
+
     from yak_pipeline.store.database import connect, redact_url, resolve_database_url
     from yak_pipeline.store.migrations import migration_states, read_meta, server_versions, table_counts
 
@@ -193,6 +195,8 @@ def upgrade_command(as_json: bool = JsonOption) -> None:
     is kept beside it (``pgdata.pg16-…``) until you delete it. Stop ``yak up`` / ``yak serve``
     first: the old server is stopped for the copy.
     """
+    from rich.table import Table
+
     from yak_pipeline.store.embedded_upgrade import upgrade_embedded_data
 
     settings = get_settings()

@@ -6,12 +6,15 @@ import json
 import sys
 from contextlib import ExitStack
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
-from rich.console import Console
 
+from yak_pipeline.cli.config import get_settings
 from yak_pipeline.cli.errors import USAGE_EXIT, fail, friendly_errors
-from yak_pipeline.settings import get_settings
+
+if TYPE_CHECKING:  # imported by the commands: every `yak` command imports this module
+    from rich.console import Console
 
 app = typer.Typer(help="Evaluate recall quality on benchmark data.", no_args_is_help=True)
 
@@ -90,6 +93,8 @@ def locomo_command(
     BM25, dense and Yak's default recall (cross-validated, in-sample and with the shipped model)
     against each question's evidence turns, per file, and measure knowledge updates (current
     first) and abstention on never-said questions."""
+    from rich.console import Console
+
     from yak_pipeline.eval.report import print_report, write_chart, write_json
     from yak_pipeline.eval.runner import EvalOptions, run_locomo_eval
 
@@ -140,6 +145,8 @@ def calibrate_command(
     `yak eval locomo`), every question's candidates become labelled examples, and a logistic
     model is fitted on all of them with each file weighted equally. The cross-validated figures
     (each conversation ranked by a model fitted without it) are printed too."""
+    from rich.console import Console
+
     from yak_pipeline.eval.calibrate import calibrate
     from yak_pipeline.eval.report import print_cross_validated, write_json
     from yak_pipeline.recall_models import model_file_name, user_models_dir

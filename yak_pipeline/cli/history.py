@@ -14,15 +14,17 @@ import tempfile
 from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from yak_pipeline.cli.config import get_settings
 from yak_pipeline.cli.errors import FAILURE_EXIT, USAGE_EXIT, fail, friendly_errors
 from yak_pipeline.cli.render import make_console, table
 from yak_pipeline.core.types import validate_user_id
-from yak_pipeline.settings import get_settings
+
+if TYPE_CHECKING:  # imported when a bar is drawn: every `yak` command imports this module
+    from rich.progress import Progress
 
 console = make_console()
 err_console = make_console(stderr=True)
@@ -38,6 +40,8 @@ class ExportFormat(StrEnum):
 
 def _progress(enabled: bool) -> Progress:
     """A progress bar on stderr (nothing when ``enabled`` is false: ``--json``, or not a terminal)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     console=err_console, disable=not enabled or not err_console.is_terminal, transient=True)
 

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import os
+import sys
+from collections.abc import Sequence
 
 import typer
 
@@ -13,8 +17,8 @@ from yak_pipeline.cli import eval as eval_cli
 from yak_pipeline.cli import memory as memory_cli
 from yak_pipeline.cli import profile as profile_cli
 from yak_pipeline.cli import warmth as warmth_cli
+from yak_pipeline.cli.config import check_settings, get_settings
 from yak_pipeline.cli.errors import USAGE_EXIT, fail
-from yak_pipeline.settings import Settings, SettingsError, get_settings, settings_table_markdown
 
 app = typer.Typer(
     name="yak",
@@ -38,10 +42,17 @@ app.add_typer(profile_cli.app, name="profile")
 
 @app.callback()
 def _validate_settings() -> None:
-    """Read the settings once up front so a bad YAK_* value is one line, exit 2, before any work."""
+    """Check the settings once up front so a bad YAK_* value is one line, exit 2, before any work.
+
+    Without pydantic when every YAK_* value is surely valid (:func:`.config.check_settings`).
+    """
     try:
-        get_settings()
-    except SettingsError as exc:
+        check_settings()
+    except Exception as exc:
+        from yak_pipeline.settings import SettingsError  # imported already when it was raised
+
+        if not isinstance(exc, SettingsError):
+            raise
         raise fail(str(exc), USAGE_EXIT) from None
 
 
@@ -51,6 +62,8 @@ def settings_command(
     as_json: bool = typer.Option(False, "--json", help="Print the effective settings as JSON (secrets hidden)."),
 ) -> None:
     """Show the effective configuration (secrets hidden), or the table of all YAK_* variables."""
+    from yak_pipeline.settings import Settings, settings_table_markdown
+
     if markdown:
         print(settings_table_markdown())
         return
@@ -62,9 +75,32 @@ def settings_command(
         print(f"YAK_{name.upper()}={'' if effective[name] is None else effective[name]}")
 
 
+def app_for(argv: Sequence[str]) -> typer.Typer:
+    """The app to run for ``argv``: the whole app, or one holding only the command ``argv`` names.
+
+    Typer builds the click command of every command before it reads an argument (their
+    signatures, annotations and options: 40-100 ms for the 50-odd commands here, more than any
+    other part of a command's start, bench/cli_latency.py), and a command needs only its own.
+    When ``argv[0]`` names a command or group of the app, the app run is a copy holding just that
+    one: the root's callback (so it stays a group, and the settings are still checked first),
+    options and name unchanged, so the command's help, errors and usage lines are the same. No
+    argument, an option first (``--help``), a name the app does not have (click's error lists
+    the app's commands) and shell completion get the whole app.
+    """
+    if not argv or any(key.startswith("_") and key.endswith("_COMPLETE") for key in os.environ):
+        return app
+    groups = [group for group in app.registered_groups if group.name == argv[0]]
+    commands = [command for command in app.registered_commands if command.name == argv[0]]
+    if len(groups) + len(commands) != 1:
+        return app
+    one = copy.copy(app)
+    one.registered_groups, one.registered_commands = groups, commands
+    return one
+
+
 def main() -> None:
     """Console-script entry point."""
-    app()
+    app_for(sys.argv[1:])()
 
 
 if __name__ == "__main__":

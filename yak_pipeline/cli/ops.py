@@ -18,11 +18,11 @@ from yak_pipeline.cli.api_client import (
     parse_id,
 )
 from yak_pipeline.cli.api_command import ApiCall, api_command
+from yak_pipeline.cli.config import get_settings
 from yak_pipeline.cli.errors import FAILURE_EXIT, USAGE_EXIT, fail, friendly_errors
 from yak_pipeline.cli.render import make_console, short, table
 from yak_pipeline.core.forget import ForgetCommandError, parse_forget_command
 from yak_pipeline.core.wording import plural
-from yak_pipeline.settings import get_settings
 
 console = make_console()
 queue_app = typer.Typer(help="The pipeline's queue.", no_args_is_help=True)

@@ -15,16 +15,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
-from rich.table import Table
 
+from yak_pipeline.cli.config import get_settings
 from yak_pipeline.cli.errors import USAGE_EXIT, fail, friendly_errors
 from yak_pipeline.cli.render import make_console
 from yak_pipeline.core.types import validate_user_id
 from yak_pipeline.ports import free_port
-from yak_pipeline.settings import Settings, get_settings
 
 if TYPE_CHECKING:
     from yak_pipeline.llm.local_server import LocalLLM
+    from yak_pipeline.settings import Settings
 
 console = make_console(stderr=True)
 # The project's dagster.yaml and example conversations, as package data (yak_pipeline/shipped/ links
@@ -188,6 +188,8 @@ def register(app: typer.Typer) -> None:
                 console.print(f"file {f['name']}: {f['stored']} stored, {f['duplicates']} duplicates, "
                               f"{f['rejected']} rejected{note} {where}", markup=False, highlight=False)
             if report["assets"]:
+                from rich.table import Table  # here: every `yak` command imports this module
+
                 table = Table("asset", "rows in", "rows out", "flagged", "failed")
                 for asset, counts in report["assets"].items():
                     table.add_row(asset, *(str(counts.get(k, 0)) for k in ("rows_in", "rows_out", "flagged", "failed")))

@@ -9,10 +9,10 @@ import typer
 
 from yak_pipeline.cli.api_client import JsonOption, parse_id
 from yak_pipeline.cli.api_command import ApiCall, api_command
+from yak_pipeline.cli.config import get_settings
 from yak_pipeline.cli.errors import friendly_errors
 from yak_pipeline.cli.render import make_console, short, table
 from yak_pipeline.core.wording import plural
-from yak_pipeline.settings import get_settings
 
 app = typer.Typer(help="The profile: standing instructions and preferences, sent with every prompt.",
                   no_args_is_help=True)

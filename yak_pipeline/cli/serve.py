@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from yak_pipeline.cli.api_client import JsonOption, admin_key_file, record_server
+from yak_pipeline.cli.config import get_settings
 from yak_pipeline.cli.errors import friendly_errors
-from yak_pipeline.settings import Settings, get_settings
 from yak_pipeline.store.errors import StoreError
 
 if TYPE_CHECKING:  # every `yak` command imports this module; the store is imported when it serves
+    from yak_pipeline.settings import Settings
     from yak_pipeline.store.database import Database
 
 
