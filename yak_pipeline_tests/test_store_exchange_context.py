@@ -242,3 +242,39 @@ def test_a_distillation_run_fills_the_context_vectors_of_its_own_users_only(data
     vectors = _context_vectors(database)
     assert all(vectors[m] is not None for m in ann)
     assert vectors[bob[0]] is None  # bob's own run (or `yak db index`) makes his
+
+
+def test_a_distilled_exchange_gets_the_vector_of_its_current_context_with_its_own(database: Database) -> None:
+    """Distilling an exchange embeds its context too when that is due (``context_to_embed``, in the
+    same model call as the rest); a neighbour that arrives later clears it again, and the next
+    run makes it anew."""
+    from yak_pipeline.llm import RulesProvider
+    from yak_pipeline.services.distill import DistillJob, distill_memories
+    from yak_pipeline.store.memories import context_to_embed
+
+    with database.connection() as c:
+        ids = [_insert(c, text, T0 + timedelta(minutes=i)) for i, text in
+               enumerate(["I keep bees.", "Two hives, in the garden.", "They swarmed in May."])]
+        due = context_to_embed(c, ids[0], embedding_model=EMBEDDER.model_name)
+        assert due == c.execute("SELECT yak_exchange_context_text(%s)", (ids[0],)).fetchone()[0]
+    job = DistillJob(database, llm=RulesProvider(), embedder=EMBEDDER, prompt_version="v1")
+    distill_memories(job, ids[:2])
+    with database.connection() as c:
+        texts = {i: c.execute("SELECT yak_exchange_context_text(%s)", (i,)).fetchone()[0] for i in ids}
+        assert context_to_embed(c, ids[0], embedding_model=EMBEDDER.model_name) is None  # current now
+        assert context_to_embed(c, ids[0], embedding_model="another-model") == texts[ids[0]]
+    vectors = _context_vectors(database)
+    for memory_id in ids:  # the third one's by the pass over the run's users after it
+        assert np.allclose(vectors[memory_id], EMBEDDER.embed_documents([texts[memory_id]])[0], atol=1e-6)
+    assert embed_pending_contexts(database, EMBEDDER, user_id="ann") == 0
+
+    with database.connection() as c:
+        later = _insert(c, "Honey next year.", T0 + timedelta(minutes=3))
+    assert _context_vectors(database)[ids[2]] is None  # its context changed: its vector is cleared
+    distill_memories(job, [later])
+    vectors = _context_vectors(database)
+    with database.connection() as c:
+        for memory_id in (ids[2], later):
+            text = c.execute("SELECT yak_exchange_context_text(%s)", (memory_id,)).fetchone()[0]
+            assert "Honey" in text
+            assert np.allclose(vectors[memory_id], EMBEDDER.embed_documents([text])[0], atol=1e-6)

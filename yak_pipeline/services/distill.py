@@ -31,6 +31,7 @@ from yak_pipeline.store.distillations import NewDistillation, insert_distillatio
 from yak_pipeline.store.locking import lock_live_row
 from yak_pipeline.store.memories import (
     DISTIL_COLUMNS,
+    context_to_embed,
     mark_memory_distilled,
     memories_to_distill,
     record_memory_error,
@@ -94,9 +95,15 @@ def _distill_one(job: DistillJob, memory_id: str) -> StageReport:
                               error=reason_for_log(exc.reason), retry=(attempts + 1, job.max_attempts))
             return report
         report.record_call(result.stats)
+        # The exchange read with its neighbours too, when its context vector is due (sql/008): in the
+        # same model call as the rest, while other workers wait for the LLM, instead of one
+        # single-threaded pass over every context after the run (embed_pending_contexts, below,
+        # now finds only the contexts that a later neighbour changed).
+        context = context_to_embed(conn, memory_id, embedding_model=job.embedder.model_name)
         try:
             # The raw exchange is embedded with its distillation: hybrid recall searches both.
-            embedding, exchange_embedding = job.embedder.embed_documents([result.content, content])
+            embedding, exchange_embedding, *context_embedding = job.embedder.embed_documents(
+                [result.content, content, *([context] if context is not None else [])])
         except EmbeddingError as exc:
             record_memory_error(conn, memory_id, str(exc), give_up=False)
             report.failed += 1
@@ -122,7 +129,8 @@ def _distill_one(job: DistillJob, memory_id: str) -> StageReport:
                       prompt_version=job.prompt_version, schema_version=OUTPUT_SCHEMA_VERSION,
                       refreshed_at=occurred_at, memory_type=kind.memory_type, event_on=kind.event_on)
         record_distillation_latency(conn, (time.monotonic() - started) * 1000)
-        mark_memory_distilled(conn, memory_id, embedding=exchange_embedding, embedding_model=job.embedder.model_name)
+        mark_memory_distilled(conn, memory_id, embedding=exchange_embedding, embedding_model=job.embedder.model_name,
+                              context_embedding=context_embedding[0] if context_embedding else None)
     report.rows_out += 1
     report.flagged += int(decision.needs_review)
     report.ids.append(str(distillation_id))

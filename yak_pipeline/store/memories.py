@@ -311,19 +311,37 @@ def users_of_memories(conn: psycopg.Connection, memory_ids: Sequence[UUID | str]
     return [r[0] for r in rows]
 
 
+def context_to_embed(conn: psycopg.Connection, memory_id: UUID | str, *, embedding_model: str) -> str | None:
+    """The exchange read with its neighbours (``yak_exchange_context_text``, sql/008) when its
+    context vector is missing or of another model; None when it has a current one."""
+    row = conn.execute(
+        """SELECT yak_exchange_context_text(id) FROM memories
+           WHERE id = %s AND (context_embedding IS NULL OR context_embedding_model IS DISTINCT FROM %s)""",
+        (str(memory_id), embedding_model),
+    ).fetchone()
+    return None if row is None else row[0]
+
+
 def mark_memory_distilled(conn: psycopg.Connection, memory_id: UUID | str, *,
-                          embedding: Sequence[float], embedding_model: str) -> None:
-    """Mark a memory as distilled, clear its last error and store the exchange's own vector.
+                          embedding: Sequence[float], embedding_model: str,
+                          context_embedding: Sequence[float] | None = None) -> None:
+    """Mark a memory as distilled, clear its last error and store the exchange's own vector (and,
+    given, its context vector: :func:`context_to_embed`'s text, read under the same row lock).
 
     One UPDATE, not two: ``status`` is indexed, so every UPDATE of a memory writes a new entry
     into each of its indexes (the two HNSW graphs among them) — a second statement for the
     vector doubled that work for every distilled exchange.
     """
+    context = None if context_embedding is None else np.asarray(context_embedding, dtype=np.float32)
     conn.execute(
         """UPDATE memories SET status = 'distilled', last_error = NULL, attempts = attempts + 1,
-                  embedding = %s, embedding_model = %s
-           WHERE id = %s""",
-        (np.asarray(embedding, dtype=np.float32), embedding_model, str(memory_id)),
+                  embedding = %(vector)s, embedding_model = %(model)s,
+                  context_embedding = CASE WHEN %(has_context)s THEN %(context)s ELSE context_embedding END,
+                  context_embedding_model = CASE WHEN %(has_context)s THEN %(model)s
+                                                 ELSE context_embedding_model END
+           WHERE id = %(id)s""",
+        {"vector": np.asarray(embedding, dtype=np.float32), "model": embedding_model, "context": context,
+         "has_context": context is not None, "id": str(memory_id)},
     )
 
 
