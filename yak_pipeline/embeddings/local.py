@@ -15,6 +15,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from yak_pipeline.embeddings.batching import Coalescer
@@ -84,8 +85,24 @@ def _encode(texts: list[str]) -> list[list[float]]:
 # of a run, API requests) share model calls instead of running the model side by side on the
 # same cores, which is slower in total than running it once on all their texts.
 # With one model thread per call (``_limit_torch_threads``), up to one batch per core runs at once.
-_COALESCER: Coalescer[list[float]] = Coalescer(_encode, max_texts=4 * DEFAULT_BATCH_SIZE,
-                                               max_parallel=max(1, min(4, os.cpu_count() or 1)))
+_PARALLEL = max(1, min(4, os.cpu_count() or 1))
+_COALESCER: Coalescer[list[float]] = Coalescer(_encode, max_texts=4 * DEFAULT_BATCH_SIZE, max_parallel=_PARALLEL)
+# A single caller with many texts (a pass over pending contexts, a run's merges, an import's
+# vectors) would run them as one single-threaded call on one core while the others idle; split
+# into one part per core, its parts run side by side (bench/ingest_throughput.py). Below this many
+# texts per part, one call is as quick.
+_MIN_PART = 16
+_SPLITTER = ThreadPoolExecutor(max_workers=_PARALLEL, thread_name_prefix="yak-embed")
+
+
+def _on_every_core(texts: list[str]) -> list[list[float]]:
+    """``texts``' vectors, computed in up to one part per core at once (through the coalescer)."""
+    parts = min(_PARALLEL, len(texts) // _MIN_PART)
+    if parts <= 1:
+        return _COALESCER(texts)
+    size = -(-len(texts) // parts)
+    chunks = [texts[i:i + size] for i in range(0, len(texts), size)]
+    return [vector for chunk in _SPLITTER.map(_COALESCER, chunks) for vector in chunk]
 
 
 _QUERY_LOCK = threading.Lock()
@@ -168,7 +185,7 @@ class LocalMiniLMEmbedder:
             )
             count_documents(len(vectors))
             return [v.tolist() for v in vectors]
-        shared = _COALESCER(texts)
+        shared = _on_every_core(list(texts))
         count_documents(len(shared))
         return shared
 
