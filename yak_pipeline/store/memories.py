@@ -117,21 +117,7 @@ def insert_memory(
     """
     new = new_exchange(user_id=user_id, content=content, source=source, occurred_at=occurred_at,
                        source_ref=source_ref, secrets=secrets)
-    row = conn.execute(
-        """INSERT INTO memories (user_id, content, occurred_at, source, source_ref, content_sha256)
-           VALUES (%s, %s, %s, %s, %s, %s)
-           ON CONFLICT (user_id, content_sha256) DO NOTHING
-           RETURNING id, created_at, occurred_at, status""",
-        (new.user_id, new.content, new.occurred_at, new.source, new.source_ref, new.content_sha256),
-    ).fetchone()
-    if row is not None:
-        _record_stored(conn, [(row[0], new)], actor)
-        return StoredMemory(row[0], user_id, True, row[1], row[2], row[3])
-    existing = conn.execute(
-        "SELECT id, created_at, occurred_at, status FROM memories WHERE user_id = %s AND content_sha256 = %s",
-        (user_id, new.content_sha256),
-    ).fetchone()
-    return StoredMemory(existing[0], user_id, False, existing[1], existing[2], existing[3])
+    return insert_memories(conn, [new], actor=actor)[0]
 
 
 def insert_memories(conn: psycopg.Connection, exchanges: Sequence[NewExchange], *,
