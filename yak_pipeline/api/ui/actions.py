@@ -151,6 +151,11 @@ def drop_profile_line(user_id: str, line_id: UUID, visitor: SignedIn, services: 
     return redirect(user_url(user_id, "profile"))
 
 
+def _change_note(what: str, before: str, now: str) -> str:
+    """The flash after setting a distillation's ``what`` (its tier, its type) from ``before`` to ``now``."""
+    return f"{what} is {now} now (was {before})" if before != now else f"unchanged: the {what} already is {now}"
+
+
 @router.post("/d/{distillation_id}/tier")
 def change_tier(user_id: str, distillation_id: UUID, visitor: SignedIn, services: Services,
                 tier: Annotated[Tier, Form()], csrf_token: CsrfToken = "") -> Response:
@@ -160,8 +165,7 @@ def change_tier(user_id: str, distillation_id: UUID, visitor: SignedIn, services
     before = set_tier(services.database, distillation_id, tier=tier, user_id=user_id, actor=visitor.caller.actor)
     if before is None:
         raise PageError(404, f"distillation {distillation_id} not found")
-    visitor.session.flash = (f"tier is {tier} now (was {before})" if before != tier
-                             else f"unchanged: the tier already is {tier}")
+    visitor.session.flash = _change_note("tier", before, tier)
     return redirect(user_url(user_id, "d", distillation_id))
 
 
@@ -176,8 +180,7 @@ def change_type(user_id: str, distillation_id: UUID, visitor: SignedIn, services
                              actor=visitor.caller.actor)
     if before is None:
         raise PageError(404, f"distillation {distillation_id} not found")
-    visitor.session.flash = (f"type is {memory_type} now (was {before[0]})" if before[0] != memory_type
-                             else f"unchanged: the type already is {memory_type}")
+    visitor.session.flash = _change_note("type", before[0], memory_type)
     return redirect(user_url(user_id, "d", distillation_id))
 
 
