@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -30,7 +32,7 @@ from yak_pipeline.core.memory_block import BLOCK_OPEN
 from yak_pipeline.defs.scores.assets import warmth
 from yak_pipeline.embeddings.hashing import HashingEmbedder
 from yak_pipeline.embeddings.openai_embedder import OpenAIEmbedder
-from yak_pipeline.services.turn_writer import TurnWriter
+from yak_pipeline.services.turn_writer import WRITER_NICENESS, TurnWriter
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
 from yak_pipeline_tests.api_fixtures import (  # noqa: F401
@@ -448,6 +450,20 @@ def test_the_turn_writer_batches_what_waits_keeps_order_bounds_its_queue_and_out
     writer.max_waiting = 0
     assert not writer.submit(7) and writer.submit(7, over_limit=True)  # a chat whose client left
     assert writer.wait(timeout=10) and batches[-1] == [7]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread CPU priority is Linux's")
+def test_the_turn_writer_stores_at_a_lower_cpu_priority_than_the_chats() -> None:
+    """Its model calls would otherwise take a core from the chats' recall (services.turn_writer)."""
+    def niceness() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    seen: list[int] = []
+    writer = TurnWriter(lambda batch: seen.append(niceness()))
+    assert writer.submit(1) and writer.wait(timeout=10)
+    assert seen == [max(niceness(), WRITER_NICENESS)]  # never above the chats' priority
+    writer.store_now([2])  # a chat that stores its own turn keeps the chat's priority
+    assert seen[-1] == niceness()
 
 
 def test_warmth_changes_after_the_pipeline_evaluates_a_proxied_turn(
