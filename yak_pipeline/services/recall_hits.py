@@ -77,6 +77,7 @@ def shared_words(query: str, text: str) -> list[str]:
 
 
 def _why(ranked: RankedMemory, query: str, content: str, now: datetime) -> tuple[str, ...]:
+    """Why ``ranked`` ranked, in plain words: its reasons, then the words it shares with ``query``."""
     reasons = ranked.reasons(now)
     matched = shared_words(query, content)
     if matched:
