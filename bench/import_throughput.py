@@ -109,8 +109,8 @@ def _yak_import(export: Path, env: dict[str, str]) -> tuple[dict, dict]:
 
 def searchable(url: str, conversations: int) -> dict:
     """Whether one exchange in the middle of the export is found by its words, by each BM25 leg of recall."""
+    from yak_pipeline.store.bm25 import bm25_search
     from yak_pipeline.store.database import connect
-    from yak_pipeline.store.recall import bm25_search
 
     index, turn = conversations // 2, 7
     # Words only that exchange holds together (its conversation's number, the step, the topic).

@@ -112,7 +112,7 @@ def bench_stages(settings: Settings, url: str, n: int, seed: int) -> dict:
     from yak_pipeline.llm import get_llm_provider
     from yak_pipeline.services.consolidate import ConsolidateJob, merge_near_duplicates, score_conflicts
     from yak_pipeline.services.distill import DistillJob, distill_memories, partition_memory_ids
-    from yak_pipeline.services.recall import embed_pending_exchanges
+    from yak_pipeline.services.exchange_embeddings import embed_pending_exchanges
     from yak_pipeline.wiring import open_database
 
     embedder = get_embedder(settings)

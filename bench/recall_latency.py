@@ -10,7 +10,7 @@ vectors are random, so its *figures* mean nothing here, only its cost does), and
 indexes as the migrations (HNSW, GIN), then the per-user HNSW indexes the nightly
 ``recall_index_job`` builds (``store.user_indexes``; ``--no-user-indexes`` leaves them out and
 measures the shared index alone, read with pgvector's iterative scan). Users with more than
-``store.recall.EXACT_SCAN_MAX_ROWS`` rows are served by an index: at N = 100,000, U = 10 every user
+``store.vector_legs.EXACT_SCAN_MAX_ROWS`` rows are served by an index: at N = 100,000, U = 10 every user
 is, at N = 10,000 none is (their rows are scanned exactly, in SQL). ``--keep`` keeps the loaded
 database and ``--reuse NAME`` measures it again (realistic corpus) without the ten-minute load.
 
@@ -370,8 +370,8 @@ def build_user_indexes(url: str, *, drop: bool) -> dict:
     """What the nightly ``recall_index_job`` does, timed: fold the BM25 statistics (sql/014) and build
     the per-user HNSW indexes (``store.user_indexes``); with ``drop``, no indexes (any there are
     dropped): the shared index alone."""
+    from yak_pipeline.store.bm25 import fold_bm25_statistics
     from yak_pipeline.store.database import connect
-    from yak_pipeline.store.recall import fold_bm25_statistics
     from yak_pipeline.store.user_indexes import describe_build, ensure_user_indexes
 
     started = time.monotonic()
@@ -486,9 +486,12 @@ def _same_top(a: list, b: list) -> bool:
 
 def bench_legs(url: str, queries: list, params) -> dict:
     """Each leg of ``recall_candidates`` on its own, as it runs there, per query (ms): where the time goes."""
+    from yak_pipeline.store.bm25 import bm25_search
     from yak_pipeline.store.database import Database
-    from yak_pipeline.store.recall import _RAW_ROWS_SQL, bm25_search, recallable_distillations, vector_search
+    from yak_pipeline.store.recall import _RAW_ROWS_SQL
+    from yak_pipeline.store.recallable_distillations import recallable_distillations
     from yak_pipeline.store.rows import uuid_array
+    from yak_pipeline.store.vector_legs import vector_search
 
     legs: dict[str, list[float]] = {name: [] for name in (
         "bm25 distillations", "bm25 distillations, from the rows (exact)", "bm25 exchanges in context",

@@ -20,10 +20,10 @@ import psycopg
 
 from yak_pipeline.core.exchange_files import ExchangeRecord
 from yak_pipeline.ingestion.records import ingest_records
+from yak_pipeline.store.bm25 import bm25_search
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.memories import insert_memories, insert_memory, new_exchange
 from yak_pipeline.store.queue import queue_counts
-from yak_pipeline.store.recall import bm25_search
 
 T0 = datetime(2026, 3, 1, 14, 0, tzinfo=UTC)
 DIM = 384

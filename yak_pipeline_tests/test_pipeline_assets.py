@@ -20,7 +20,7 @@ from yak_pipeline.defs.partitions import add_missing_partitions, day_tags, runs_
 from yak_pipeline.defs.scores.assets import conflict_scores, distillation_versions, warmth
 from yak_pipeline.settings import Settings, get_settings
 from yak_pipeline.store.database import Database
-from yak_pipeline.store.distillations import partition_gate_passed
+from yak_pipeline.store.partition_gates import partition_gate_passed
 from yak_pipeline.store.turns import insert_turn
 from yak_pipeline_tests.fake_openai import FakeOpenAIServer, Reply, rules_replier
 from yak_pipeline_tests.pipeline_helpers import (

@@ -20,28 +20,16 @@ from yak_pipeline.core.recall import RecallParams, interleave, rank_memories, re
 from yak_pipeline.core.relevance import RelevanceModel
 from yak_pipeline.core.scoring import decay_factor
 from yak_pipeline.recall_models import RelevanceModelMissing, load_relevance_model
-from yak_pipeline.services.recall import (
-    build_context,
-    embed_pending_exchanges,
-    recall_params,
-    relevance_model,
-    search_memories,
-)
+from yak_pipeline.services.exchange_embeddings import embed_pending_exchanges
+from yak_pipeline.services.recall import build_context, recall_params, relevance_model, search_memories
 from yak_pipeline.settings import Settings
+from yak_pipeline.store.bm25 import BM25_B, BM25_K1, bm25_search
 from yak_pipeline.store.database import Database, check_idle_connection
 from yak_pipeline.store.distillations import add_version, mark_superseded_by_newer, set_distillation_status
-from yak_pipeline.store.recall import (
-    BM25_B,
-    BM25_K1,
-    _run_legs,
-    bm25_search,
-    recall,
-    recall_candidates,
-    recallable_distillations,
-    set_beam,
-    source_memories,
-    vector_search,
-)
+from yak_pipeline.store.leg_runner import run_legs
+from yak_pipeline.store.recall import recall, recall_candidates
+from yak_pipeline.store.recallable_distillations import recallable_distillations, source_memories
+from yak_pipeline.store.vector_legs import set_beam, vector_search
 from yak_pipeline_tests.store_helpers import (
     EMBEDDER,
     idle_connections,
@@ -177,10 +165,10 @@ def test_vector_search_index_path_agrees_with_the_exact_scan(conn: psycopg.Conne
                    VALUES (%s, %s, 'import', encode(sha256(convert_to(%s, 'UTF8')), 'hex'), %s, %s)""",
                 (f"user{i % 3}", f"User: row {i}\nAssistant: ok", f"row {i}", v / np.linalg.norm(v), MODEL))
     conn.execute("ANALYZE memories")
-    import yak_pipeline.store.recall as recall_module
+    import yak_pipeline.store.vector_legs as vector_legs
 
     # Force the index path on this small table (it scans exactly below the threshold).
-    monkeypatch.setattr(recall_module, "EXACT_SCAN_MAX_ROWS", 10)
+    monkeypatch.setattr(vector_legs, "EXACT_SCAN_MAX_ROWS", 10)
     mine = {str(r[0]) for r in conn.execute("SELECT id FROM memories WHERE user_id = 'user1'")}
     overlaps = []
     for _ in range(10):
@@ -557,13 +545,13 @@ def test_idle_connection_lends_only_what_is_free_and_a_failing_leg_fails_the_rec
                 assert len(spare) == 1  # the pool holds two; the caller has one
                 with idle_connections(db, 2) as none_left, db.idle_connection() as none:
                     assert none_left == [] and none is None  # never waits for a connection in use
-                results = _run_legs(conn, [lambda c: c.execute("SELECT 1").fetchone()[0],
+                results = run_legs(conn, [lambda c: c.execute("SELECT 1").fetchone()[0],
                                            lambda c: c.execute("SELECT 2").fetchone()[0],
                                            lambda c: c.execute("SELECT 3").fetchone()[0]], spare)
                 assert results == [1, 2, 3]  # in the legs' order, whichever connection ran each
         with db.connection() as conn, idle_connections(db, 1) as spare:
             with pytest.raises(psycopg.errors.UndefinedColumn):
-                _run_legs(conn, [lambda c: c.execute("SELECT pg_sleep(0.05)"),
+                run_legs(conn, [lambda c: c.execute("SELECT pg_sleep(0.05)"),
                                  lambda c: c.execute("SELECT no_such_column")], spare)
 
 
@@ -575,11 +563,11 @@ def test_helpers_borrow_their_own_connections_and_give_them_back(db_url: str) ->
         with db.connection() as conn:
             mine = conn.execute(backend).fetchone()[0]
             # Two lenders, one connection free: the legs run on the caller's and at most one more.
-            pids = _run_legs(conn, [lambda c: (c.execute("SELECT pg_sleep(0.05)"), c.execute(backend).fetchone()[0])[1]
+            pids = run_legs(conn, [lambda c: (c.execute("SELECT pg_sleep(0.05)"), c.execute(backend).fetchone()[0])[1]
                                     for _ in range(4)], [db.idle_connection] * 2)
             assert len(pids) == 4 and mine in pids and len(set(pids)) <= 2
             with pytest.raises(psycopg.errors.UndefinedColumn):
-                _run_legs(conn, [lambda c: c.execute("SELECT pg_sleep(0.05)"),
+                run_legs(conn, [lambda c: c.execute("SELECT pg_sleep(0.05)"),
                                  lambda c: c.execute("SELECT no_such_column")], [db.idle_connection])
             conn.rollback()  # the failed leg may have run on this connection
         # Every borrowed connection came back: the pool lends both again, at once.

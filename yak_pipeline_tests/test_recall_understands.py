@@ -20,7 +20,7 @@ from yak_pipeline.core.memory_block import BLOCK_PREAMBLE
 from yak_pipeline.embeddings.local import LocalMiniLMEmbedder
 from yak_pipeline.llm import RulesProvider
 from yak_pipeline.services.distill import DistillJob, distill_memories
-from yak_pipeline.services.recall import embed_pending_exchanges
+from yak_pipeline.services.exchange_embeddings import embed_pending_exchanges
 from yak_pipeline.store.database import Database
 from yak_pipeline_tests.conftest import create_database, drop_database
 from yak_pipeline_tests.test_cli_serve import STARTUP_SECONDS, start_serve, stop_serve

@@ -35,8 +35,10 @@ from yak_pipeline.embeddings.hashing import HashingEmbedder
 from yak_pipeline.services.recall import recall_params
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.api_keys import create_api_key
+from yak_pipeline.store.bm25 import bm25_search
 from yak_pipeline.store.database import Database
-from yak_pipeline.store.recall import bm25_search, recall_candidates, vector_search
+from yak_pipeline.store.recall import recall_candidates
+from yak_pipeline.store.vector_legs import vector_search
 from yak_pipeline_tests.api_fixtures import ADMIN_KEY, Seeded, api_settings, seeded, serve_in_thread  # noqa: F401
 from yak_pipeline_tests.fake_openai import FakeOpenAIServer
 from yak_pipeline_tests.pipeline_helpers import fetch_all, fetch_one
@@ -149,7 +151,7 @@ def test_proxy_alone_a_fact_said_in_one_chat_is_in_the_next_chats_block_within_a
     assert LOCKER not in json.dumps(upstream.chat_requests[-1].body["messages"][:-1])  # not known before
 
     # The turn writer stores the turn after the answer has gone out, then gives the exchange its
-    # vectors (services.recall.embed_exchanges_now): wait until it has done both (what test_proxy's
+    # vectors (services.exchange_embeddings.embed_exchanges_now): wait until it has done both (what test_proxy's
     # `settle` waits for in-thread). The clock starts when the exchange's row is first seen.
     content = f"User: {LOCKER}\nAssistant: You said: {LOCKER}"
     deadline = time.monotonic() + 15

@@ -11,12 +11,12 @@ from typer.testing import CliRunner
 
 from yak_pipeline.cli.main import app
 from yak_pipeline.embeddings.hashing import HashingEmbedder
-from yak_pipeline.services.recall import embed_pending_exchanges
+from yak_pipeline.services.exchange_embeddings import embed_pending_exchanges
 from yak_pipeline.settings import get_settings
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.distillations import add_version
 from yak_pipeline.store.migrations import read_meta
-from yak_pipeline.store.recall import vector_search
+from yak_pipeline.store.vector_legs import vector_search
 from yak_pipeline_tests.store_helpers import EMBEDDER, seed_memory_with_distillation
 
 T0 = datetime(2026, 5, 1, 9, 0, tzinfo=UTC)

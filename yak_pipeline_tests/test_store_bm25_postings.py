@@ -1,4 +1,4 @@
-"""BM25 from trigger-kept postings (sql/013, store.recall._bm25_from_postings).
+"""BM25 from trigger-kept postings (sql/013, store.bm25._bm25_from_postings).
 
 The top k from the postings must equal the computation from the rows (``exact=True``) on every
 query, the postings must equal a recomputation from the rows after every kind of write, and the
@@ -13,8 +13,8 @@ import numpy as np
 import psycopg
 import pytest
 
+from yak_pipeline.store.bm25 import _BM25_POSTINGS_SQL, BM25_B, BM25_K1, bm25_search, fold_bm25_statistics
 from yak_pipeline.store.database import connect
-from yak_pipeline.store.recall import _BM25_POSTINGS_SQL, BM25_B, BM25_K1, bm25_search, fold_bm25_statistics
 from yak_pipeline_tests.store_helpers import EMBEDDER, seed_memory_with_distillation
 
 MODEL = EMBEDDER.model_name

@@ -9,12 +9,14 @@ import numpy as np
 import psycopg
 import pytest
 
-from yak_pipeline.services.recall import embed_pending_contexts, embed_pending_exchanges, recall_params, relevance_model
+from yak_pipeline.services.exchange_embeddings import embed_pending_contexts, embed_pending_exchanges
+from yak_pipeline.services.recall import recall_params, relevance_model
 from yak_pipeline.settings import Settings
+from yak_pipeline.store.bm25 import bm25_search
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.forget import forget_memories
 from yak_pipeline.store.memories import insert_memory
-from yak_pipeline.store.recall import bm25_search, recall, recall_candidates
+from yak_pipeline.store.recall import recall, recall_candidates
 from yak_pipeline_tests.store_helpers import EMBEDDER, seed_memory_with_distillation
 
 T0 = datetime(2026, 3, 1, 14, 0, tzinfo=UTC)

@@ -16,8 +16,9 @@ import pytest
 
 from yak_pipeline.core.recall import RecallParams
 from yak_pipeline.core.relevance import RelevanceModel
-from yak_pipeline.store.recall import recall, recall_candidates, vector_search
+from yak_pipeline.store.recall import recall, recall_candidates
 from yak_pipeline.store.user_indexes import VECTOR_COLUMNS, ensure_user_indexes, user_index_name, user_indexes
+from yak_pipeline.store.vector_legs import vector_search
 from yak_pipeline_tests.store_helpers import EMBEDDER, recorded_statements
 from yak_pipeline_tests.test_recall_engine import FITTED
 
@@ -88,21 +89,21 @@ def _assert_recall_equals_the_exact_scan(conn: psycopg.Connection, user_id: str,
 
 def test_the_iterative_index_scan_of_heavy_users_equals_the_exact_scan(
         conn: psycopg.Connection, monkeypatch: pytest.MonkeyPatch) -> None:
-    import yak_pipeline.store.recall as recall_module
+    import yak_pipeline.store.vector_legs as vector_legs
 
     query = _seed(conn, "alice", 11, 300, exchange_vectors=True)
     _seed(conn, "bob", 12, 300, exchange_vectors=True)
     _seed(conn, "carol", 13, 20, exchange_vectors=True)  # few rows: always scanned exactly
     conn.execute("ANALYZE distillations")
     conn.execute("ANALYZE memories")
-    monkeypatch.setattr(recall_module, "EXACT_SCAN_MAX_ROWS", 100)  # alice and bob take the index path
+    monkeypatch.setattr(vector_legs, "EXACT_SCAN_MAX_ROWS", 100)  # alice and bob take the index path
     # At a few hundred rows the planner rightly prefers sorting them all; at scale it takes the
     # index (docs/BENCHMARKS.md). Here it must, for the index path to be what is compared.
     conn.execute("SET enable_sort = off")
 
     # The shared HNSW index serves one user's rows: the iterative scan goes on past rows of others.
     with conn.transaction():
-        recall_module.set_beam(conn, 40)
+        vector_legs.set_beam(conn, 40)
         plan = _plan(conn, "SELECT id FROM distillations WHERE user_id = %(u)s AND status = 'active' "
                            "ORDER BY embedding <=> %(q)s LIMIT 40", {"u": "alice", "q": query.astype(np.float32)})
     assert "distillations_embedding_hnsw" in plan
@@ -248,16 +249,16 @@ def test_the_shared_index_path_equals_the_exact_scan(conn: psycopg.Connection,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """The shared HNSW index at a beam of four times the rows wanted, whatever the user's share: the
     iterative scan, not a beam sized for it, makes up for the rows of other users (dan has a third)."""
-    import yak_pipeline.store.recall as recall_module
+    import yak_pipeline.store.vector_legs as vector_legs
 
     query = _seed(conn, "dan", 41, 200, exchange_vectors=True)
     _seed(conn, "erin", 42, 400, exchange_vectors=True)
     conn.execute("ANALYZE distillations")
     conn.execute("ANALYZE memories")
-    monkeypatch.setattr(recall_module, "EXACT_SCAN_MAX_ROWS", 20)  # take the index path on this small table
+    monkeypatch.setattr(vector_legs, "EXACT_SCAN_MAX_ROWS", 20)  # take the index path on this small table
     beams: list[int] = []
-    set_beam = recall_module.set_beam
-    monkeypatch.setattr(recall_module, "set_beam", lambda c, ef, **how: (beams.append(ef), set_beam(c, ef, **how))[1])
+    set_beam = vector_legs.set_beam
+    monkeypatch.setattr(vector_legs, "set_beam", lambda c, ef, **how: (beams.append(ef), set_beam(c, ef, **how))[1])
     for limit, leg_size in ((5, 20), (10, 40)):
         params = RecallParams(gate=False, limit=limit, leg_size=leg_size)
         beams.clear()

@@ -19,7 +19,7 @@ from yak_pipeline.embeddings import Embedder, get_embedder
 from yak_pipeline.llm import get_llm_provider
 from yak_pipeline.llm.provider import LLMProvider
 from yak_pipeline.services.proxy import MemoryProxy
-from yak_pipeline.services.recall import LLMRecallJudge, recall_judge
+from yak_pipeline.services.recall_judge import LLMRecallJudge, recall_judge
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
 from yak_pipeline.wiring import build_alerter, shared_database

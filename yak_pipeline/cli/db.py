@@ -113,13 +113,9 @@ def index_command(
     user with many memories gets their own HNSW indexes (store.user_indexes).
     """
     from yak_pipeline.embeddings import get_embedder
+    from yak_pipeline.services.exchange_embeddings import embed_pending_contexts, embed_pending_exchanges
     from yak_pipeline.services.memories import rebuild_exchange_context
-    from yak_pipeline.services.recall import (
-        describe_build,
-        embed_pending_contexts,
-        embed_pending_exchanges,
-        maintain_recall_indexes,
-    )
+    from yak_pipeline.services.recall_indexes import describe_build, maintain_recall_indexes
     from yak_pipeline.wiring import open_database
 
     settings = get_settings()

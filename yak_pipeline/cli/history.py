@@ -119,7 +119,7 @@ def import_command(
 def _embed_imported(db, settings, users: list[str], bars: Progress) -> int:  # noqa: ANN001 - Database, Settings
     """Embed the imported users' exchanges that have no vector yet, with a progress bar; how many."""
     from yak_pipeline.embeddings import get_embedder
-    from yak_pipeline.services.recall import embed_pending_exchanges
+    from yak_pipeline.services.exchange_embeddings import embed_pending_exchanges
 
     embedder = get_embedder(settings)
     task = bars.add_task("embedding for recall", total=None)

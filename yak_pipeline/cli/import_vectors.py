@@ -4,7 +4,7 @@
 vectors that make it recallable by meaning take the embedder's time (minutes for thousands of
 exchanges on a CPU), so :func:`start` runs this module as a detached process, and the command
 returns. It is the same work as ``yak db index`` and the distillation runs do
-(``services.recall.embed_pending_exchanges``): rows are claimed ``FOR UPDATE SKIP LOCKED`` a batch
+(``services.exchange_embeddings.embed_pending_exchanges``): rows are claimed ``FOR UPDATE SKIP LOCKED`` a batch
 at a time, each batch committed, so it can run beside the pipeline or another import's worker
 without doing a row twice, and an interrupted worker leaves the rest to the next one (or to
 ``yak db index``, or to the distillation runs). ``yak queue status`` shows how many exchanges
@@ -46,7 +46,7 @@ def start(settings: Settings, users: Sequence[str]) -> int:
 def main(users: Sequence[str]) -> int:
     """Embed the users' exchanges that still lack their vectors; 0 when all are done."""
     from yak_pipeline.embeddings import get_embedder
-    from yak_pipeline.services.recall import embed_pending_exchanges
+    from yak_pipeline.services.exchange_embeddings import embed_pending_exchanges
     from yak_pipeline.wiring import open_database
 
     settings = get_settings()

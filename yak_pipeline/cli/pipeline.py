@@ -84,7 +84,7 @@ def run_pending_work(settings: Settings, *, user_id: str | None, day: date | Non
     from yak_pipeline.defs.partitions import add_missing_partitions, day_tags, runs_by_user
     from yak_pipeline.embeddings.usage import documents_embedded
     from yak_pipeline.services.discovery import discover_work
-    from yak_pipeline.services.recall import describe_build, maintain_recall_indexes
+    from yak_pipeline.services.recall_indexes import describe_build, maintain_recall_indexes
     from yak_pipeline.wiring import shared_database
 
     embedded_before = documents_embedded()

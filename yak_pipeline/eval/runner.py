@@ -31,7 +31,7 @@
 
 Baselines, on the same databases and the same question embeddings:
 
-- **BM25** — Okapi BM25 over the raw exchanges (PostgreSQL full text, ``store.recall.bm25_search``);
+- **BM25** — Okapi BM25 over the raw exchanges (PostgreSQL full text, ``store.bm25.bm25_search``);
 - **dense** — exact cosine similarity over the raw exchanges' vectors, same embedder.
 
 Optional ablations re-run the default recall (``store.recall.recall`` on the live database, with
@@ -101,29 +101,21 @@ from yak_pipeline.llm import RulesProvider, get_llm_provider
 from yak_pipeline.llm.provider import LLMProvider
 from yak_pipeline.services.consolidate import ConsolidateJob, merge_near_duplicates, score_conflicts
 from yak_pipeline.services.distill import DistillJob, distill_memories, partition_memory_ids
+from yak_pipeline.services.exchange_embeddings import embed_pending_exchanges
 from yak_pipeline.services.profile import block_profile
-from yak_pipeline.services.recall import (
-    LLMRecallJudge,
-    block_choice,
-    embed_pending_exchanges,
-    recall_hits,
-    recall_params,
-    relevance_model,
-)
+from yak_pipeline.services.recall import block_choice, recall_params, relevance_model
+from yak_pipeline.services.recall_hits import recall_hits
+from yak_pipeline.services.recall_judge import LLMRecallJudge
 from yak_pipeline.services.reports import StageReport
 from yak_pipeline.settings import Settings
+from yak_pipeline.store.bm25 import bm25_search
 from yak_pipeline.store.database import Database, create_database, drop_database, resolve_database_url, with_database
 from yak_pipeline.store.distillations import status_counts
 from yak_pipeline.store.errors import StoreError
 from yak_pipeline.store.memories import list_memories
-from yak_pipeline.store.recall import (
-    active_distillation_ids,
-    bm25_search,
-    recall,
-    recall_candidates,
-    source_memories,
-    vector_search,
-)
+from yak_pipeline.store.recall import recall, recall_candidates
+from yak_pipeline.store.recallable_distillations import active_distillation_ids, source_memories
+from yak_pipeline.store.vector_legs import vector_search
 
 Progress = Callable[[str], None]
 MethodKind = Literal["bm25", "dense", "yak", "yak_judged"]
@@ -164,7 +156,7 @@ class EvalOptions:
     # A relevance model to evaluate as "Yak (shipped model)" instead of the configured embedder's.
     model: RelevanceModel | None = None
     # Also run "Yak + LLM judge": the cross-validated recall, then the configured LLM's judgement
-    # (services.recall.LLMRecallJudge, YAK_RECALL_LLM_JUDGE); needs YAK_LLM_BASE_URL.
+    # (services.recall_judge.LLMRecallJudge, YAK_RECALL_LLM_JUDGE); needs YAK_LLM_BASE_URL.
     llm_judge: bool = False
     # What distils (DISTILLERS); None: "llm" when YAK_LLM_BASE_URL is set, else "rules". "local"
     # expects the settings to point at the packaged local model already (cli.eval starts it).
@@ -690,7 +682,7 @@ def _rank(asked: _Asked, model: RelevanceModel, params: RecallParams) -> list[Ra
 
 
 def _hit_texts(conn: Any, ranked: Sequence[RankedMemory]) -> list[str]:
-    """What each ranked memory says, as the block shows it (``services.recall.recall_hits``: a
+    """What each ranked memory says, as the block shows it (``services.recall_hits.recall_hits``: a
     distillation's text, a raw exchange's user side); "" for one that is gone."""
     shown = {(h.ranked.kind, h.ranked.id): h.content for h in recall_hits(conn, ranked)}
     return [shown.get((r.kind, r.id), "") for r in ranked]

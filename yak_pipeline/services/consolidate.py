@@ -32,17 +32,14 @@ from yak_pipeline.llm.models import ConsolidationResult
 from yak_pipeline.llm.provider import LLMProvider
 from yak_pipeline.services.reports import StageReport
 from yak_pipeline.store.conflicts import conflicting_ids, record_conflict
-from yak_pipeline.store.database import Database
-from yak_pipeline.store.distillations import (
-    add_version,
-    contents_by_id,
+from yak_pipeline.store.consolidation_checks import (
     lock_merge_target,
     lock_unchecked,
     mark_checked,
-    nearest_active,
-    set_distillation_status,
     unchecked_distillations,
 )
+from yak_pipeline.store.database import Database
+from yak_pipeline.store.distillations import add_version, contents_by_id, nearest_active, set_distillation_status
 from yak_pipeline.store.metrics import record_error
 
 # How many unchecked distillations the merge stage works out ahead of committing them (see

@@ -24,7 +24,7 @@ from yak_pipeline.embeddings import Embedder, EmbeddingError
 from yak_pipeline.llm.errors import LLMError, reason_for_log
 from yak_pipeline.llm.prompts import OUTPUT_SCHEMA_VERSION
 from yak_pipeline.llm.provider import LLMProvider
-from yak_pipeline.services.recall import embed_pending_contexts
+from yak_pipeline.services.exchange_embeddings import embed_pending_contexts
 from yak_pipeline.services.reports import StageReport
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.distillations import NewDistillation, insert_distillation, live_distillation_of, redistill

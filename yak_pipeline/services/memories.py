@@ -12,7 +12,7 @@ from typing import Any
 from uuid import UUID
 
 from yak_pipeline.embeddings import Embedder
-from yak_pipeline.services.recall import embed_exchanges_now
+from yak_pipeline.services.exchange_embeddings import embed_exchanges_now
 from yak_pipeline.store import memories as memories_store
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.distillations import list_distillations
@@ -31,7 +31,7 @@ def store_memory(db: Database, *, user_id: str, content: str, source: str, occur
     """Store one exchange as a pending memory (once per user and text): ``(created, row)``.
 
     It is recallable as soon as this returns, by its words; with ``embedder`` also by its meaning
-    (its vectors are made here, after the commit: ``services.recall.embed_exchanges_now``)."""
+    (its vectors are made here, after the commit: ``services.exchange_embeddings.embed_exchanges_now``)."""
     with db.connection() as conn:
         stored = memories_store.insert_memory(conn, user_id=user_id, content=content, source=source,
                                               occurred_at=occurred_at, actor=actor, secrets=db.secrets)

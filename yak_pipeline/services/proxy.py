@@ -58,15 +58,10 @@ from yak_pipeline.core.memory_block import insert_memory_block
 from yak_pipeline.core.types import InvalidUserId, validate_user_id
 from yak_pipeline.embeddings import Embedder
 from yak_pipeline.llm.errors import one_line
+from yak_pipeline.services.exchange_embeddings import embed_exchanges_now
 from yak_pipeline.services.forget import ForgetOutcome, confirm_forget, run_forget_command
-from yak_pipeline.services.recall import (
-    LLMRecallJudge,
-    block_choice,
-    build_context,
-    embed_exchanges_now,
-    recall_params,
-    relevance_model,
-)
+from yak_pipeline.services.recall import block_choice, build_context, recall_params, relevance_model
+from yak_pipeline.services.recall_judge import LLMRecallJudge
 from yak_pipeline.services.turn_writer import TurnWriter
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from yak_pipeline.embeddings import Embedder
-from yak_pipeline.services.recall import embed_in_batches, embed_pending_contexts, embed_pending_exchanges
+from yak_pipeline.services.exchange_embeddings import embed_in_batches, embed_pending_contexts, embed_pending_exchanges
 from yak_pipeline.store.audit import write_audit
 from yak_pipeline.store.database import Database, connect
 from yak_pipeline.store.migrations import read_meta

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from yak_pipeline.core.secrets import redact_secrets
 from yak_pipeline.embeddings import Embedder
-from yak_pipeline.services.recall import embed_pending_exchanges
+from yak_pipeline.services.exchange_embeddings import embed_pending_exchanges
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.secret_redactions import record_redaction
 from yak_pipeline.store.secret_scan import USER_TEXT_COLUMNS, count_rows, rewrite_text, row_user, text_batch

@@ -12,13 +12,11 @@ import numpy as np
 import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
 
 from yak_pipeline.core.dedup import Neighbour
 from yak_pipeline.core.gates import confidence_gate
 from yak_pipeline.core.types import MEMORY_TYPES, TIERS
 from yak_pipeline.store.audit import write_audit
-from yak_pipeline.store.locking import lock_live_row
 from yak_pipeline.store.rows import list_live_rows, live_row, uuid_array
 
 # The schema's CHECK on user_weight: (0, 10]. 1 is neutral; a pinned memory weighs more.
@@ -366,87 +364,6 @@ def nearest_active(
          "exclude": None if exclude_id is None else str(exclude_id), "limit": limit},
     ).fetchall()
     return [Neighbour(id=str(r[0]), user_id=r[1], similarity=float(r[2]), status=r[3], created_at=r[4]) for r in rows]
-
-
-def partition_distillations(conn: psycopg.Connection, *, user_id: str, day: date) -> list[dict[str, Any]]:
-    """A user's day of live distillations (by the exchange's date), with embeddings, for the quality gate."""
-    with conn.cursor(row_factory=dict_row) as cur:
-        return cur.execute(
-            """SELECT d.id, d.content, d.confidence, d.tier, d.status, vector_dims(d.embedding) AS embedding_dim
-               FROM distillations d JOIN memories m ON m.id = d.memory_id
-               WHERE d.user_id = %s AND d.deleted_at IS NULL AND (m.occurred_at AT TIME ZONE 'UTC')::date = %s""",
-            (user_id, day),
-        ).fetchall()
-
-
-def record_partition_gate(conn: psycopg.Connection, *, user_id: str, day: date, passed: bool, failures: Sequence[str]) -> None:
-    """Store the quality gate's latest verdict on a partition."""
-    conn.execute(
-        """INSERT INTO partition_gates (user_id, day, passed, failures) VALUES (%s, %s, %s, %s)
-           ON CONFLICT (user_id, day) DO UPDATE SET passed = EXCLUDED.passed, failures = EXCLUDED.failures,
-                                                   checked_at = now()""",
-        (user_id, day, passed, Jsonb(list(failures))),
-    )
-
-
-def partition_gate_passed(conn: psycopg.Connection, *, user_id: str, day: date) -> bool | None:
-    """The gate's latest verdict on a partition (None: never checked)."""
-    row = conn.execute("SELECT passed FROM partition_gates WHERE user_id = %s AND day = %s", (user_id, day)).fetchone()
-    return None if row is None else bool(row[0])
-
-
-# The consolidation stages' "checked once" markers (sql/001): which stage has seen a distillation.
-CHECK_COLUMNS = ("conflict_checked_at", "dedup_checked_at")
-
-# What the consolidation stages read of the distillation they check.
-_CHECKED_ROW = ("id", "user_id", "content", "embedding", "embedding_model", "created_at", "refreshed_at")
-
-
-def _check_column(column: str) -> str:
-    if column not in CHECK_COLUMNS:
-        raise ValueError(f"unknown check column {column!r}")
-    return column
-
-
-def unchecked_distillations(conn: psycopg.Connection, *, user_id: str, day: date | None, column: str,
-                            require: str | None = None) -> list[str]:
-    """Active distillations of a partition not yet checked by ``column`` (and checked by ``require``), oldest first."""
-    column = _check_column(column)
-    extra = f" AND d.{_check_column(require)} IS NOT NULL" if require else ""
-    rows = conn.execute(
-        f"""SELECT d.id FROM distillations d JOIN memories m ON m.id = d.memory_id
-            WHERE d.user_id = %(user)s AND d.status = 'active' AND d.deleted_at IS NULL
-              AND d.{column} IS NULL{extra}
-              AND (%(day)s::date IS NULL OR (m.occurred_at AT TIME ZONE 'UTC')::date = %(day)s)
-            ORDER BY d.created_at, d.id""",  # noqa: S608 - column names are checked against CHECK_COLUMNS
-        {"user": user_id, "day": day},
-    ).fetchall()
-    return [str(r[0]) for r in rows]
-
-
-def lock_unchecked(conn: psycopg.Connection, distillation_id: UUID | str, column: str, *,
-                   lock: bool = True) -> tuple | None:
-    """Lock an active distillation still unchecked by ``column``; None when gone, held or done.
-
-    The row is ``(id, user_id, content, embedding, embedding_model, created_at, refreshed_at)``;
-    ``lock=False`` only reads it (the merge stage's look-ahead).
-    """
-    return lock_live_row(conn, "distillations", distillation_id, _CHECKED_ROW, where={"status": "active"},
-                         unset=(_check_column(column),), lock=lock)
-
-
-def lock_merge_target(conn: psycopg.Connection, distillation_id: UUID | str, *, lock: bool) -> tuple | None:
-    """An active distillation about to absorb or be absorbed: ``(id, content, created_at, refreshed_at)``."""
-    return lock_live_row(conn, "distillations", distillation_id, ("id", "content", "created_at", "refreshed_at"),
-                         where={"status": "active"}, lock=lock)
-
-
-def mark_checked(conn: psycopg.Connection, distillation_ids: Sequence[UUID | str], column: str) -> None:
-    """Record that a consolidation stage has checked these distillations (``column`` = now)."""
-    conn.execute(
-        f"UPDATE distillations SET {_check_column(column)} = now() WHERE id = ANY(%s::uuid[])",  # noqa: S608
-        ([str(i) for i in distillation_ids],),
-    )
 
 
 def contents_by_id(conn: psycopg.Connection, distillation_ids: Sequence[UUID | str]) -> dict[str, str]:

@@ -25,436 +25,32 @@ the best of each leg) and what the score needs (tier, warmth, weight, age, super
 is no similarity pre-gate here. Relevance, the gate and the order are ``core.recall``'s:
 :func:`recall` is ``core.recall.rank_memories`` over these candidates.
 
-Why BM25 and not ``ts_rank``: ``ts_rank`` has no inverse document frequency, so in a person's
-history, where their own name and "User" are in every row, it ranks by the commonest words.
-BM25 here is computed from the stored ``tsvector``s (term frequency from the positions,
-document frequency and average length over the user's rows), with the query's terms OR-ed so a
-row need not contain every word of a question. Computed from the rows, that opens every row a
-common word matches (and its out-of-line tsvector), so recall's two default text legs read
-postings (user, word, row, term frequency, length) that triggers keep (sql/013), from index
-entries alone, and the counts BM25 needs (each word's rows, the user's rows and their mean
-length) from statistics the same triggers append to (sql/014); the computation from the rows
-stays as ``exact=True``, the reference.
-
-The vector legs scan a user's rows exactly when they have few (a few milliseconds, and exact);
-otherwise an HNSW index proposes them. A heavy user's own partial index (``store.user_indexes``,
-built nightly) holds only their rows: at 100,000 rows of ten users a cosine leg costs about 6 ms
-p50 there against 12–13 ms on the shared index, and recall's top 10 equals the exact one for every
-query measured (docs/BENCHMARKS.md §2e); it is read without the iterative scan (its beam is all
-theirs), and when filters leave that short the exact scan stands in. Until it exists the shared
-HNSW index serves, read with
-pgvector 0.8's iterative scan (``hnsw.iterative_scan = strict_order``): when the user filter
-leaves fewer than ``limit`` rows of the beam, the index scan goes on instead of returning short,
-in exact distance order, walking past other users' rows. When even that comes up short
-(``hnsw.max_scan_tuples``), the exact scan stands in. ``exact=True`` scans everything exactly:
-the reference the benchmark and the tests compare the index paths with.
+The legs are ``store.bm25`` (text) and ``store.vector_legs`` (cosine), over the rows
+``store.recall_legs`` names; ``store.leg_runner`` runs them side by side, and
+``store.recallable_distillations`` maps the exchanges they find to the distillations holding them.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
-import math
-import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Final, Generic, Literal, NotRequired, TypedDict, TypeVar, Unpack
+from typing import Final, Literal, NotRequired, TypedDict, Unpack
 
 import numpy as np
 import psycopg
-from psycopg import sql
 
 from yak_pipeline.core.exchanges import same_words, users_words
 from yak_pipeline.core.query_intent import asks_about_present
 from yak_pipeline.core.recall import Candidate, Leg, RankedMemory, RecallParams, rank_memories
 from yak_pipeline.core.relevance import RelevanceModel, RelevanceSignals
+from yak_pipeline.store.bm25 import bm25_search
+from yak_pipeline.store.leg_runner import Once, Spare, run_legs
+from yak_pipeline.store.recall_legs import LegHit
+from yak_pipeline.store.recallable_distillations import recallable_distillations
 from yak_pipeline.store.rows import uuid_array
-from yak_pipeline.store.user_indexes import USER_INDEX_MIN_ROWS, user_indexes
-
-logger = logging.getLogger("yak.recall")
-
-T = TypeVar("T")
-
-_MIN_FETCH: Final[int] = 40
-# The widest HNSW beam recall asks for; past it an exact scan is the better plan.
-MAX_EF_SEARCH: Final[int] = 1000
-# The beam is this many times the rows wanted. On a user's own index (pgvector 0.6), 2n gave
-# >= 0.99 of the true top-n on 10k rows of 384 dimensions; on the shared index read with the
-# iterative scan, 2n gave a top-10 equal to the exact one for 0.985 of the queries at 100k rows
-# of ten users (docs/BENCHMARKS.md §2c): the beam's candidates are shared with other users' rows.
-_EF_PER_ROW: Final[float] = 4.0
-# Okapi BM25's usual constants (Robertson & Zaragoza); not tuned to any data set.
-BM25_K1: Final[float] = 1.2
-BM25_B: Final[float] = 0.75
-# Below this many rows a user's rows are scanned exactly: it is as fast as the index and exact. From
-# it on a user gets their own indexes (store.user_indexes): one line for both.
-EXACT_SCAN_MAX_ROWS: Final[int] = USER_INDEX_MIN_ROWS
-# Merge chains longer than this are not followed (each merge is one hop).
-_MAX_MERGE_HOPS: Final[int] = 8
-
-# ``as_of`` (recall as of a date) keeps only what had happened by then: an exchange by when it
-# occurred, a distillation by its source exchange's time.
-_TABLES: Final[dict[str, str]] = {
-    # Recall candidates are active distillations of the active embedding model (DESIGN §4).
-    "distillations": "t.user_id = %(user)s AND t.status = 'active' AND t.deleted_at IS NULL "
-                     "AND t.embedding_model = %(model)s AND (%(as_of)s::timestamptz IS NULL OR EXISTS ("
-                     "SELECT 1 FROM memories m WHERE m.id = t.memory_id AND m.occurred_at <= %(as_of)s))",
-    # Every live exchange of the user; its distillation is checked when it is mapped.
-    "memories": "t.user_id = %(user)s AND t.deleted_at IS NULL "
-                "AND (%(as_of)s::timestamptz IS NULL OR t.occurred_at <= %(as_of)s)",
-}
-
-# Okapi BM25 over the query's `hits` (id, lexeme, tf, dl) in the user's `corpus` (n, avgdl): each
-# word's document frequency is the number of its hits. The tail of the BM25 query from the rows
-# below (it closes its `hits` CTE).
-_BM25_SCORES_SQL: Final[str] = """), df AS (
-    SELECT lexeme, count(*)::float8 AS df FROM hits GROUP BY lexeme
-)
-SELECT h.id::text,
-       sum(ln(1 + (c.n - f.df + 0.5) / (f.df + 0.5))
-           * h.tf * (%(k1)s + 1) / (h.tf + %(k1)s * (1 - %(b)s + %(b)s * h.dl / greatest(c.avgdl, 1)))) AS score
-FROM hits h JOIN df f USING (lexeme) CROSS JOIN corpus c
-GROUP BY h.id
-ORDER BY score DESC, h.id
-LIMIT %(limit)s
-"""
-
-# Term frequencies come from the matched rows only, and from the query's lexemes only: setweight
-# marks the query's lexemes with weight A (to_tsvector gives every position the default D) and
-# ts_filter keeps just those, so a row unnests its few matching lexemes instead of all of them.
-# The OR-ed tsquery and the lexeme array are computed once (the `q` CTE) rather than per row.
-_BM25_SQL: Final[str] = """
-WITH q AS MATERIALIZED (
-    SELECT replace(plainto_tsquery('english', %(text)s)::text, ' & ', ' | ')::tsquery AS query,
-           array(SELECT DISTINCT lexeme FROM unnest(to_tsvector('english', %(text)s))) AS lexemes
-), corpus AS (
-    -- {terms} = length({tsv}) (sql/005, 006): an index-only scan instead of every row.
-    SELECT count(*)::float8 AS n, avg(t.{terms})::float8 AS avgdl
-    FROM {table} t WHERE {where}
-), hits AS (
-    SELECT t.id, u.lexeme, greatest(cardinality(u.positions), 1)::float8 AS tf,
-           t.{terms}::float8 AS dl
-    FROM q, {table} t CROSS JOIN LATERAL unnest(ts_filter(setweight(t.{tsv}, 'A', q.lexemes), '{{a}}')) AS u
-    WHERE {where}
-      AND t.{tsv} @@ q.query
-""" + _BM25_SCORES_SQL
-
-
-
-# --- the index's beam ----------------------------------------------------------------------------
-
-
-def set_beam(conn: psycopg.Connection, ef_search: int, *, iterative: bool = True) -> None:
-    """HNSW ``ef_search``, and whether the scan goes on past the beam (``hnsw.iterative_scan``), for the
-    rest of this transaction (``set_config(..., true)``). On a connection in autocommit mode that is
-    the implicit transaction the statements of one pipeline share until it syncs: send the search
-    in the same pipeline (:func:`vector_search` does).
-
-    The iterative scan is for the shared index, whose beam is mostly other users' rows. A user's
-    own index holds only theirs: the beam is enough, and keeping the scan resumable cost 1 ms of
-    4.5 per leg (the same 50 rows in each of 450 legs, docs/BENCHMARKS.md §2f). When filters
-    leave it short, the exact scan stands in (:func:`vector_search`).
-    """
-    conn.execute("SELECT set_config('hnsw.ef_search', %s, true), set_config('hnsw.iterative_scan', %s, true)",
-                 (str(max(min(ef_search, MAX_EF_SEARCH), 1)), "strict_order" if iterative else "off"))
-
-
-def beam_for(rows_wanted: int) -> int:
-    """The ``ef_search`` that delivers the true top ``rows_wanted`` of a user's rows reliably."""
-    return max(math.ceil(rows_wanted * _EF_PER_ROW), _MIN_FETCH)
-
-
-# --- the legs -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LegHit:
-    """One row of one leg: its id and the leg's own score (BM25 or cosine similarity)."""
-
-    id: str
-    score: float
-
-
-def bm25_search(
-    conn: psycopg.Connection,
-    *,
-    table: Literal["memories", "distillations"],
-    user_id: str,
-    query: str,
-    limit: int,
-    embedding_model: str | None = None,
-    context: bool = False,
-    as_of: datetime | None = None,
-    exact: bool = False,
-) -> list[LegHit]:
-    """The user's rows of ``table`` best matching ``query`` by Okapi BM25 over ``content_tsv``.
-
-    Query words are stemmed and stop words dropped by PostgreSQL's ``english`` configuration;
-    any of them may match (OR). ``embedding_model`` is required for distillations (only the
-    active model's rows are recall candidates). With ``context`` (memories only) each exchange
-    is searched together with its neighbours in the conversation (``context_tsv``, sql/006).
-
-    Recall's two default legs (distillations, and exchanges in context, at the present moment)
-    read trigger-kept postings and statistics (sql/013, 014) by index-only scans; ``exact``, and the
-    other legs, compute everything from the matching rows: the same top ``limit``, the reference
-    the tests compare the postings with.
-    """
-    if table == "distillations" and embedding_model is None:
-        raise ValueError("bm25_search over distillations needs the active embedding_model")
-    if context and table != "memories":
-        raise ValueError("only exchanges (memories) have a conversation context")
-    if limit <= 0 or not query.strip():
-        return []
-    column = "context" if context else "content"
-    if not exact and as_of is None and (table == "distillations" or context):
-        leg, scope = ("distillations", embedding_model) if table == "distillations" else ("contexts", "")
-        return _bm25_from_postings(conn, leg=leg, user_id=user_id, scope=str(scope), query=query, limit=limit)
-    statement = _BM25_SQL.format(table=table, where=_TABLES[table], tsv=f"{column}_tsv", terms=f"{column}_terms")
-    rows = conn.execute(statement, {"text": query, "user": user_id, "model": embedding_model, "limit": limit,
-                                    "k1": BM25_K1, "b": BM25_B, "as_of": as_of}).fetchall()
-    return [LegHit(id=str(r[0]), score=float(r[1])) for r in rows]
-
-
-# BM25 of one leg of one user from its postings (sql/013) and statistics (sql/014): the same
-# formula as _BM25_SQL, with the corpus size and mean length, and each word's document frequency,
-# summed from the statistics' deltas instead of counted from the rows and the postings. The mean
-# length is numeric sum / count, as avg() computes it, so the scores are the rows' but for the order
-# of each row's sum (the last bits). The postings are read once per word of the query, by the join
-# alone: a second condition on the words (`lexeme = ANY(...)`) made the planner expect one posting,
-# sort the few thousand by row and aggregate them in order, where it now hashes them (the contexts
-# leg at 100,000 rows, 100 questions: 4.92 -> 3.80 ms p50, 13.31 -> 9.68 p95).
-_BM25_POSTINGS_SQL: Final[str] = """
-WITH corpus AS MATERIALIZED (
-    SELECT sum(s.df)::float8 AS n, (sum(s.dl_sum)::numeric / nullif(sum(s.dl_rows), 0))::float8 AS avgdl
-    FROM bm25_statistics s
-    WHERE s.leg = %(leg)s AND s.user_id = %(user)s AND s.scope = %(scope)s AND s.lexeme = ''
-), df AS MATERIALIZED (
-    SELECT s.lexeme, sum(s.df)::float8 AS df
-    FROM bm25_statistics s
-    WHERE s.leg = %(leg)s AND s.user_id = %(user)s AND s.scope = %(scope)s
-      AND s.lexeme = ANY(array(SELECT DISTINCT lexeme FROM unnest(to_tsvector('english', %(text)s))))
-    GROUP BY s.lexeme
-    HAVING sum(s.df) > 0
-)
-SELECT p.row_id::text,
-       sum(ln(1 + (c.n - f.df + 0.5) / (f.df + 0.5))
-           * p.tf * (%(k1)s + 1) / (p.tf + %(k1)s * (1 - %(b)s + %(b)s * p.dl / greatest(c.avgdl, 1)))) AS score
-FROM bm25_postings p JOIN df f ON f.lexeme = p.lexeme CROSS JOIN corpus c
-WHERE p.leg = %(leg)s AND p.user_id = %(user)s AND p.scope = %(scope)s
-GROUP BY p.row_id
-ORDER BY score DESC, p.row_id
-LIMIT %(limit)s
-"""
-
-
-def _bm25_from_postings(conn: psycopg.Connection, *, leg: str, user_id: str, scope: str, query: str,
-                        limit: int) -> list[LegHit]:
-    """Top ``limit`` by BM25 from the postings: equal to the computation from the rows, no row opened."""
-    rows = conn.execute(_BM25_POSTINGS_SQL, {"leg": leg, "user": user_id, "scope": scope, "text": query,
-                                             "limit": limit, "k1": BM25_K1, "b": BM25_B}).fetchall()
-    return [LegHit(id=str(r[0]), score=float(r[1])) for r in rows]
-
-
-def fold_bm25_statistics(conn: psycopg.Connection) -> int:
-    """Sum each (leg, user, scope, word)'s statistics deltas into one row (sql/014); the rows removed.
-
-    A reader's BM25 is the same folded or not; folded, it sums one row per word instead of one per
-    write that touched it.
-    """
-    return int(conn.execute("SELECT yak_bm25_fold_statistics()").fetchone()[0])
-
-
-def vector_search(
-    conn: psycopg.Connection,
-    *,
-    table: Literal["memories", "distillations"],
-    user_id: str,
-    query_embedding: Sequence[float],
-    embedding_model: str,
-    limit: int,
-    exact: bool = False,
-    as_of: datetime | None = None,
-    context: bool = False,
-    own_index: bool | None = None,
-) -> list[LegHit]:
-    """The user's ``limit`` rows of ``table`` most similar to the query (cosine), most similar first.
-
-    With ``exact`` every row of the user is scored; otherwise an HNSW index proposes them when
-    that is cheaper — the user's own (``store.user_indexes``) when they have one, else the shared
-    one — and an exact scan stands in when the index cannot deliver ``limit`` rows. With
-    ``context`` (memories only) each exchange is compared as read with its neighbours
-    (``context_embedding``, sql/008). ``own_index`` says whether the user has their own index on
-    this column (None: look it up).
-    """
-    if context and table != "memories":
-        raise ValueError("only exchanges (memories) have a conversation context")
-    if limit <= 0:
-        return []
-    column = "context_embedding" if context else "embedding"
-    where = _TABLES[table] + f" AND t.{column} IS NOT NULL AND t.{column}_model = %(model)s"
-    args = {"q": np.asarray(query_embedding, dtype=np.float32), "user": user_id, "model": embedding_model,
-            "n": limit, "as_of": as_of}
-    if not exact:
-        if own_index is None:
-            own_index = (table, column) in user_indexes(conn, user_id)
-        # A user's own index holds more rows than an exact scan reads quickly, by construction.
-        if own_index or _has_more_rows_than(conn, table=table, where=where, args=args,
-                                            rows=max(EXACT_SCAN_MAX_ROWS, limit)):
-            # The planner proves a partial index's predicate only from a literal (store.user_indexes).
-            mine = sql.SQL(" AND t.user_id = {}").format(sql.Literal(user_id)) if own_index else sql.SQL("")
-            # The beam and the search go in one round trip (a pipeline): a wait for the server's
-            # answer to set_config cost 0.5 ms p50, and more while other legs held the cores.
-            with conn.pipeline():
-                set_beam(conn, beam_for(limit), iterative=not own_index)
-                if own_index:
-                    # Planned once per connection and user, at its first run: planning it each time
-                    # weighed every user's partial index against the query, 0.2-0.7 ms of a 2-3 ms leg
-                    # at ten users, and PostgreSQL's own choice kept replanning a prepared one. The
-                    # plan is the same index scan (same rows, 100 of 100 questions).
-                    conn.execute("SELECT set_config('plan_cache_mode', 'force_generic_plan', true)")
-                found = conn.execute(
-                    sql.SQL(f"SELECT t.id::text, 1 - (t.{column} <=> %(q)s) FROM {table} t WHERE {where}{{mine}} "  # noqa: S608
-                            f"ORDER BY t.{column} <=> %(q)s LIMIT %(n)s").format(mine=mine),
-                    args, prepare=True if own_index else None,
-                )
-                if own_index:
-                    conn.execute("RESET plan_cache_mode")
-            rows = found.fetchall()
-            if len(rows) >= limit:
-                return [LegHit(id=str(r[0]), score=float(r[1])) for r in rows]
-    # Ordering by the similarity expression (not by `embedding <=> q`) keeps the planner off the
-    # index: this is the exact scan of the user's rows.
-    rows = conn.execute(
-        f"SELECT t.id::text, 1 - (t.{column} <=> %(q)s) AS similarity FROM {table} t WHERE {where} "  # noqa: S608
-        "ORDER BY similarity DESC, t.id LIMIT %(n)s",
-        args,
-    ).fetchall()
-    return [LegHit(id=str(r[0]), score=float(r[1])) for r in rows]
-
-
-def _has_more_rows_than(conn: psycopg.Connection, *, table: str, where: str, args: dict, rows: int) -> bool:
-    """Whether the user has more than ``rows`` candidate rows: reads at most ``rows + 1`` of them.
-
-    A full count of a heavy user's rows cost 21 ms p50 at 10,000 rows, more than the index
-    scan it decides about (docs/BENCHMARKS.md); this bounded one reads what the decision needs.
-    """
-    found = conn.execute(f"SELECT count(*) FROM (SELECT 1 FROM {table} t WHERE {where} LIMIT %(cap)s) AS f",  # noqa: S608
-                         {**args, "cap": rows + 1}).fetchone()[0]
-    return found > rows
-
-
-# --- from exchanges to distillations --------------------------------------------------------------
-
-
-def recallable_distillations(
-    conn: psycopg.Connection, *, user_id: str, memory_ids: Iterable[str], embedding_model: str
-) -> dict[str, str]:
-    """For each memory, the active distillation of the active model that now holds what it said.
-
-    That is the memory's own distillation when active, or — when it was merged — the distillation
-    it was merged into (following further merges). Memories with none are left out.
-    """
-    wanted = list(dict.fromkeys(memory_ids))
-    if not wanted:
-        return {}
-    # Each memory's distillations by their memory index, then the user checked on those rows: given
-    # `user_id = ` as an index condition, the planner also read the user's every entry in another
-    # index and intersected the two (10,000 entries: 2.4 ms of 3.6 at 100,000 rows).
-    rows = conn.execute(
-        """SELECT d.memory_id::text, d.id::text, d.status, d.embedding_model
-           FROM unnest(%s::uuid[]) AS wanted(memory_id)
-           JOIN distillations d ON d.memory_id = wanted.memory_id
-           WHERE d.user_id = %s AND d.deleted_at IS NULL AND d.status IN ('active', 'merged')
-           ORDER BY d.created_at, d.id""",
-        (uuid_array(wanted), user_id),
-    ).fetchall()
-    result: dict[str, str] = {}
-    # memory id -> the merged distillation it is waiting to resolve
-    following: dict[str, str] = {}
-    for memory_id, distillation_id, status, model in rows:
-        memory_id, distillation_id = str(memory_id), str(distillation_id)
-        if memory_id in result:
-            continue
-        if status == "active":
-            if model == embedding_model:
-                result[memory_id] = distillation_id
-                following.pop(memory_id, None)
-        else:
-            following.setdefault(memory_id, distillation_id)
-    for _ in range(_MAX_MERGE_HOPS):
-        if not following:
-            break
-        merged_ids = list(set(following.values()))
-        targets = conn.execute(
-            """SELECT DISTINCT ON (m.merged) m.merged::text, d.id::text, d.status, d.embedding_model
-               FROM unnest(%s::uuid[]) AS m(merged)
-               JOIN distillation_versions v ON v.merged_from @> ARRAY[m.merged] AND v.deleted_at IS NULL
-               JOIN distillations d ON d.id = v.distillation_id AND d.deleted_at IS NULL AND d.user_id = %s
-               ORDER BY m.merged, v.created_at DESC""",
-            (uuid_array(merged_ids), user_id),
-        ).fetchall()
-        target_of = {str(r[0]): (str(r[1]), r[2], r[3]) for r in targets}
-        still: dict[str, str] = {}
-        for memory_id, merged in following.items():
-            target = target_of.get(merged)
-            if target is None:
-                continue
-            target_id, status, model = target
-            if status == "active" and model == embedding_model:
-                result[memory_id] = target_id
-            elif status == "merged":
-                still[memory_id] = target_id
-        following = still
-    return result
-
-
-def source_memories(conn: psycopg.Connection, *, distillation_ids: Iterable[str]) -> dict[str, set[str]]:
-    """For each distillation, the memories whose content it holds: its own and every merged one's."""
-    wanted = list(dict.fromkeys(distillation_ids))
-    if not wanted:
-        return {}
-    rows = conn.execute(
-        """WITH RECURSIVE held(root, distillation_id, depth) AS (
-               SELECT d.id, d.id, 0 FROM distillations d WHERE d.id = ANY(%s::uuid[])
-               UNION
-               SELECT h.root, merged.id, h.depth + 1
-               FROM held h
-               JOIN distillation_versions v ON v.distillation_id = h.distillation_id AND v.deleted_at IS NULL
-               CROSS JOIN LATERAL unnest(v.merged_from) AS merged(id)
-               WHERE h.depth < %s
-           )
-           SELECT h.root, d.memory_id FROM held h JOIN distillations d ON d.id = h.distillation_id""",
-        (wanted, _MAX_MERGE_HOPS),
-    ).fetchall()
-    result: dict[str, set[str]] = {d: set() for d in wanted}
-    for root, memory_id in rows:
-        result[str(root)].add(str(memory_id))
-    return result
-
-
-def _rank_leg(ids: Iterable[str]) -> dict[str, int]:
-    """1-based ranks of ids in order, keeping each id's first (best) position."""
-    ranks: dict[str, int] = {}
-    for distillation_id in ids:
-        if distillation_id not in ranks:
-            ranks[distillation_id] = len(ranks) + 1
-    return ranks
-
-
-def active_distillation_ids(conn: psycopg.Connection, *, user_id: str, embedding_model: str) -> list[str]:
-    """Every recall candidate of the user: active distillations of the active model."""
-    rows = conn.execute(
-        """SELECT id FROM distillations
-           WHERE user_id = %s AND status = 'active' AND deleted_at IS NULL AND embedding_model = %s""",
-        (user_id, embedding_model),
-    ).fetchall()
-    return [str(r[0]) for r in rows]
-
-
-# --- candidates and recall -----------------------------------------------------------------------
+from yak_pipeline.store.user_indexes import user_indexes
+from yak_pipeline.store.vector_legs import vector_search
 
 # Ids come back as text throughout recall: a uuid object per row (about a thousand per recall),
 # made and then turned into a string, cost 1.5 ms of Python CPU per recall at 100,000 rows.
@@ -510,111 +106,17 @@ def _best_per_distillation(hits: Iterable[LegHit], held_by: Mapping[str, str]) -
     return best
 
 
-# Threads that run recall's legs on spare connections (the caller's thread runs them on its own).
-# The legs wait on PostgreSQL, not on Python: the threads only hold a connection each.
-_LEG_THREADS: Final[ThreadPoolExecutor] = ThreadPoolExecutor(max_workers=8, thread_name_prefix="yak-recall-leg")
-
-# A connection for one helper thread's legs: one the caller holds, or a call that lends one for
-# as long as the helper runs legs (None when there is none free: ``Database.idle_connection``).
-Spare = psycopg.Connection | Callable[[], AbstractContextManager[psycopg.Connection | None]]
-
-
-class _Legs(Generic[T]):
-    """One recall's legs, taken one at a time by the threads that run them, and their results."""
-
-    def __init__(self, legs: Sequence[Callable[[psycopg.Connection], T]]) -> None:
-        self._legs = legs
-        self._taken = 0
-        self._running = 0
-        self._results: list[T | None] = [None] * len(legs)
-        self._error: BaseException | None = None
-        self._changed = threading.Condition()
-
-    def run_on(self, conn: psycopg.Connection) -> None:
-        """Run the next leg not yet taken on ``conn``, until none is left (or one failed)."""
-        while True:
-            with self._changed:
-                if self._error is not None or self._taken == len(self._legs):
-                    return
-                index, self._taken, self._running = self._taken, self._taken + 1, self._running + 1
-            try:
-                value = self._legs[index](conn)
-            except BaseException as exc:
-                with self._changed:
-                    self._error = self._error or exc
-                    self._running -= 1
-                    self._changed.notify_all()
-                return
-            with self._changed:
-                self._results[index] = value
-                self._running -= 1
-                self._changed.notify_all()
-
-    def results(self) -> list[T]:
-        """Every leg's result in order, once no leg is running and none is left; raises what a leg raised."""
-        with self._changed:
-            self._changed.wait_for(lambda: self._running == 0
-                                   and (self._error is not None or self._taken == len(self._legs)))
-        if self._error is not None:
-            raise self._error
-        return self._results  # type: ignore[return-value] - every slot is filled when none failed
-
-
-def _help(legs: _Legs, spare: Spare) -> None:
-    """A helper thread: borrow the spare connection, run legs on it, give it back."""
-    with nullcontext(spare) if isinstance(spare, psycopg.Connection) else spare() as conn:
-        if conn is not None:
-            legs.run_on(conn)
-
-
-def _log_helper_failure(done: Future) -> None:
-    # A helper's legs report their own errors; what is left is borrowing or giving back its
-    # connection (the pool replaces a broken one), which no recall waits for.
-    if not done.cancelled() and done.exception() is not None:
-        logger.warning("a recall helper could not borrow or give back its connection: %s", done.exception())
-
-
-def _run_legs(conn: psycopg.Connection, legs: Sequence[Callable[[psycopg.Connection], T]],
-              spare: Sequence[Spare] = ()) -> list[T]:
-    """Each leg's result, in order: one after another on ``conn``, or side by side with helper threads
-    on ``spare`` connections, each thread taking the next leg not yet started until none is left.
-
-    Each leg is one query that PostgreSQL runs on one core; side by side they use the others
-    (docs/BENCHMARKS.md: the five legs at 100,000 rows, p50 78 → 48 ms on 2 cores). A helper
-    borrows its connection itself, while the caller's thread runs the first leg, and gives it
-    back (a commit) after the last leg it ran has reported: neither waits in the recall.
-    """
-    if not spare:
-        return [leg(conn) for leg in legs]
-    shared = _Legs(legs)
-    helpers = [_LEG_THREADS.submit(_help, shared, s) for s in spare]
-    for helper in helpers:
-        helper.add_done_callback(_log_helper_failure)
-    shared.run_on(conn)
-    for helper in helpers:
-        # One still queued (the threads busy with other recalls) has nothing left to do.
-        helper.cancel()
-    # Every leg taken has reported: a helper may still be giving its connection back.
-    return shared.results()
+def _rank_leg(ids: Iterable[str]) -> dict[str, int]:
+    """1-based ranks of ids in order, keeping each id's first (best) position."""
+    ranks: dict[str, int] = {}
+    for distillation_id in ids:
+        if distillation_id not in ranks:
+            ranks[distillation_id] = len(ranks) + 1
+    return ranks
 
 
 # One leg of recall: its query on the connection it is given.
 _Leg = Callable[[psycopg.Connection], list[LegHit]]
-
-
-class _Once(Generic[T]):
-    """A value computed on the connection of whichever leg asks first; the others wait for it."""
-
-    def __init__(self, compute: Callable[[psycopg.Connection], T]) -> None:
-        self._compute = compute
-        self._lock = threading.Lock()
-        self._done: list[T] = []
-
-    def __call__(self, conn: psycopg.Connection) -> T:
-        with self._lock:
-            if not self._done:
-                self._done.append(self._compute(conn))
-            return self._done[0]
 
 
 class CandidateQuery(TypedDict):
@@ -625,9 +127,9 @@ class CandidateQuery(TypedDict):
     the vector legs wait for it. ``exact`` scans the vector legs exactly (the reference); ``as_of``
     sees only what had happened by then. With ``spare`` connections — held ones, or calls that lend
     one (``Database.idle_connection``) — the legs run side by side, on the request's connection
-    and on them (:func:`_run_legs`). ``echo`` is the message being answered when it is not
-    ``query`` itself (the proxy's follow-up, read after the message before it): an exchange that
-    says just that is an earlier asking of the same question, not evidence (default: ``query``).
+    and on them (``store.leg_runner.run_legs``). ``echo`` is the message being answered when it is
+    not ``query`` itself (the proxy's follow-up, read after the message before it): an exchange
+    that says just that is an earlier asking of the same question, not evidence (default: ``query``).
     """
 
     user_id: str
@@ -733,7 +235,7 @@ def recall_candidates(conn: psycopg.Connection, **ask: Unpack[CandidateQuery]) -
     # A stored context (words or vector) can hold what was said after ``as_of`` (the next
     # exchange's): as of a past moment each exchange is searched alone.
     use_context = params.exchange_context and as_of is None
-    own = _Once(lambda c: user_indexes(c, user_id) if not exact else frozenset())
+    own = Once(lambda c: user_indexes(c, user_id) if not exact else frozenset())
 
     def vector_leg(table: Literal["memories", "distillations"], context: bool = False) -> _Leg:
         def run(c: psycopg.Connection) -> list[LegHit]:
@@ -746,7 +248,7 @@ def recall_candidates(conn: psycopg.Connection, **ask: Unpack[CandidateQuery]) -
 
     # The text legs first: they need no vector, so they run while the query's is still being
     # computed (services.recall); the slower of them (exchanges in context) before the other.
-    m_text, d_text, d_vec, m_vec, c_vec = _run_legs(conn, [
+    m_text, d_text, d_vec, m_vec, c_vec = run_legs(conn, [
         lambda c: bm25_search(c, table="memories", user_id=user_id, query=query, limit=size,
                               context=use_context, as_of=as_of),
         lambda c: bm25_search(c, table="distillations", user_id=user_id, query=query, limit=size,
@@ -773,7 +275,7 @@ def recall_candidates(conn: psycopg.Connection, **ask: Unpack[CandidateQuery]) -
         raw_rows = c.execute(_RAW_ROWS_SQL, {**row_args, "ids": uuid_array(sorted(raw))}).fetchall() if raw else []
         return held, rows_of(c, set(held.values()) - proposed), raw_rows
 
-    (held_by, added_rows, raw_rows), proposed_rows = _run_legs(
+    (held_by, added_rows, raw_rows), proposed_rows = run_legs(
         conn, [mapped, lambda c: rows_of(c, proposed)], ask.get("spare", ())[:1])  # type: ignore[list-item]
     rows = sorted(proposed_rows + added_rows, key=lambda r: r[0])
     # An exchange whose words are the query's own (the same question asked before, its turn stored)
@@ -809,44 +311,3 @@ def recall(conn: psycopg.Connection, *, model: RelevanceModel, now: datetime | N
     now = as_of or now or datetime.now(UTC)
     return rank_memories(recall_candidates(conn, **ask), model=model, params=params, now=now,
                          about_present=asks_about_present(ask["query"]))
-
-
-# --- exchange vectors -----------------------------------------------------------------------------
-
-
-def exchanges_without_embedding(conn: psycopg.Connection, *, embedding_model: str, user_id: str | None = None,
-                                limit: int = 256, context: bool = False,
-                                ids: Sequence[str] | None = None) -> list[tuple[str, str]]:
-    """Up to ``limit`` live exchanges with no vector of ``embedding_model``: (id, text to embed), locked.
-
-    ``ids``: only these exchanges (a write that has just stored them embeds them at once).
-    With ``context``, the vector of the exchange read with its neighbours (sql/008), whose text
-    is the exchange between its neighbours (``yak_exchange_context_text``). ``FOR UPDATE SKIP
-    LOCKED`` lets several workers fill vectors at once without doing the same row twice.
-    """
-    column, text = ("context_embedding", "yak_exchange_context_text(id)") if context else ("embedding", "content")
-    rows = conn.execute(
-        f"""SELECT id, {text} FROM memories
-            WHERE deleted_at IS NULL AND (%(user)s::text IS NULL OR user_id = %(user)s)
-              AND (%(ids)s::uuid[] IS NULL OR id = ANY(%(ids)s::uuid[]))
-              AND ({column} IS NULL OR {column}_model IS DISTINCT FROM %(model)s)
-            ORDER BY occurred_at, id
-            LIMIT %(limit)s
-            FOR UPDATE SKIP LOCKED""",  # noqa: S608 - fixed column names
-        {"user": user_id, "model": embedding_model, "limit": limit, "ids": None if ids is None else uuid_array(ids)},
-    ).fetchall()
-    return [(str(r[0]), r[1]) for r in rows]
-
-
-def set_exchange_embeddings(conn: psycopg.Connection, *, embedding_model: str,
-                            vectors: Mapping[str, Sequence[float]], context: bool = False) -> int:
-    """Store each exchange's vector (by memory id; with ``context``, its context vector) and the model; rows given."""
-    if not vectors:
-        return 0
-    column = "context_embedding" if context else "embedding"
-    with conn.cursor() as cur:
-        cur.executemany(
-            f"UPDATE memories SET {column} = %s, {column}_model = %s WHERE id = %s",  # noqa: S608 - fixed names
-            [(np.asarray(v, dtype=np.float32), embedding_model, memory_id) for memory_id, v in vectors.items()],
-        )
-    return len(vectors)

@@ -5,14 +5,14 @@ pgvector 0.8's iterative scan it is exact in order, but it walks past the other 
 find this user's: at 100,000 distillations of ten users (realistic text, where people say much
 the same things) one cosine leg visited about 2,400 buffers and cost 12–13 ms p50, against about
 6 ms on a partial index holding only that user's rows (docs/BENCHMARKS.md §2e). So a user with more rows
-in a column than an exact scan reads quickly (``store.recall.EXACT_SCAN_MAX_ROWS``) gets a
+in a column than an exact scan reads quickly (``store.vector_legs.EXACT_SCAN_MAX_ROWS``) gets a
 partial index ``WHERE user_id = '<user>'`` on it, built by :func:`ensure_user_indexes` (the
 nightly ``recall_index_job``, ``yak db index``, the end of ``yak process``); PostgreSQL keeps it
 up to date on every write, like any index. Until it exists, and for everyone else, the shared
 index serves, so recall is the same either way, only slower.
 
 The planner uses a partial index only when it can prove the index's predicate from the query,
-so recall names the user as a literal in the legs that read one (``store.recall.vector_search``).
+so recall names the user as a literal in the legs that read one (``store.vector_legs.vector_search``).
 
 Many users with indexes of their own make every planning of a query on the table consider all
 of them: this fits a personal memory system (a person, a household, a small team), and
@@ -30,7 +30,7 @@ from psycopg import sql
 
 VectorColumn = tuple[Literal["distillations", "memories"], Literal["embedding", "context_embedding"]]
 
-# Every vector column a recall leg searches (store/recall.py).
+# Every vector column a recall leg searches (store/vector_legs.py).
 VECTOR_COLUMNS: Final[tuple[VectorColumn, ...]] = (
     ("distillations", "embedding"),
     ("memories", "embedding"),
@@ -38,7 +38,7 @@ VECTOR_COLUMNS: Final[tuple[VectorColumn, ...]] = (
 )
 
 # A user gets their own index on a column from this many live vectors on: below it recall scans
-# their rows exactly (store.recall.EXACT_SCAN_MAX_ROWS is this figure). Their index is dropped
+# their rows exactly (store.vector_legs.EXACT_SCAN_MAX_ROWS is this figure). Their index is dropped
 # only when they fall under half of it, so a user near the line does not flap.
 USER_INDEX_MIN_ROWS: Final[int] = 2_000
 

@@ -42,7 +42,7 @@ def maintain_recall_indexes_op(context: dg.OpExecutionContext, config: RecallInd
     Recall is the same without either, only slower for heavy users (sql/014, store.user_indexes,
     docs/BENCHMARKS.md); the builds are concurrent, so ingestion and recall go on meanwhile.
     """
-    from yak_pipeline.services.recall import maintain_recall_indexes
+    from yak_pipeline.services.recall_indexes import maintain_recall_indexes
 
     built = maintain_recall_indexes(postgres.database(), min_rows=config.min_rows,
                                     on_build=lambda *build: context.log.info(describe_build(*build)))

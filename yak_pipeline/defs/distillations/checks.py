@@ -6,7 +6,7 @@ from yak_pipeline.defs.distillations.assets import distillations
 from yak_pipeline.defs.partitions import run_partitions, users_partitions
 from yak_pipeline.defs.resources import EmbedderResource, PostgresResource
 from yak_pipeline.services.quality import validate_distillations
-from yak_pipeline.store.distillations import partition_distillations, record_partition_gate
+from yak_pipeline.store.partition_gates import partition_distillations, record_partition_gate
 
 DISTILLATION_QUALITY_CHECK = "distillation_quality"
 

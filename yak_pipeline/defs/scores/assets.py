@@ -12,7 +12,7 @@ from yak_pipeline.defs.resources import AlertsResource, EmbedderResource, LLMRes
 from yak_pipeline.services.consolidate import ConsolidateJob, merge_near_duplicates, score_conflicts
 from yak_pipeline.services.reports import StageReport
 from yak_pipeline.services.warmth import WarmthJob, evaluate_pending_turns, offline_judge, reevaluate_recent
-from yak_pipeline.store.distillations import partition_gate_passed
+from yak_pipeline.store.partition_gates import partition_gate_passed
 
 
 def _held_back(context: dg.AssetExecutionContext, postgres: PostgresResource, user_id: str, day: date) -> bool:
