@@ -81,6 +81,7 @@ def _stem(word: str) -> str:
 
 
 def _content_words(text: str) -> list[str]:
+    """Stems of ``text``'s content words in order, repeats kept (see :func:`content_stems`)."""
     return [_stem(w) for w in _WORD.findall(text.lower())
             if len(w) > 1 and not w.isdigit() and w not in _STOP_WORDS and w not in _CHANGE_WORDS]
 
