@@ -13,8 +13,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from datetime import UTC, datetime, timedelta
 
 from yak_pipeline.embeddings import get_embedder
+from yak_pipeline.eval.ingest import _ingest
 from yak_pipeline.eval.locomo import Conversation, Turn
-from yak_pipeline.eval.runner import _ingest, evaluation_database
+from yak_pipeline.eval.scratch_database import evaluation_database
 from yak_pipeline.services.recall import block_choice, build_context, recall_params, relevance_model
 from yak_pipeline.settings import get_settings
 

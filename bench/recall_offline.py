@@ -45,7 +45,7 @@ from yak_pipeline.core.relevance import (  # noqa: E402
 )
 from yak_pipeline.core.scoring import decay_factor, gravity, passes_tier_gate  # noqa: E402
 from yak_pipeline.eval.calibrate import ANSWERABLE_PASS_SHARE, TRUE_PASS_SHARE, fit_logistic, operating_point_shift  # noqa: E402
-from yak_pipeline.eval.runner import assign_folds  # noqa: E402
+from yak_pipeline.eval.cross_validation import assign_folds  # noqa: E402
 
 DEV_FILES = (ROOT.parent / "shared/data/paraphrase/paraphrase_dev.json", ROOT.parent / "shared/data/locomo/locomo_dev.json",
              Path("/tmp/beam/beam_dev.json"))
@@ -54,8 +54,9 @@ THRESHOLD, HALF_LIFE_DAYS, SUPERSEDED_FACTOR = 0.7, 30.0, 0.5
 
 def collect_command(args: argparse.Namespace) -> None:
     """The collection pass of ``yak eval``, pickled."""
+    from yak_pipeline.eval.collection import collect
     from yak_pipeline.eval.locomo import load_locomo
-    from yak_pipeline.eval.runner import EvalOptions, collect
+    from yak_pipeline.eval.options import EvalOptions
     from yak_pipeline.settings import get_settings
 
     datasets = [(Path(f).name, load_locomo(Path(f))) for f in args.data]

@@ -11,10 +11,14 @@ import psycopg
 import pytest
 
 from yak_pipeline.core.exchanges import format_exchange
-from yak_pipeline.eval import runner
+from yak_pipeline.eval import cross_validation, ranking, runner
 from yak_pipeline.eval.calibrate import Examples
+from yak_pipeline.eval.collection import collect
+from yak_pipeline.eval.cross_validation import assign_folds
+from yak_pipeline.eval.ingest import conversation_key
 from yak_pipeline.eval.locomo import is_assistant, parse_locomo
-from yak_pipeline.eval.runner import EvalOptions, assign_folds, collect, conversation_key, run_evaluation
+from yak_pipeline.eval.options import EvalOptions
+from yak_pipeline.eval.runner import run_evaluation
 from yak_pipeline.settings import Settings
 from yak_pipeline_tests.test_eval_locomo import _turn, synthetic_locomo
 
@@ -201,7 +205,7 @@ def test_a_fold_training_set_drops_the_held_out_conversations_and_questions_aske
 def test_each_conversation_is_ranked_only_by_a_model_that_did_not_see_it(settings: Settings,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     trained_on: dict[str, set[str]] = {}  # model version -> the conversations of its training examples
-    real_fit, real_rank = runner.fit_model, runner._rank
+    real_fit, real_rank = runner.fit_model, ranking._rank
 
     def fit_model(examples: Examples, **kwargs):  # type: ignore[no-untyped-def]
         model = real_fit(examples, **kwargs)
@@ -216,8 +220,10 @@ def test_each_conversation_is_ranked_only_by_a_model_that_did_not_see_it(setting
         ranked_by.append((asked.conversation.key, model.version))
         return real_rank(asked, model, params)
 
+    # The in-sample fit is the runner's, the fold fits cross_validation's.
     monkeypatch.setattr(runner, "fit_model", fit_model)
-    monkeypatch.setattr(runner, "_rank", rank)
+    monkeypatch.setattr(cross_validation, "fit_model", fit_model)
+    monkeypatch.setattr(ranking, "_rank", rank)
     data = assistant_locomo()
     datasets = [("one", parse_locomo(data[:2])), ("two", parse_locomo(data[2:]))]
     report, in_sample = run_evaluation(settings, datasets, EvalOptions(ks=(1, 5), folds=5))
@@ -293,7 +299,7 @@ def test_re_ranking_the_collected_candidates_is_the_production_recall(settings: 
         compared = 0
         with collected.db.connection() as conn:
             for asked in collected.asked:
-                mine = runner._rank(asked, model, params)
+                mine = ranking._rank(asked, model, params)
                 theirs = recall(conn, user_id=asked.conversation.user_id, query=asked.question.question,
                                 query_embedding=asked.vector, embedding_model=embedder.model_name, params=params,
                                 model=model, now=asked.conversation.now)

@@ -11,6 +11,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from yak_pipeline.eval.ingest import user_id_for
 from yak_pipeline.eval.locomo import (
     LocomoFormatError,
     load_locomo,
@@ -19,7 +20,8 @@ from yak_pipeline.eval.locomo import (
     parse_session_datetime,
 )
 from yak_pipeline.eval.metrics import ScoredQuestion, aggregate, score_ranking
-from yak_pipeline.eval.runner import EvalOptions, run_locomo_eval, user_id_for
+from yak_pipeline.eval.options import EvalOptions
+from yak_pipeline.eval.runner import run_locomo_eval
 from yak_pipeline.llm.prompts import parse_payload
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import connect
@@ -223,7 +225,7 @@ def test_an_exchange_stored_with_a_secret_redacted_still_holds_its_turns(setting
     """The eval finds each stored exchange by its text as stored: with a secret replaced
     (core.secrets), the hash of the text as given matched nothing and the turn counted for no method."""
     from yak_pipeline.embeddings import get_embedder
-    from yak_pipeline.eval.runner import _ingest
+    from yak_pipeline.eval.ingest import _ingest
 
     data = synthetic_locomo()[1:]
     data[0]["conversation"]["session_1"].append(

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from yak_pipeline.eval.locomo import (
-    asks_about_present,
-    derive_superseded,
-    given_up_stems,
-    parse_locomo,
-)
+from yak_pipeline.core.query_intent import asks_about_present
+from yak_pipeline.eval.locomo import parse_locomo
 from yak_pipeline.eval.metrics import abstained, block_scores, current_first, score_ranking
+from yak_pipeline.eval.superseded import derive_superseded, given_up_stems
 from yak_pipeline_tests.test_eval_locomo import _turn
 
 

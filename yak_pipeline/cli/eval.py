@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import sys
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,9 @@ from yak_pipeline.cli.errors import USAGE_EXIT, fail, friendly_errors
 
 if TYPE_CHECKING:  # imported by the commands: every `yak` command imports this module
     from rich.console import Console
+
+    from yak_pipeline.eval.options import Progress
+    from yak_pipeline.settings import Settings
 
 app = typer.Typer(help="Evaluate recall quality on benchmark data.", no_args_is_help=True)
 
@@ -68,8 +72,21 @@ def _distiller_settings(stack: ExitStack, distiller: str | None, local_llm: bool
     return settings, distiller
 
 
-def _progress(console: Console):
-    return lambda line: console.print(line, highlight=False, markup=False)
+@contextmanager
+def _eval_run(distiller: str | None, local_llm: bool, interrupted: str) -> Iterator[tuple[Settings, str | None, Progress]]:
+    """One `yak eval` run: the settings, the chosen distiller (``local`` starts the packaged model
+    for the run) and a progress sink printing on stderr. Ctrl-C in the run ends the command with
+    exit code 130 and ``interrupted`` on stderr instead of a traceback."""
+    from rich.console import Console
+
+    console = Console(stderr=True)
+    with ExitStack() as stack:
+        settings, chosen = _distiller_settings(stack, distiller, local_llm, console)
+        try:
+            yield settings, chosen, lambda line: console.print(line, highlight=False, markup=False)
+        except KeyboardInterrupt:
+            print(interrupted, file=sys.stderr)
+            raise typer.Exit(130) from None
 
 
 @app.command("locomo")
@@ -95,8 +112,9 @@ def locomo_command(
     first) and abstention on never-said questions."""
     from rich.console import Console
 
+    from yak_pipeline.eval.options import EvalOptions
     from yak_pipeline.eval.report import print_report, write_chart, write_json
-    from yak_pipeline.eval.runner import EvalOptions, run_locomo_eval
+    from yak_pipeline.eval.runner import run_locomo_eval
 
     try:
         ks = parse_ks(k)
@@ -109,18 +127,13 @@ def locomo_command(
     if folds < 2:
         raise fail("--folds must be at least 2", USAGE_EXIT)
     datasets = _load(data, limit_conversations)
-    progress_console = Console(stderr=True)
-    with ExitStack() as stack:
-        settings, chosen = _distiller_settings(stack, distiller, local_llm, progress_console)
+    with _eval_run(distiller, local_llm, "interrupted: the evaluation databases were dropped") as (
+            settings, chosen, progress):
         if llm_judge and not settings.llm_base_url:
             raise fail("--llm-judge needs an LLM: set YAK_LLM_BASE_URL or add --distiller local", USAGE_EXIT)
         options = EvalOptions(ks=ks, threshold=threshold, ablations=ablations, keep_database=keep_db,
                               required_points=target_points, llm_judge=llm_judge, distiller=chosen, folds=folds)
-        try:
-            report = run_locomo_eval(settings, datasets, options, progress=_progress(progress_console))
-        except KeyboardInterrupt:
-            print("interrupted: the evaluation databases were dropped", file=sys.stderr)
-            raise typer.Exit(130) from None
+        report = run_locomo_eval(settings, datasets, options, progress=progress)
     json_path = write_json(report, out)
     png_path = write_chart(report, out)
     if as_json:
@@ -154,15 +167,8 @@ def calibrate_command(
     if folds < 2:
         raise fail("--folds must be at least 2", USAGE_EXIT)
     datasets = _load(data, None)
-    progress_console = Console(stderr=True)
-    with ExitStack() as stack:
-        settings, chosen = _distiller_settings(stack, distiller, False, progress_console)
-        try:
-            model, report = calibrate(settings, datasets, folds=folds, distiller=chosen,
-                                      progress=_progress(progress_console))
-        except KeyboardInterrupt:
-            print("interrupted: nothing was written", file=sys.stderr)
-            raise typer.Exit(130) from None
+    with _eval_run(distiller, False, "interrupted: nothing was written") as (settings, chosen, progress):
+        model, report = calibrate(settings, datasets, folds=folds, distiller=chosen, progress=progress)
     target = out or user_models_dir(Path(settings.home)) / model_file_name(model.embedding_model)
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(model.to_dict(), indent=2) + "\n")

@@ -1,7 +1,7 @@
 """Fit the relevance model (``core.relevance``) for the configured embedder: ``yak eval calibrate``.
 
 1. The data files (LoCoMo format) go through the collection pass of ``yak eval locomo``
-   (``runner.collect``: each file through the real pipeline into a fresh evaluation database,
+   (``eval.collection.collect``: each file through the real pipeline into a fresh evaluation database,
    every question asked once), so calibration and evaluation share one code path.
 2. Every question's production candidates (``store.recall.recall_candidates``, the configured leg
    size; both kinds, active distillations and raw exchanges) are examples: each candidate's
@@ -9,7 +9,7 @@
    holds one of the question's evidence turns (a distillation: its exchange's and any merged
    exchange's turns; a raw exchange: its own). Never-said questions (category 5 without
    evidence) give only negatives: they teach the model that being the best of a poor lot is not
-   relevance (``runner.examples_from``).
+   relevance (``eval.examples.examples_from``).
 3. A logistic regression is fitted with the two classes weighted equally (so it does not depend
    on how many memories a user has) and each file weighted equally (a file with five times the
    questions must not decide alone), a small L2 penalty, and the lexical weights bounded at 0
@@ -24,13 +24,13 @@
 :func:`fit_model` does 3-5 on any subset of the conversations: on all of them for the model that
 is written (the result is written as JSON, ``recall_models``; the version names the embedder,
 the files and the date, and the file records the counts and the fit's ROC AUC per file), and on
-all but one fold for the cross-validated figures (``runner.cross_validate``).
+all but one fold for the cross-validated figures (``eval.cross_validation.cross_validate``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,16 +44,11 @@ from yak_pipeline.core.relevance import (
     NON_NEGATIVE_FEATURES,
     RelevanceModel,
 )
+from yak_pipeline.eval.options import EvalOptions, Progress, quiet, resolve_distiller
 from yak_pipeline.settings import Settings
 
 if TYPE_CHECKING:
     from yak_pipeline.eval.locomo import Conversation
-
-Progress = Callable[[str], None]
-
-
-def _quiet(_: str) -> None:
-    """A progress sink that drops every line."""
 
 
 # The operating point of the standing: 0.7 (the default threshold t, a medium memory's gate) is
@@ -220,12 +215,12 @@ def fit_model(examples: Examples, *, embedding_model: str, exclude: frozenset[st
 
 
 def calibrate(settings: Settings, datasets: Sequence[tuple[str, Sequence[Conversation]]], *,
-              progress: Progress = _quiet, folds: int = 5, distiller: str | None = None,
+              progress: Progress = quiet, folds: int = 5, distiller: str | None = None,
               ) -> tuple[RelevanceModel, dict[str, Any]]:
     """Fit the relevance model for the configured embedder on ``datasets`` (all their conversations),
     through the evaluation's own pass; returns the model and the evaluation report, whose ``"Yak"``
-    figures are cross-validated (``runner.run_evaluation``)."""
-    from yak_pipeline.eval.runner import EvalOptions, resolve_distiller, run_evaluation
+    figures are cross-validated (``eval.runner.run_evaluation``)."""
+    from yak_pipeline.eval.runner import run_evaluation  # the runner imports this module
 
     chosen = resolve_distiller(settings, distiller)
     command = ("yak eval calibrate " + " ".join(f"--data {name}" for name, _ in datasets)

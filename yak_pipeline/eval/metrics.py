@@ -12,8 +12,8 @@ it came from and of any memory merged into it). ``k`` counts items, not turns.
   ``DCG = Σ gain_i / log2(i + 1)``, divided by the ideal (one new evidence turn per rank for
   ``min(|evidence|, k)`` ranks) and capped at 1 (one merged item can hold two evidence turns).
 
-Two per-question measures outside that set (the runner averages them over the questions they
-apply to):
+Two per-question measures outside that set (``eval.file_report`` averages them over the
+questions they apply to):
 
 - **Current first** (:func:`current_first`, knowledge updates) — 1 when the newer statement is
   in the top ``k`` and ranks above every item holding only the statement it superseded.
@@ -25,6 +25,9 @@ precision (share of its memories that hold an evidence turn; none for an empty b
 only the superseded statement comes before every memory holding the current one (stale lead).
 For a question that tests a standing instruction or preference, :func:`profile_hit`: whether the
 block — its profile part or its recalled part — holds an evidence turn.
+
+Two summaries the report uses for any figure: :func:`mean_or_none` (a measure over the questions
+it applies to) and :func:`percentile` (latencies).
 """
 
 from __future__ import annotations
@@ -168,3 +171,16 @@ def aggregate(results: Iterable[ScoredQuestion], ks: Sequence[int]) -> dict[str,
             summary[name] = sum(r[name] for r in rows) / len(rows) if rows else 0.0
         out[key] = summary
     return out
+
+
+def mean_or_none(values: Sequence[float]) -> float | None:
+    """The mean, rounded, or None when there is nothing to average (the measure does not apply)."""
+    return round(sum(values) / len(values), 4) if values else None
+
+
+def percentile(sorted_values: Sequence[float], pct: float) -> float:
+    """Nearest-rank percentile of already sorted values (0 for none)."""
+    if not sorted_values:
+        return 0.0
+    rank = max(1, min(len(sorted_values), round(pct / 100 * len(sorted_values) + 0.5)))
+    return float(sorted_values[rank - 1])
