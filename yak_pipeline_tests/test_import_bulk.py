@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import psycopg
 
-from yak_pipeline.core.exchange_files import ExchangeRecord
+from yak_pipeline.ingestion.formats.exchange_records import ExchangeRecord
 from yak_pipeline.ingestion.records import ingest_records
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.memories import insert_memories, insert_memory, new_exchange

@@ -71,7 +71,6 @@ import psycopg
 
 from yak_pipeline.alerts import NULL_ALERTER
 from yak_pipeline.core.block_choice import BlockChoice, BlockShape, block_shape, choose_block, line_tokens
-from yak_pipeline.core.exchange_files import ExchangeRecord
 from yak_pipeline.core.exchanges import content_sha256, normalise_exchange_text
 from yak_pipeline.core.query_intent import asks_about_past, asks_about_present, query_parts
 from yak_pipeline.core.recall import Candidate, RankedMemory, RecallParams, interleave, rank_memories
@@ -96,6 +95,7 @@ from yak_pipeline.eval.metrics import (
     profile_hit,
     score_ranking,
 )
+from yak_pipeline.ingestion.formats.exchange_records import ExchangeRecord
 from yak_pipeline.ingestion.records import ingest_records
 from yak_pipeline.llm import RulesProvider, get_llm_provider
 from yak_pipeline.llm.provider import LLMProvider
