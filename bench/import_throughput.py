@@ -178,7 +178,7 @@ def main() -> None:
                         help="Wait for the background vectors after the first import and report their rate.")
     parser.add_argument("--json", action="store_true", help="Print the result as JSON.")
     args = parser.parse_args()
-    from yak_pipeline.core.history_files import parse_history_file
+    from yak_pipeline.ingestion.formats.history_files import parse_history_file
 
     settings = get_settings()
     with tempfile.TemporaryDirectory(prefix="yak-bench-import-") as folder:

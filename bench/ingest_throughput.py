@@ -106,8 +106,8 @@ def bench_yak_process(settings: Settings, url: str, n: int, seed: int) -> dict:
 
 def bench_stages(settings: Settings, url: str, n: int, seed: int) -> dict:
     """The pipeline's functions in-process, each stage timed, over n exchanges."""
-    from yak_pipeline.core.exchange_files import ExchangeRecord
     from yak_pipeline.embeddings import get_embedder
+    from yak_pipeline.ingestion.formats.exchange_records import ExchangeRecord
     from yak_pipeline.ingestion.records import ingest_records
     from yak_pipeline.llm import get_llm_provider
     from yak_pipeline.services.consolidate import ConsolidateJob, merge_near_duplicates, score_conflicts
@@ -153,8 +153,8 @@ def bench_stages(settings: Settings, url: str, n: int, seed: int) -> dict:
 
 def bench_llm_concurrency(settings: Settings, url: str, n: int, seed: int) -> dict:
     """Distillation through a loopback OpenAI-protocol server that answers after 200 ms."""
-    from yak_pipeline.core.exchange_files import ExchangeRecord
     from yak_pipeline.embeddings import get_embedder
+    from yak_pipeline.ingestion.formats.exchange_records import ExchangeRecord
     from yak_pipeline.ingestion.records import ingest_records
     from yak_pipeline.llm import OpenAIChatProvider
     from yak_pipeline.services.distill import DistillJob, distill_memories, partition_memory_ids

@@ -7,7 +7,8 @@ import pytest
 from dagster._core.instance.config import dagster_instance_config
 from rich.table import Table
 
-from yak_pipeline.cli.pipeline import SHIPPED, service_banner
+from yak_pipeline.cli.dagster_runtime import SHIPPED
+from yak_pipeline.cli.pipeline import service_banner
 from yak_pipeline.cli.render import PIPED_WIDTH, make_console
 from yak_pipeline.settings import Settings
 from yak_pipeline_tests.conftest import PROJECT_ROOT

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from yak_pipeline.core.exchange_files import parse_exchange_file
 from yak_pipeline.ingestion.drop_folder import (
     DropFolderError,
     claim_file,
@@ -20,6 +19,7 @@ from yak_pipeline.ingestion.drop_folder import (
     list_unsupported_files,
     read_and_parse,
 )
+from yak_pipeline.ingestion.formats.exchange_files import parse_exchange_file
 
 GOOD = {"user_id": "alice", "user": "Hi", "assistant": "Hello"}
 

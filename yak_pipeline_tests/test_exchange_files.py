@@ -9,14 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from yak_pipeline.core.exchange_files import (
-    SUPPORTED_SUFFIXES,
-    ExchangeRecord,
-    ParsedFile,
-    exchange_file_suffix,
-    parse_exchange_file,
-)
 from yak_pipeline.core.exchanges import parse_exchange
+from yak_pipeline.ingestion.formats.exchange_files import SUPPORTED_SUFFIXES, exchange_file_suffix, parse_exchange_file
+from yak_pipeline.ingestion.formats.exchange_records import ExchangeRecord, ParsedFile
 
 
 def _jsonl(*objects: object) -> bytes:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from yak_pipeline.core.chatgpt_export import without_citation_markers
-from yak_pipeline.core.claude_code_sessions import read_session, without_client_meta
+from yak_pipeline.ingestion.formats.chatgpt_export import without_citation_markers
+from yak_pipeline.ingestion.formats.claude_code_sessions import read_session, without_client_meta
 from yak_pipeline.store.database import connect
 from yak_pipeline_tests.test_cli_process import _env as yak_env
 from yak_pipeline_tests.test_cli_process import _yak as yak

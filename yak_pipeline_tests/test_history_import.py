@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from yak_pipeline.core.claude_code_sessions import read_session
-from yak_pipeline.core.history_files import FORMATS, detect_format, parse_history_file
 from yak_pipeline.ingestion.claim import claim_drop_files
+from yak_pipeline.ingestion.formats.claude_code_sessions import read_session
+from yak_pipeline.ingestion.formats.history_files import FORMATS, detect_format, parse_history_file
 from yak_pipeline.store.database import Database, connect
 from yak_pipeline.store.forget import forget_memories
 from yak_pipeline.store.queue import queue_counts

@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import psycopg
 
-from yak_pipeline.core.exchange_files import ExchangeRecord
+from yak_pipeline.ingestion.formats.exchange_records import ExchangeRecord
 from yak_pipeline.ingestion.records import ingest_records
 from yak_pipeline.store.bm25 import bm25_search
 from yak_pipeline.store.database import Database

@@ -16,9 +16,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from yak_pipeline.core.exchange_files import ExchangeRecord
 from yak_pipeline.embeddings.batching import Coalescer
 from yak_pipeline.embeddings.hashing import HashingEmbedder
+from yak_pipeline.ingestion.formats.exchange_records import ExchangeRecord
 from yak_pipeline.ingestion.records import ingest_records
 from yak_pipeline.llm.errors import LLMUnavailable
 from yak_pipeline.llm.rules import RulesProvider

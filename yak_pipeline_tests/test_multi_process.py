@@ -105,9 +105,9 @@ class Dagster:
     def start_daemon(self) -> None:
         """``dagster-daemon run`` once the code server answers (as ``yak up``: the daemon would
         retry an unreachable code location only every 60 s)."""
-        from yak_pipeline.cli.pipeline import DAEMON_LOG_LEVEL, _wait_for_code_server
+        from yak_pipeline.cli.dagster_runtime import DAEMON_LOG_LEVEL, wait_for_code_server
 
-        _wait_for_code_server(self.processes["code-server"], "127.0.0.1", self.port, timeout=240)
+        wait_for_code_server(self.processes["code-server"], "127.0.0.1", self.port, timeout=240)
         self.start("dagster-daemon", [str(Path(sys.executable).parent / "dagster-daemon"), "run",
                                       "-w", str(self.home / "workspace.yaml"), "--log-level", DAEMON_LOG_LEVEL])
 
@@ -130,18 +130,18 @@ def yak_dagster(settings: Settings, database_url: str) -> Iterator[Dagster]:
     ``dagster`` of the same server) and its code server, started now; the daemon is started by
     :meth:`Dagster.start_daemon`. Stopped as ``yak up`` stops them: the daemon, then the code server
     (its run workers with it)."""
-    from yak_pipeline.cli.pipeline import CODE_LOCATION, _prepare_dagster_home, _write_workspace
+    from yak_pipeline.cli.dagster_runtime import CODE_LOCATION, prepare_dagster_home, write_workspace
     from yak_pipeline.ports import free_port
 
-    env = _prepare_dagster_home(settings, database_url)
+    env = prepare_dagster_home(settings, database_url)
     env.update(YAK_DATABASE_URL=database_url, YAK_EMBEDDER="hashing")
     home = Path(env["DAGSTER_HOME"])
     dagster = Dagster(home, env, free_port("127.0.0.1"))
-    _write_workspace(home, "127.0.0.1", dagster.port)
+    write_workspace(home, "127.0.0.1", dagster.port)
     assert CODE_LOCATION in (home / "workspace.yaml").read_text()
     try:
         dagster.start("code-server", [
-            sys.executable, "-c", "import sys; from yak_pipeline.cli.pipeline import serve_code_location; "
+            sys.executable, "-c", "import sys; from yak_pipeline.cli.dagster_runtime import serve_code_location; "
             "serve_code_location(sys.argv[1], int(sys.argv[2]))", "127.0.0.1", str(dagster.port)])
         yield dagster
     finally:

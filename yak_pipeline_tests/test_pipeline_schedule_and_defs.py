@@ -153,13 +153,13 @@ def test_a_runs_day_tags_are_read_and_a_bad_one_is_named() -> None:
 def test_yak_up_points_daemon_and_webserver_at_one_code_server_with_warm_run_workers(tmp_path) -> None:
     import yaml
 
-    from yak_pipeline.cli.pipeline import CODE_LOCATION, _run_worker_preload, _write_workspace
+    from yak_pipeline.cli.dagster_runtime import CODE_LOCATION, run_worker_preload, write_workspace
     from yak_pipeline.settings import Settings
 
-    workspace = yaml.safe_load(_write_workspace(tmp_path, "127.0.0.1", 4321).read_text())
+    workspace = yaml.safe_load(write_workspace(tmp_path, "127.0.0.1", 4321).read_text())
     assert workspace == {"load_from": [{"grpc_server": {"host": "127.0.0.1", "port": 4321,
                                                         "location_name": CODE_LOCATION}}]}
     # Run workers fork from a process that imported the project (and torch only when the local embedder is used).
-    local = _run_worker_preload(Settings(embedder="local"))
+    local = run_worker_preload(Settings(embedder="local"))
     assert local[0] == CODE_LOCATION and {"dagster_postgres", "torch", "sentence_transformers"} <= set(local)
-    assert "torch" not in _run_worker_preload(Settings(embedder="hashing"))
+    assert "torch" not in run_worker_preload(Settings(embedder="hashing"))

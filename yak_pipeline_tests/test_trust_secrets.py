@@ -355,7 +355,7 @@ def test_refuse_policy_rejects_every_write_with_one_line_and_stores_nothing(
 def test_a_record_quarantined_for_another_reason_does_not_keep_its_secret(database: Database) -> None:
     from datetime import datetime
 
-    from yak_pipeline.core.exchange_files import ExchangeRecord
+    from yak_pipeline.ingestion.formats.exchange_records import ExchangeRecord
     from yak_pipeline.ingestion.records import ingest_records
 
     secret = "ghp_" + "Qr7" * 12

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import date, datetime
 from typing import Any, TypeVar
 from uuid import UUID
@@ -168,6 +168,18 @@ def build_mcp_server(services: ApiServices, *, user: str | None, stdio: bool = T
     only serves admin keys; ``stdio=False``)."""
     server = YakMCPServer("yak", instructions=INSTRUCTIONS, description="Yak, a personal memory for LLMs")
     tools = YakMemoryTools(services)
+    run = _tool_runner(services, user)
+    _add_memory_tools(server, tools, run)
+    _add_memory_resources(server, tools, run, stdio_user=user if stdio else None)
+    return server
+
+
+# ``run(tool, ctx, work)``: ``work(user_id, actor)`` for the caller's user (see :func:`_tool_runner`).
+ToolRunner = Callable[[str, Context, Callable[[str, str], T]], Awaitable[T]]
+
+
+def _tool_runner(services: ApiServices, user: str | None) -> ToolRunner:
+    """How every tool and resource call runs: as the user its key (or ``--user``) names, counted."""
 
     def principal_of(ctx: Context) -> Principal | None:
         headers = ctx.headers
@@ -205,12 +217,42 @@ def build_mcp_server(services: ApiServices, *, user: str | None, stdio: bool = T
             raise ToolError("the database is unavailable; try again shortly") from None
         finally:
             services.metrics.count_mcp_tool_call(tool, outcome)
-            database = services.database_if_open
-            if database is not None and services.metrics.flush_due():
-                try:
-                    await anyio.to_thread.run_sync(services.metrics.flush, database)
-                except Exception as exc:  # noqa: BLE001 - kept buffered; the next flush retries
-                    logger.warning("could not write metrics yet: %s", type(exc).__name__)
+            await _flush_metrics_if_due(services)
+
+    return run
+
+
+async def _flush_metrics_if_due(services: ApiServices) -> None:
+    """Write the buffered metrics when their flush is due (a failed write stays buffered)."""
+    database = services.database_if_open
+    if database is not None and services.metrics.flush_due():
+        try:
+            await anyio.to_thread.run_sync(services.metrics.flush, database)
+        except Exception as exc:  # noqa: BLE001 - kept buffered; the next flush retries
+            logger.warning("could not write metrics yet: %s", type(exc).__name__)
+
+
+def _content_to_save(fact: str | None, user_message: str | None, assistant_message: str | None) -> str:
+    """What ``memory_save`` stores: the fact, or the exchange in ``User: …\\nAssistant: …`` form;
+    a refusal (both or neither given, too long, NUL) as a :class:`ToolError`."""
+    if fact is not None and (user_message is not None or assistant_message is not None):
+        raise ToolError("give either a fact or an exchange (user_message and assistant_message), not both")
+    if fact is not None:
+        refusal = turn_refusal(fact, "-")
+        content = fact
+    elif user_message is not None and assistant_message is not None:
+        refusal = turn_refusal(user_message, assistant_message)
+        content = format_exchange(user_message, assistant_message)
+    else:
+        raise ToolError("give a fact, or both user_message and assistant_message")
+    if refusal is not None:
+        raise ToolError(refusal.replace("the user message", "the fact" if fact is not None else "the user message")
+                        + f" (limit {MAX_TURN_MESSAGE_CHARS:,} characters, no NUL)")
+    return content
+
+
+def _add_memory_tools(server: MCPServer, tools: YakMemoryTools, run: ToolRunner) -> None:
+    """The four tools, in the order clients list them: search, save, forget, recent."""
 
     @server.tool()
     async def memory_search(query: str, ctx: Context, limit: int = 5, explain: bool = False,
@@ -228,19 +270,7 @@ def build_mcp_server(services: ApiServices, *, user: str | None, stdio: bool = T
                           assistant_message: str | None = None) -> dict[str, Any]:
         """Remember something: either a `fact` (a sentence about the user), or an exchange
         (`user_message` and `assistant_message`). The pipeline distils it into memories."""
-        if fact is not None and (user_message is not None or assistant_message is not None):
-            raise ToolError("give either a fact or an exchange (user_message and assistant_message), not both")
-        if fact is not None:
-            refusal = turn_refusal(fact, "-")
-            content = fact
-        elif user_message is not None and assistant_message is not None:
-            refusal = turn_refusal(user_message, assistant_message)
-            content = format_exchange(user_message, assistant_message)
-        else:
-            raise ToolError("give a fact, or both user_message and assistant_message")
-        if refusal is not None:
-            raise ToolError(refusal.replace("the user message", "the fact" if fact is not None else "the user message")
-                            + f" (limit {MAX_TURN_MESSAGE_CHARS:,} characters, no NUL)")
+        content = _content_to_save(fact, user_message, assistant_message)
         return await run("memory_save", ctx, lambda u, actor: tools.save(u, content, actor))
 
     @server.tool()
@@ -253,6 +283,18 @@ def build_mcp_server(services: ApiServices, *, user: str | None, stdio: bool = T
             raise ToolError("give either a target (memory id or phrase) or a confirmation_token")
         return await run("memory_forget", ctx, lambda u, actor: tools.forget(u, target, confirmation_token, actor))
 
+    @server.tool()
+    async def memory_recent(ctx: Context, limit: int = 10) -> dict[str, Any]:
+        """The user's most recently said memories (raw exchanges and facts), newest first; `limit` 1-100."""
+        if not 1 <= limit <= 100:
+            raise ToolError("limit must be 1-100")
+        return await run("memory_recent", ctx, lambda u, _: tools.recent(u, limit))
+
+
+def _add_memory_resources(server: MCPServer, tools: YakMemoryTools, run: ToolRunner, *,
+                          stdio_user: str | None) -> None:
+    """The user's MEMORY.md: a template every caller reads, and, over stdio for ``stdio_user``,
+    also a listed resource."""
     memory_description = "What Yak knows about the user now: current memories by tier, each dated."
 
     @server.resource(MEMORY_RESOURCE_TEMPLATE, name="MEMORY.md", mime_type="text/markdown",
@@ -271,23 +313,14 @@ def build_mcp_server(services: ApiServices, *, user: str | None, stdio: bool = T
         except ToolError as exc:  # the same refusals, as a resource reports them
             raise ResourceError(str(exc)) from None
 
-    if stdio and user is not None:
+    if stdio_user is not None:
         # Listed, so clients that show resources offer it; a static resource's reader gets no
         # request (and no key), which over stdio is fine: the process acts for --user alone.
         @server.resource(MEMORY_RESOURCE_URI, name="MEMORY.md", mime_type="text/markdown",
                          description=memory_description)
         async def listed_memory_md() -> str:
             """The MEMORY.md of the user this stdio server was started for."""
-            return await anyio.to_thread.run_sync(tools.memory_file, user)
-
-    @server.tool()
-    async def memory_recent(ctx: Context, limit: int = 10) -> dict[str, Any]:
-        """The user's most recently said memories (raw exchanges and facts), newest first; `limit` 1-100."""
-        if not 1 <= limit <= 100:
-            raise ToolError("limit must be 1-100")
-        return await run("memory_recent", ctx, lambda u, _: tools.recent(u, limit))
-
-    return server
+            return await anyio.to_thread.run_sync(tools.memory_file, stdio_user)
 
 
 class ApiKeyGate:

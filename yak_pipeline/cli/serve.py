@@ -53,132 +53,132 @@ def _exit_on_signal(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+def serve_command(host: HostOption = "127.0.0.1", port: PortOption = 8000, as_json: JsonOption = False) -> None:
+    """Run the HTTP API (OpenAPI at /openapi.json, /docs) and the web page (/ui) until Ctrl-C; on
+    first start, create an admin key and say where it is stored."""
+    import uvicorn
+
+    from yak_pipeline.api.access_log import uvicorn_log_options
+    from yak_pipeline.api.app import create_app
+    from yak_pipeline.wiring import shared_database
+
+    settings = get_settings()
+    database, key_file, warning = None, None, None
+    try:
+        database = shared_database(settings)
+        key_file = ensure_admin_key(settings, database)
+    except StoreError as exc:
+        # The API still starts: /health reports the database, other routes answer 503.
+        warning = f"database not ready: {exc}"
+    info = {"url": f"http://{host}:{port}", "openapi": f"http://{host}:{port}/openapi.json",
+            "web_page": f"http://{host}:{port}/ui",
+            "admin_key_file": str(key_file) if key_file else None, "warning": warning}
+    if as_json:
+        print(json.dumps(info), flush=True)
+    else:
+        print(f"Yak API on {info['url']} (OpenAPI at {info['openapi']}; memory proxy at {info['url']}/v1)",
+              flush=True)
+        print(f"web page at {info['web_page']} (sign in with an API key)", flush=True)
+        if key_file:
+            print(f"admin API key stored in {key_file} (`yak keys show-admin` prints it)", flush=True)
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
+    # The CLI finds this server through the record and sends its commands here (api_client).
+    forget = record_server(settings, host, port)
+    # uvicorn shuts down gracefully on SIGTERM, then raises the signal again under the handler
+    # it found: the default one would end the process before the record is removed.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+    try:
+        uvicorn.run(create_app(settings, database=database), host=host, port=port,
+                    **uvicorn_log_options(settings.access_log))
+    finally:
+        forget()
+
+
+def proxy_command(host: HostOption = "127.0.0.1", port: PortOption = 8001, as_json: JsonOption = False,
+                  show_block: bool = typer.Option(
+                      False, "--show-block",
+                      help="Log the memory block injected into each chat (private text: for debugging).")) -> None:
+    """Run the memory proxy alone until Ctrl-C: /v1 that recalls before and remembers after every chat,
+    in OpenAI's protocol (/v1/chat/completions, forwarded to YAK_UPSTREAM_BASE_URL) and Anthropic's
+    (/v1/messages for Claude Code, forwarded to YAK_UPSTREAM_ANTHROPIC_BASE_URL) on one port (`yak serve`
+    and `yak up` serve it too, under /v1 of the API). OpenAI clients use a Yak API key as their key;
+    Anthropic clients send it in X-Yak-Key beside their own Anthropic key. Each answer's
+    X-Yak-Recalled-Ids header names the memories put into its prompt."""
+    import uvicorn
+
+    from yak_pipeline.api.access_log import uvicorn_log_options
+    from yak_pipeline.api.app import create_proxy_app
+    from yak_pipeline.wiring import shared_database
+
+    settings = get_settings()
+    if show_block:
+        settings = settings.model_copy(update={"proxy_show_block": True})
+    upstream, _ = settings.resolved_upstream
+    database, warnings = None, []
+    if upstream is None:
+        warnings.append("no upstream model server: set YAK_UPSTREAM_BASE_URL (OpenAI chats answer 503 until then)")
+    try:
+        database = shared_database(settings)
+    except StoreError as exc:
+        warnings.append(f"database not ready: {exc}")
+    info = {"url": f"http://{host}:{port}/v1", "upstream": _without_credentials(upstream), "warnings": warnings}
+    if as_json:
+        print(json.dumps(info), flush=True)
+    else:
+        print(f"Yak memory proxy on {info['url']} (upstream: {info['upstream'] or 'none'}; Anthropic /v1/messages: "
+              f"{_without_credentials(settings.upstream_anthropic_base_url)})", flush=True)
+        for warning in warnings:
+            print(f"warning: {warning}", file=sys.stderr, flush=True)
+    uvicorn.run(create_proxy_app(settings, database=database), host=host, port=port,
+                **uvicorn_log_options(settings.access_log))
+
+
+def mcp_command(
+    user: str | None = typer.Option(None, "--user", help="The user whose memories the tools use (stdio: "
+                                    "required; HTTP: for admin keys only)."),
+    http: bool = typer.Option(False, "--http", help="Serve streamable HTTP at /mcp instead of stdio."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on (with --http)."),
+    port: int = typer.Option(8002, "--port", min=1, max=65535, help="Port to listen on (with --http)."),
+) -> None:
+    """Serve Yak's memory to MCP clients (tools memory_search, memory_save, memory_forget,
+    memory_recent): over stdio for --user, or over streamable HTTP (--http) where each request's
+    user-scoped API key (X-API-Key or Authorization: Bearer) decides whose memories it reaches."""
+    from yak_pipeline.api.dependencies import ApiServices
+    from yak_pipeline.api.mcp_server import MCP_PATH, build_mcp_server, mcp_http_app
+    from yak_pipeline.cli.errors import USAGE_EXIT, fail
+    from yak_pipeline.core.types import InvalidUserId, validate_user_id
+    from yak_pipeline.wiring import shared_database
+
+    if user is not None:
+        try:
+            validate_user_id(user)
+        except InvalidUserId as exc:
+            raise fail(f"--user: {exc}", USAGE_EXIT) from None
+    elif not http:
+        raise fail("yak mcp over stdio needs --user U (whose memories the tools use)", USAGE_EXIT)
+    settings = get_settings()
+    services = ApiServices(settings, database=shared_database(settings))
+    if not http:
+        # stdout is the protocol's channel: nothing else may be printed there.
+        build_mcp_server(services, user=user).run("stdio")
+        return
+    import uvicorn
+
+    from yak_pipeline.api.access_log import uvicorn_log_options
+
+    print(f"Yak MCP server on http://{host}:{port}{MCP_PATH} (streamable HTTP; send a user-scoped API key)",
+          file=sys.stderr, flush=True)
+    uvicorn.run(mcp_http_app(services, user=user, host=host), host=host, port=port,
+                **uvicorn_log_options(settings.access_log))
+
+
 def register(app: typer.Typer) -> None:
     """Add ``serve``, ``proxy`` and ``mcp`` to the ``yak`` app."""
+    app.command("serve")(friendly_errors(serve_command))
+    app.command("proxy")(friendly_errors(proxy_command))
+    app.command("mcp")(friendly_errors(mcp_command))
 
-    @app.command("serve")
-    @friendly_errors
-    def serve_command(host: HostOption = "127.0.0.1", port: PortOption = 8000, as_json: JsonOption = False) -> None:
-        """Run the HTTP API (OpenAPI at /openapi.json, /docs) and the web page (/ui) until Ctrl-C; on
-        first start, create an admin key and say where it is stored."""
-        import uvicorn
-
-        from yak_pipeline.api.access_log import uvicorn_log_options
-        from yak_pipeline.api.app import create_app
-        from yak_pipeline.wiring import shared_database
-
-        settings = get_settings()
-        database, key_file, warning = None, None, None
-        try:
-            database = shared_database(settings)
-            key_file = ensure_admin_key(settings, database)
-        except StoreError as exc:
-            # The API still starts: /health reports the database, other routes answer 503.
-            warning = f"database not ready: {exc}"
-        info = {"url": f"http://{host}:{port}", "openapi": f"http://{host}:{port}/openapi.json",
-                "web_page": f"http://{host}:{port}/ui",
-                "admin_key_file": str(key_file) if key_file else None, "warning": warning}
-        if as_json:
-            print(json.dumps(info), flush=True)
-        else:
-            print(f"Yak API on {info['url']} (OpenAPI at {info['openapi']}; memory proxy at {info['url']}/v1)",
-                  flush=True)
-            print(f"web page at {info['web_page']} (sign in with an API key)", flush=True)
-            if key_file:
-                print(f"admin API key stored in {key_file} (`yak keys show-admin` prints it)", flush=True)
-            if warning:
-                print(f"warning: {warning}", file=sys.stderr, flush=True)
-        # The CLI finds this server through the record and sends its commands here (api_client).
-        forget = record_server(settings, host, port)
-        # uvicorn shuts down gracefully on SIGTERM, then raises the signal again under the handler
-        # it found: the default one would end the process before the record is removed.
-        signal.signal(signal.SIGTERM, _exit_on_signal)
-        try:
-            uvicorn.run(create_app(settings, database=database), host=host, port=port,
-                        **uvicorn_log_options(settings.access_log))
-        finally:
-            forget()
-
-    @app.command("proxy")
-    @friendly_errors
-    def proxy_command(host: HostOption = "127.0.0.1", port: PortOption = 8001, as_json: JsonOption = False,
-                      show_block: bool = typer.Option(
-                          False, "--show-block",
-                          help="Log the memory block injected into each chat (private text: for debugging).")) -> None:
-        """Run the memory proxy alone until Ctrl-C: /v1 that recalls before and remembers after every chat,
-        in OpenAI's protocol (/v1/chat/completions, forwarded to YAK_UPSTREAM_BASE_URL) and Anthropic's
-        (/v1/messages for Claude Code, forwarded to YAK_UPSTREAM_ANTHROPIC_BASE_URL) on one port (`yak serve`
-        and `yak up` serve it too, under /v1 of the API). OpenAI clients use a Yak API key as their key;
-        Anthropic clients send it in X-Yak-Key beside their own Anthropic key. Each answer's
-        X-Yak-Recalled-Ids header names the memories put into its prompt."""
-        import uvicorn
-
-        from yak_pipeline.api.access_log import uvicorn_log_options
-        from yak_pipeline.api.app import create_proxy_app
-        from yak_pipeline.wiring import shared_database
-
-        settings = get_settings()
-        if show_block:
-            settings = settings.model_copy(update={"proxy_show_block": True})
-        upstream, _ = settings.resolved_upstream
-        database, warnings = None, []
-        if upstream is None:
-            warnings.append("no upstream model server: set YAK_UPSTREAM_BASE_URL (OpenAI chats answer 503 until then)")
-        try:
-            database = shared_database(settings)
-        except StoreError as exc:
-            warnings.append(f"database not ready: {exc}")
-        info = {"url": f"http://{host}:{port}/v1", "upstream": _without_credentials(upstream), "warnings": warnings}
-        if as_json:
-            print(json.dumps(info), flush=True)
-        else:
-            print(f"Yak memory proxy on {info['url']} (upstream: {info['upstream'] or 'none'}; Anthropic /v1/messages: "
-                  f"{_without_credentials(settings.upstream_anthropic_base_url)})", flush=True)
-            for warning in warnings:
-                print(f"warning: {warning}", file=sys.stderr, flush=True)
-        uvicorn.run(create_proxy_app(settings, database=database), host=host, port=port,
-                    **uvicorn_log_options(settings.access_log))
-
-
-    @app.command("mcp")
-    @friendly_errors
-    def mcp_command(
-        user: str | None = typer.Option(None, "--user", help="The user whose memories the tools use (stdio: "
-                                        "required; HTTP: for admin keys only)."),
-        http: bool = typer.Option(False, "--http", help="Serve streamable HTTP at /mcp instead of stdio."),
-        host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on (with --http)."),
-        port: int = typer.Option(8002, "--port", min=1, max=65535, help="Port to listen on (with --http)."),
-    ) -> None:
-        """Serve Yak's memory to MCP clients (tools memory_search, memory_save, memory_forget,
-        memory_recent): over stdio for --user, or over streamable HTTP (--http) where each request's
-        user-scoped API key (X-API-Key or Authorization: Bearer) decides whose memories it reaches."""
-        from yak_pipeline.api.dependencies import ApiServices
-        from yak_pipeline.api.mcp_server import MCP_PATH, build_mcp_server, mcp_http_app
-        from yak_pipeline.cli.errors import USAGE_EXIT, fail
-        from yak_pipeline.core.types import InvalidUserId, validate_user_id
-        from yak_pipeline.wiring import shared_database
-
-        if user is not None:
-            try:
-                validate_user_id(user)
-            except InvalidUserId as exc:
-                raise fail(f"--user: {exc}", USAGE_EXIT) from None
-        elif not http:
-            raise fail("yak mcp over stdio needs --user U (whose memories the tools use)", USAGE_EXIT)
-        settings = get_settings()
-        services = ApiServices(settings, database=shared_database(settings))
-        if not http:
-            # stdout is the protocol's channel: nothing else may be printed there.
-            build_mcp_server(services, user=user).run("stdio")
-            return
-        import uvicorn
-
-        from yak_pipeline.api.access_log import uvicorn_log_options
-
-        print(f"Yak MCP server on http://{host}:{port}{MCP_PATH} (streamable HTTP; send a user-scoped API key)",
-              file=sys.stderr, flush=True)
-        uvicorn.run(mcp_http_app(services, user=user, host=host), host=host, port=port,
-                    **uvicorn_log_options(settings.access_log))
 
 def _without_credentials(url: str | None) -> str | None:
     """``url`` without a user name or password, fit to print."""

@@ -19,13 +19,13 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from yak_pipeline.alerts import NULL_ALERTER
-from yak_pipeline.core.exchange_files import ExchangeRecord
 from yak_pipeline.core.exchanges import content_sha256, normalise_exchange_text
 from yak_pipeline.core.secrets import redact_secrets
 from yak_pipeline.embeddings import Embedder
 from yak_pipeline.eval.locomo import Conversation
 from yak_pipeline.eval.metrics import percentile
 from yak_pipeline.eval.options import Progress
+from yak_pipeline.ingestion.formats.exchange_records import ExchangeRecord
 from yak_pipeline.ingestion.records import ingest_records
 from yak_pipeline.llm import RulesProvider, get_llm_provider
 from yak_pipeline.llm.provider import LLMProvider

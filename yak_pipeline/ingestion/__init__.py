@@ -5,8 +5,9 @@ The path of a file, each step in its own module:
 - :mod:`~yak_pipeline.ingestion.drop_folder` — the drop folder on disk: which files are ready
   (and for which user folder), moving a read file to ``processed/``, quarantining a file or its
   bad records in ``failed/``;
-- parsing is pure and lives in ``core`` (:mod:`yak_pipeline.core.history_files` tells a file's
-  format and parses it; :mod:`yak_pipeline.core.exchange_files` holds Yak's own formats);
+- :mod:`~yak_pipeline.ingestion.formats` — parsing, pure (bytes in, records out; no disk I/O, no
+  store): :mod:`~yak_pipeline.ingestion.formats.history_files` tells a file's format and parses
+  it, :mod:`~yak_pipeline.ingestion.formats.exchange_files` reads Yak's own formats;
 - :mod:`~yak_pipeline.ingestion.records` — storing parsed records as memories, idempotent on the
   content hash, every record stored, found already there, or rejected with its reason;
 - :mod:`~yak_pipeline.ingestion.history` — one file imported: format, resumable sessions,

@@ -21,13 +21,13 @@ from datetime import UTC, date, datetime
 from pathlib import Path
 from typing import Any
 
-from yak_pipeline.core.exchange_files import ParsedFile
 from yak_pipeline.ingestion.drop_folder import (
     DropFolderError,
     finish_file,
     list_ready_files_by_user,
     rejection_reason,
 )
+from yak_pipeline.ingestion.formats.exchange_records import ParsedFile
 from yak_pipeline.ingestion.history import import_history, read_history
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.drop_claims import lock_drop_claims

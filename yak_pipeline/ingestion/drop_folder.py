@@ -1,7 +1,7 @@
 """The drop folder on disk: which files are ready, and where each goes once it has been read.
 
 Shared by the Dagster drop-folder sensor and the ``yak process`` command; parsing itself is
-:mod:`yak_pipeline.core.history_files`. Layout::
+:mod:`yak_pipeline.ingestion.formats.history_files`. Layout::
 
     drop/                 files waiting (.jsonl, .json, .md, .zip; anything else is left alone and reported)
     drop/<user>/          files waiting whose exchanges are that user's: exports (ChatGPT, Claude,
@@ -41,16 +41,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final
 
-from yak_pipeline.core.exchange_files import (
+from yak_pipeline.core.types import InvalidUserId, validate_user_id
+from yak_pipeline.ingestion.formats.exchange_files import exchange_file_suffix, parse_exchange_file
+from yak_pipeline.ingestion.formats.exchange_records import (
     DEFAULT_MAX_RECORD_CHARS,
     ExchangeRecord,
     ParsedFile,
     RejectedRecord,
-    exchange_file_suffix,
-    parse_exchange_file,
 )
-from yak_pipeline.core.history_files import history_file_suffix
-from yak_pipeline.core.types import InvalidUserId, validate_user_id
+from yak_pipeline.ingestion.formats.history_files import history_file_suffix
 
 PROCESSED_DIR_NAME: Final = "processed"
 FAILED_DIR_NAME: Final = "failed"

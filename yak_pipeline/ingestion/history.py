@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from datetime import date, datetime
 from pathlib import Path
 
-from yak_pipeline.core.claude_code_sessions import prefix_sha256, session_id_of
-from yak_pipeline.core.exchange_files import RejectedRecord
-from yak_pipeline.core.history_files import ParsedHistory, detect_format, parse_history_file
 from yak_pipeline.ingestion.drop_folder import ERROR_FILE_SUFFIX, failed_dir, quarantine_records
+from yak_pipeline.ingestion.formats.claude_code_sessions import prefix_sha256, session_id_of
+from yak_pipeline.ingestion.formats.exchange_records import RejectedRecord
+from yak_pipeline.ingestion.formats.history_files import ParsedHistory, detect_format, parse_history_file
 from yak_pipeline.ingestion.records import exchange_partition, ingest_records
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.import_cursors import ImportCursor, get_import_cursor, save_import_cursor

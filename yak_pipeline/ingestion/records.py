@@ -9,9 +9,9 @@ from datetime import UTC, date, datetime, timedelta
 
 import psycopg
 
-from yak_pipeline.core.exchange_files import ExchangeRecord, RejectedRecord
 from yak_pipeline.core.exchanges import content_sha256, normalise_exchange_text
 from yak_pipeline.core.secrets import redact_secrets
+from yak_pipeline.ingestion.formats.exchange_records import ExchangeRecord, RejectedRecord
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.grown_exchanges import StoredByRef, grow_exchange, memories_by_ref
 from yak_pipeline.store.memories import NewExchange, StoredMemory, insert_memories, new_exchange

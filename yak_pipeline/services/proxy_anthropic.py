@@ -35,8 +35,8 @@ from typing import Any, Final
 
 import httpx
 
-from yak_pipeline.core.claude_code_sessions import without_client_meta
 from yak_pipeline.core.conversation_query import recall_queries
+from yak_pipeline.ingestion.formats.claude_code_sessions import without_client_meta
 from yak_pipeline.services.proxy import (
     RECALLED_IDS_HEADER,
     MemoryProxy,

@@ -8,7 +8,8 @@ from uuid import UUID
 from fastapi import APIRouter, HTTPException, Query, status
 
 from yak_pipeline.api.dependencies import Caller, Services
-from yak_pipeline.api.schemas import ConflictClose, ConflictClosed, ConflictKeep, ConflictOut, UserId, rows_to
+from yak_pipeline.api.schemas.base import UserId, rows_to
+from yak_pipeline.api.schemas.curation import ConflictClose, ConflictClosed, ConflictKeep, ConflictOut
 from yak_pipeline.services.curation import close_conflict, keep_in_conflict, list_conflicts
 
 router = APIRouter(prefix="/api/conflicts", tags=["conflicts"])

@@ -7,7 +7,7 @@ import time
 from fastapi import APIRouter
 
 from yak_pipeline.api.dependencies import Caller, Services
-from yak_pipeline.api.schemas import ContextOut, ContextRequest
+from yak_pipeline.api.schemas.recall import ContextOut, ContextRequest
 from yak_pipeline.services.memories import user_has_memories
 from yak_pipeline.services.recall import block_choice, build_context, recall_params, relevance_model
 

@@ -10,21 +10,19 @@ from uuid import UUID
 from fastapi import APIRouter, HTTPException, Query, status
 
 from yak_pipeline.api.dependencies import Caller, Services
-from yak_pipeline.api.schemas import (
+from yak_pipeline.api.schemas.base import UserId, rows_to
+from yak_pipeline.api.schemas.distillations import (
     DistillationDetail,
     DistillationOut,
     DistillationPage,
     ManualVersion,
     MergeRequest,
-    SearchHit,
-    SearchRequest,
     TierUpdate,
     TypeUpdate,
-    UserId,
     VersionOut,
     WeightUpdate,
-    rows_to,
 )
+from yak_pipeline.api.schemas.recall import SearchHit, SearchRequest
 from yak_pipeline.services.curation import (
     distillation_with_versions,
     list_distillations,

@@ -8,7 +8,7 @@ from fastapi import APIRouter, HTTPException, Query, status
 from fastapi.responses import PlainTextResponse
 
 from yak_pipeline.api.dependencies import Caller, Services
-from yak_pipeline.api.schemas import UserId
+from yak_pipeline.api.schemas.base import UserId
 from yak_pipeline.services.memory_export import UnknownUser, memory_markdown
 
 router = APIRouter(prefix="/api/export", tags=["memories"])

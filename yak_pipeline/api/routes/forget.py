@@ -6,7 +6,8 @@ from fastapi import APIRouter, HTTPException, status
 
 from yak_pipeline.api.dependencies import Caller, Services
 from yak_pipeline.api.errors import one_line
-from yak_pipeline.api.schemas import ForgetCandidate, ForgetConfirm, ForgetRequest, ForgetResult, rows_to
+from yak_pipeline.api.schemas.base import rows_to
+from yak_pipeline.api.schemas.forget import ForgetCandidate, ForgetConfirm, ForgetRequest, ForgetResult
 from yak_pipeline.core.forget import ForgetCommandError
 from yak_pipeline.services.forget import ForgetOutcome, confirm_forget, run_forget_command
 

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 
 from yak_pipeline.api.dependencies import ApiServices, Services
 from yak_pipeline.api.errors import RETRY_AFTER_SECONDS, one_line
-from yak_pipeline.api.schemas import ComponentHealth, HealthOut
+from yak_pipeline.api.schemas.operations import ComponentHealth, HealthOut
 from yak_pipeline.llm.rules import RulesProvider
 
 router = APIRouter(tags=["operations"])

@@ -7,7 +7,7 @@ from uuid import UUID
 from fastapi import APIRouter, HTTPException, status
 
 from yak_pipeline.api.dependencies import Caller, Services
-from yak_pipeline.api.schemas import KeyCreate, KeyCreated, KeyOut
+from yak_pipeline.api.schemas.operations import KeyCreate, KeyCreated, KeyOut
 from yak_pipeline.services import api_keys
 from yak_pipeline.services.api_keys import ApiKey
 

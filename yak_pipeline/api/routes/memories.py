@@ -8,16 +8,9 @@ from uuid import UUID
 from fastapi import APIRouter, HTTPException, Query, Response, status
 
 from yak_pipeline.api.dependencies import Caller, Services
-from yak_pipeline.api.schemas import (
-    DistillationSummary,
-    ForgetResult,
-    MemoryCreate,
-    MemoryDetail,
-    MemoryOut,
-    MemoryPage,
-    UserId,
-    rows_to,
-)
+from yak_pipeline.api.schemas.base import UserId, rows_to
+from yak_pipeline.api.schemas.forget import ForgetResult
+from yak_pipeline.api.schemas.memories import DistillationSummary, MemoryCreate, MemoryDetail, MemoryOut, MemoryPage
 from yak_pipeline.services.memories import forget_memory, list_memories, memory_with_distillations, store_memory
 
 router = APIRouter(prefix="/api/memories", tags=["memories"])

@@ -5,7 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, Query, status
 
 from yak_pipeline.api.dependencies import Caller, Services
-from yak_pipeline.api.schemas import ProfileDrop, ProfileDropOut, ProfileOut, UserId
+from yak_pipeline.api.schemas.base import UserId
+from yak_pipeline.api.schemas.profile import ProfileDrop, ProfileDropOut, ProfileOut
 from yak_pipeline.services.profile import drop_profile_lines, show_profile
 
 router = APIRouter(prefix="/api/profile", tags=["profile"])

@@ -8,7 +8,8 @@ from typing import Annotated, Final
 from fastapi import APIRouter, Query
 
 from yak_pipeline.api.dependencies import Caller, Services
-from yak_pipeline.api.schemas import FailedItem, QuarantinedItem, QuarantineOut, QueueOut, UserId, rows_to
+from yak_pipeline.api.schemas.base import UserId, rows_to
+from yak_pipeline.api.schemas.operations import FailedItem, QuarantinedItem, QuarantineOut, QueueOut
 from yak_pipeline.ingestion.drop_folder import failed_dir, list_quarantine
 from yak_pipeline.services.queue_watch import queue_status
 

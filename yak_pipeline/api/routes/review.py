@@ -8,7 +8,8 @@ from uuid import UUID
 from fastapi import APIRouter, HTTPException, Query, status
 
 from yak_pipeline.api.dependencies import Caller, Services
-from yak_pipeline.api.schemas import ReviewDecision, ReviewItem, UserId, rows_to
+from yak_pipeline.api.schemas.base import UserId, rows_to
+from yak_pipeline.api.schemas.curation import ReviewDecision, ReviewItem
 from yak_pipeline.services.curation import ReviewOutcome, review
 from yak_pipeline.services.curation import review_queue as list_review_queue
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, status
 
 from yak_pipeline.api.dependencies import Caller, Services
-from yak_pipeline.api.schemas import TurnAccepted, TurnCreate
+from yak_pipeline.api.schemas.warmth import TurnAccepted, TurnCreate
 from yak_pipeline.services.memories import record_turn
 
 router = APIRouter(prefix="/api/turns", tags=["turns"])

@@ -9,14 +9,14 @@ from fastapi import APIRouter, HTTPException, Query, status
 
 from yak_pipeline.api.dependencies import Caller, Services
 from yak_pipeline.api.errors import one_line
-from yak_pipeline.api.schemas import (
+from yak_pipeline.api.schemas.base import rows_to
+from yak_pipeline.api.schemas.warmth import (
     BulkWarmthReset,
     WarmthEvaluate,
     WarmthEvaluation,
     WarmthEvent,
     WarmthOut,
     WarmthResetOut,
-    rows_to,
 )
 from yak_pipeline.llm.errors import LLMError
 from yak_pipeline.services.warmth import evaluate_now, offline_judge, reset_warmth_of, warmth_of

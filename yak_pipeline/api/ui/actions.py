@@ -21,7 +21,8 @@ from pydantic import ValidationError
 
 from yak_pipeline.api.dependencies import Services
 from yak_pipeline.api.errors import one_line
-from yak_pipeline.api.schemas import ManualVersion, MemoryCreate
+from yak_pipeline.api.schemas.distillations import ManualVersion
+from yak_pipeline.api.schemas.memories import MemoryCreate
 from yak_pipeline.api.ui.access import (
     PREFIX,
     CsrfToken,

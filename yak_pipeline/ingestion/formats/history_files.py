@@ -3,12 +3,12 @@
 Formats (:data:`FORMATS`), detected from the bytes, the name's suffix only breaking ties:
 
 - ``chatgpt`` — a ChatGPT data export: ``conversations.json`` (a list of conversations, each a
-  ``mapping`` tree), or the export's ``.zip`` holding it (:mod:`yak_pipeline.core.chatgpt_export`);
+  ``mapping`` tree), or the export's ``.zip`` holding it (:mod:`yak_pipeline.ingestion.formats.chatgpt_export`);
 - ``claude`` — a Claude.ai data export: ``conversations.json`` (conversations with
-  ``chat_messages``), or its ``.zip`` (:mod:`yak_pipeline.core.claude_export`);
-- ``claude_code`` — a Claude Code session transcript, JSONL (:mod:`yak_pipeline.core.claude_code_sessions`);
+  ``chat_messages``), or its ``.zip`` (:mod:`yak_pipeline.ingestion.formats.claude_export`);
+- ``claude_code`` — a Claude Code session transcript, JSONL (:mod:`yak_pipeline.ingestion.formats.claude_code_sessions`);
 - ``yak`` — Yak's own drop files, ``.jsonl`` / ``.json`` / ``.md``, read exactly as before
-  (:mod:`yak_pipeline.core.exchange_files`).
+  (:mod:`yak_pipeline.ingestion.formats.exchange_files`).
 
 Exports name no user, so their exchanges go to the user the caller gives (``yak import --user``,
 the drop folder's user folder); without one the file is refused with a line saying how to give
@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 from io import BytesIO
 from typing import Final
 
-from yak_pipeline.core.chatgpt_export import chatgpt_exchanges, is_chatgpt_conversation
-from yak_pipeline.core.claude_code_sessions import SessionRead, looks_like_session_entry, read_session
-from yak_pipeline.core.claude_export import claude_exchanges, is_claude_conversation
-from yak_pipeline.core.exchange_files import (
+from yak_pipeline.ingestion.formats.chatgpt_export import chatgpt_exchanges, is_chatgpt_conversation
+from yak_pipeline.ingestion.formats.claude_code_sessions import SessionRead, looks_like_session_entry, read_session
+from yak_pipeline.ingestion.formats.claude_export import claude_exchanges, is_claude_conversation
+from yak_pipeline.ingestion.formats.exchange_files import exchange_file_suffix, parse_exchange_file
+from yak_pipeline.ingestion.formats.exchange_records import (
     DEFAULT_MAX_RECORD_CHARS,
     ConversationExchanges,
     ExchangeRecord,
@@ -41,9 +42,7 @@ from yak_pipeline.core.exchange_files import (
     RecordError,
     RejectedRecord,
     decode_text,
-    exchange_file_suffix,
     one_line,
-    parse_exchange_file,
 )
 
 FORMATS: Final[dict[str, str]] = {
@@ -137,7 +136,7 @@ def parse_history_file(name: str, data: bytes, *, user_id: str | None = None, re
     """Parse one history file for ``user_id`` (the user of exports, and of Yak records naming none).
 
     ``resume_at`` is where a Claude Code transcript read before grew from (see
-    :func:`yak_pipeline.core.claude_code_sessions.read_session`); ``detected`` is the file's
+    :func:`yak_pipeline.ingestion.formats.claude_code_sessions.read_session`); ``detected`` is the file's
     :func:`detect_format` when the caller has it already. Never raises.
     """
     kind = detected or detect_format(name, data)

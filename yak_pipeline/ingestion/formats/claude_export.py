@@ -14,7 +14,7 @@ the ChatGPT export. A prompt with no text answer, or an answer with no prompt, i
 
 from __future__ import annotations
 
-from yak_pipeline.core.exchange_files import (
+from yak_pipeline.ingestion.formats.exchange_records import (
     ConversationExchanges,
     ExchangeRecord,
     RecordError,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Final
 
-from yak_pipeline.core.exchange_files import (
+from yak_pipeline.ingestion.formats.exchange_records import (
     ConversationExchanges,
     ExchangeRecord,
     RecordError,

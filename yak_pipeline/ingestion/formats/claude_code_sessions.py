@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Final
 
-from yak_pipeline.core.exchange_files import (
+from yak_pipeline.ingestion.formats.exchange_records import (
     ExchangeRecord,
     RecordError,
     RejectedRecord,
