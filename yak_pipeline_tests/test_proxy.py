@@ -25,6 +25,9 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 from pydantic import SecretStr
 
+from yak_loopback.anthropic_server import FakeAnthropicServer
+from yak_loopback.openai_replies import Reply
+from yak_loopback.openai_server import FakeOpenAIServer
 from yak_pipeline.api.app import create_app, create_proxy_app
 from yak_pipeline.core.memory_block import BLOCK_OPEN
 from yak_pipeline.defs.scores.assets import warmth
@@ -41,8 +44,7 @@ from yak_pipeline_tests.api_fixtures import (  # noqa: F401
     seeded,
     serve_in_thread,
 )
-from yak_pipeline_tests.fake_anthropic import FakeAnthropicServer, anthropic_upstream  # noqa: F401
-from yak_pipeline_tests.fake_openai import FakeOpenAIServer, Reply
+from yak_pipeline_tests.loopback_fixtures import anthropic_upstream  # noqa: F401
 from yak_pipeline_tests.pipeline_helpers import fetch_all, fetch_one, new_instance, pipeline_resources, run_partition
 from yak_pipeline_tests.reliability_helpers import yak_env, yak_serve
 

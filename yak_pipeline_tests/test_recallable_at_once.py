@@ -29,6 +29,7 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
+from yak_loopback.openai_server import FakeOpenAIServer
 from yak_pipeline.api.app import create_app
 from yak_pipeline.core.memory_block import BLOCK_OPEN
 from yak_pipeline.embeddings.hashing import HashingEmbedder
@@ -38,7 +39,6 @@ from yak_pipeline.store.api_keys import create_api_key
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.recall import bm25_search, recall_candidates, vector_search
 from yak_pipeline_tests.api_fixtures import ADMIN_KEY, Seeded, api_settings, seeded, serve_in_thread  # noqa: F401
-from yak_pipeline_tests.fake_openai import FakeOpenAIServer
 from yak_pipeline_tests.pipeline_helpers import fetch_all, fetch_one
 from yak_pipeline_tests.reliability_helpers import yak_env, yak_serve
 
