@@ -149,7 +149,7 @@ def test_proxy_alone_a_fact_said_in_one_chat_is_in_the_next_chats_block_within_a
     assert LOCKER not in json.dumps(upstream.chat_requests[-1].body["messages"][:-1])  # not known before
 
     # The turn writer stores the turn after the answer has gone out, then gives the exchange its
-    # vectors (services.recall.embed_exchanges_now): wait until it has done both (what test_proxy's
+    # vectors (services.recall.embed_exchanges_now): wait until it has done both (what proxy_fixtures'
     # `settle` waits for in-thread). The clock starts when the exchange's row is first seen.
     content = f"User: {LOCKER}\nAssistant: You said: {LOCKER}"
     deadline = time.monotonic() + 15
