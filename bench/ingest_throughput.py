@@ -153,13 +153,14 @@ def bench_stages(settings: Settings, url: str, n: int, seed: int) -> dict:
 
 def bench_llm_concurrency(settings: Settings, url: str, n: int, seed: int) -> dict:
     """Distillation through a loopback OpenAI-protocol server that answers after 200 ms."""
+    from yak_loopback.openai_replies import Reply
+    from yak_loopback.openai_server import FakeOpenAIServer
     from yak_pipeline.embeddings import get_embedder
     from yak_pipeline.ingestion.formats.exchange_records import ExchangeRecord
     from yak_pipeline.ingestion.records import ingest_records
     from yak_pipeline.llm import OpenAIChatProvider
     from yak_pipeline.services.distill import DistillJob, distill_memories, partition_memory_ids
     from yak_pipeline.wiring import open_database
-    from yak_pipeline_tests.fake_openai import FakeOpenAIServer, Reply
 
     embedder = get_embedder(settings)
     embedder.embed_query("warm up")

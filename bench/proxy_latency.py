@@ -82,9 +82,10 @@ from recall_latency import (  # noqa: E402
     load_or_reuse,
 )
 
+from yak_loopback.anthropic_server import FakeAnthropicServer  # noqa: E402
+from yak_loopback.openai_replies import chat_replier  # noqa: E402
+from yak_loopback.openai_server import FakeOpenAIServer  # noqa: E402
 from yak_pipeline.settings import get_settings  # noqa: E402
-from yak_pipeline_tests.fake_anthropic import FakeAnthropicServer  # noqa: E402
-from yak_pipeline_tests.fake_openai import FakeOpenAIServer, chat_replier  # noqa: E402
 
 TARGET_ADDED_P95_MS = 40.0
 

@@ -38,8 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import ROOT, print_table, progress, running_yak, scratch_database, write_result  # noqa: E402
 from recall_latency import build_user_indexes, load  # noqa: E402
 
+from yak_loopback.openai_replies import chat_replier  # noqa: E402
+from yak_loopback.openai_server import FakeOpenAIServer  # noqa: E402
 from yak_pipeline.settings import get_settings  # noqa: E402
-from yak_pipeline_tests.fake_openai import FakeOpenAIServer, chat_replier  # noqa: E402
 
 WAIT_SECONDS = 300.0
 

@@ -19,7 +19,7 @@ import pytest
 from yak_pipeline.settings import Settings, get_settings
 from yak_pipeline.store.database import Database, connect, with_database
 
-pytest_plugins = ["yak_pipeline_tests.fake_openai"]
+pytest_plugins = ["yak_pipeline_tests.loopback_fixtures"]
 
 # Tests use the hashing embedder: deterministic, instant, and the same 384 dimensions as the
 # local model. Tests that exercise the local model say so explicitly.

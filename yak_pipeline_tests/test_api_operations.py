@@ -7,12 +7,12 @@ import socket
 import pytest
 from pydantic import SecretStr
 
+from yak_loopback.openai_server import FakeOpenAIServer
 from yak_pipeline.api.app import create_app
 from yak_pipeline.services import queue_watch
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
 from yak_pipeline_tests.api_fixtures import ADMIN_KEY, admin, api_settings, app, client_with  # noqa: F401
-from yak_pipeline_tests.fake_openai import FakeOpenAIServer
 
 
 def _closed_port() -> int:

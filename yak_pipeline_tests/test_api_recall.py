@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from yak_loopback.openai_replies import Reply
+from yak_loopback.openai_server import FakeOpenAIServer
 from yak_pipeline.api.app import create_app
 from yak_pipeline.embeddings.hashing import HashingEmbedder
 from yak_pipeline.llm import OpenAIChatProvider, RulesProvider
@@ -12,7 +14,6 @@ from yak_pipeline.services.distill import DistillJob, distill_memories
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
 from yak_pipeline_tests.api_fixtures import ADMIN_KEY, admin, api_settings, app, client_with  # noqa: F401
-from yak_pipeline_tests.fake_openai import FakeOpenAIServer, Reply
 
 EXCHANGES = {
     "alice": ["User: I live in Lisbon with my partner.\nAssistant: Lisbon is lovely!",

@@ -11,6 +11,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from yak_loopback.openai_replies import Reply, rules_replier
+from yak_loopback.openai_server import FakeOpenAIServer
 from yak_pipeline.eval.ingest import user_id_for
 from yak_pipeline.eval.locomo import (
     LocomoFormatError,
@@ -25,7 +27,6 @@ from yak_pipeline.eval.runner import run_locomo_eval
 from yak_pipeline.llm.prompts import parse_payload
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import connect
-from yak_pipeline_tests.fake_openai import FakeOpenAIServer, Reply, rules_replier
 
 
 def _turn(speaker: str, dia_id: str, text: str, **extra: str) -> dict:

@@ -11,6 +11,8 @@ from typing import Any
 import openai
 import pytest
 
+from yak_loopback.openai_replies import Reply, fake_embedding
+from yak_loopback.openai_server import FakeOpenAIServer
 from yak_pipeline.llm import (
     LLMOutputError,
     LLMProvider,
@@ -24,7 +26,6 @@ from yak_pipeline.llm import (
 from yak_pipeline.llm.models import DistillationOutput, ScoreOutput, response_schema
 from yak_pipeline.llm.openai_client import RETRY_TEMPERATURE
 from yak_pipeline.settings import Settings
-from yak_pipeline_tests.fake_openai import FakeOpenAIServer, Reply, fake_embedding
 
 EXCHANGE = "User: I live in Berlin and I'm a nurse.\nAssistant: Nice to meet you!"
 GOOD = {"content": "User lives in Berlin. User is a nurse.", "confidence": 0.92, "tier": "core", "type": "fact"}

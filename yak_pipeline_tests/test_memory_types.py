@@ -14,6 +14,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from yak_loopback.openai_replies import Reply
+from yak_loopback.openai_server import FakeOpenAIServer
 from yak_pipeline.embeddings.hashing import HashingEmbedder
 from yak_pipeline.llm.rules import RulesProvider
 from yak_pipeline.services.distill import DistillJob, distill_memories
@@ -22,7 +24,7 @@ from yak_pipeline.store.memories import insert_memory
 from yak_pipeline.store.migrations import SQL_DIR, migrate
 from yak_pipeline_tests.api_fixtures import ADMIN_KEY, Seeded, api_settings, app, client_with, seeded  # noqa: F401
 from yak_pipeline_tests.conftest import create_database, drop_database
-from yak_pipeline_tests.fake_openai import FakeOpenAIServer, Reply, openai_server  # noqa: F401
+from yak_pipeline_tests.loopback_fixtures import openai_server  # noqa: F401
 from yak_pipeline_tests.test_cli_inprocess import run  # noqa: F401 - the in-process `yak` fixture
 from yak_pipeline_tests.test_llm_openai_client import make_provider
 

@@ -6,7 +6,7 @@ Every part is a real process on a real server:
 - PostgreSQL 18 with pgvector started on its own (``external_postgres``: a TCP port, password
   auth, a non-superuser owner role), migrated by ``yak db migrate`` as docs/SCALING.md says;
 - two ``yak serve`` and one ``yak proxy`` subprocesses with the same ``YAK_DATABASE_URL``; the
-  proxy's upstream is the loopback OpenAI-protocol server (``fake_openai``);
+  proxy's upstream is the loopback OpenAI-protocol server (``yak_loopback.openai_server``);
 - Dagster as ``yak up`` runs it, minus the web UI: ``yak up``'s own DAGSTER_HOME preparation (the
   project's ``dagster.yaml``: PostgreSQL storage in database ``dagster`` of the same server,
   ``QueuedRunCoordinator`` with ``max_concurrent_runs: 4``), its code server (run workers forked
@@ -52,11 +52,12 @@ import numpy as np
 import psycopg
 import pytest
 
+from yak_loopback.openai_replies import chat_replier
+from yak_loopback.openai_server import FakeOpenAIServer
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.api_keys import create_api_key
 from yak_pipeline.store.database import Database
 from yak_pipeline_tests.external_postgres import external_postgres
-from yak_pipeline_tests.fake_openai import FakeOpenAIServer, chat_replier
 from yak_pipeline_tests.reliability_helpers import WORDS, pipeline_state, report_figure, yak_env, yak_serve
 
 pytestmark = pytest.mark.slow

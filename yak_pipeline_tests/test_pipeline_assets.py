@@ -15,6 +15,8 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from yak_loopback.openai_replies import Reply, rules_replier
+from yak_loopback.openai_server import FakeOpenAIServer
 from yak_pipeline.defs.distillations.assets import distillations
 from yak_pipeline.defs.partitions import add_missing_partitions, day_tags, runs_by_user
 from yak_pipeline.defs.scores.assets import conflict_scores, distillation_versions, warmth
@@ -22,7 +24,6 @@ from yak_pipeline.settings import Settings, get_settings
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.partition_gates import partition_gate_passed
 from yak_pipeline.store.turns import insert_turn
-from yak_pipeline_tests.fake_openai import FakeOpenAIServer, Reply, rules_replier
 from yak_pipeline_tests.pipeline_helpers import (
     DAY,
     MEMORY_ASSETS,

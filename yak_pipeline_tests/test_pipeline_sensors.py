@@ -19,6 +19,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from yak_loopback.openai_server import FakeOpenAIServer
 from yak_pipeline.defs.automation.sensors import (
     api_inbox_sensor,
     drop_folder_sensor,
@@ -34,7 +35,6 @@ from yak_pipeline.store.database import Database
 from yak_pipeline.store.forget import forget_memories
 from yak_pipeline.store.memories import record_memory_error
 from yak_pipeline.store.turns import insert_turn
-from yak_pipeline_tests.fake_openai import FakeOpenAIServer
 from yak_pipeline_tests.pipeline_helpers import (
     DAY,
     NEXT_DAY,

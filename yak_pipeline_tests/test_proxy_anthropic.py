@@ -18,11 +18,15 @@ import httpx
 import openai
 import pytest
 
+from yak_loopback.anthropic_server import FAKE_MODEL, Answer, FakeAnthropicServer
+from yak_loopback.openai_server import FakeOpenAIServer
 from yak_pipeline.core.memory_block import BLOCK_OPEN
 from yak_pipeline.store.database import Database
 from yak_pipeline_tests.api_fixtures import ADMIN_KEY, Seeded, seeded  # noqa: F401
-from yak_pipeline_tests.fake_anthropic import FAKE_MODEL, Answer, FakeAnthropicServer, anthropic_upstream  # noqa: F401
-from yak_pipeline_tests.fake_openai import FakeOpenAIServer, upstream  # noqa: F401
+from yak_pipeline_tests.loopback_fixtures import (
+    anthropic_upstream,  # noqa: F401
+    upstream,  # noqa: F401
+)
 from yak_pipeline_tests.pipeline_helpers import fetch_all
 from yak_pipeline_tests.reliability_helpers import YakServe, wait_until, yak_env, yak_serve
 

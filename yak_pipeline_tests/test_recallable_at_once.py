@@ -29,6 +29,7 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 
+from yak_loopback.openai_server import FakeOpenAIServer
 from yak_pipeline.api.app import create_app
 from yak_pipeline.core.memory_block import BLOCK_OPEN
 from yak_pipeline.embeddings.hashing import HashingEmbedder
@@ -40,7 +41,6 @@ from yak_pipeline.store.database import Database
 from yak_pipeline.store.recall import recall_candidates
 from yak_pipeline.store.vector_legs import vector_search
 from yak_pipeline_tests.api_fixtures import ADMIN_KEY, Seeded, api_settings, seeded, serve_in_thread  # noqa: F401
-from yak_pipeline_tests.fake_openai import FakeOpenAIServer
 from yak_pipeline_tests.pipeline_helpers import fetch_all, fetch_one
 from yak_pipeline_tests.reliability_helpers import yak_env, yak_serve
 
@@ -151,7 +151,7 @@ def test_proxy_alone_a_fact_said_in_one_chat_is_in_the_next_chats_block_within_a
     assert LOCKER not in json.dumps(upstream.chat_requests[-1].body["messages"][:-1])  # not known before
 
     # The turn writer stores the turn after the answer has gone out, then gives the exchange its
-    # vectors (services.exchange_embeddings.embed_exchanges_now): wait until it has done both (what test_proxy's
+    # vectors (services.exchange_embeddings.embed_exchanges_now): wait until it has done both (what proxy_fixtures'
     # `settle` waits for in-thread). The clock starts when the exchange's row is first seen.
     content = f"User: {LOCKER}\nAssistant: You said: {LOCKER}"
     deadline = time.monotonic() + 15

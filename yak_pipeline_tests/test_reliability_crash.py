@@ -18,9 +18,10 @@ from typing import Any
 import psycopg
 import pytest
 
+from yak_loopback.openai_replies import Reply, rules_replier
+from yak_loopback.openai_server import FakeOpenAIServer
 from yak_pipeline.llm.prompts import parse_payload
 from yak_pipeline.store.database import Database
-from yak_pipeline_tests.fake_openai import FakeOpenAIServer, Reply, rules_replier
 from yak_pipeline_tests.pipeline_helpers import DAY, NEXT_DAY, add_exchange
 from yak_pipeline_tests.reliability_helpers import (
     PipelineState,

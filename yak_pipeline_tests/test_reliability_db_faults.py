@@ -20,10 +20,11 @@ import httpx
 import psycopg
 import pytest
 
+from yak_loopback.openai_replies import Reply
+from yak_loopback.openai_server import FakeOpenAIServer
 from yak_pipeline.defs.resources import AlertsResource
 from yak_pipeline.settings import Settings, get_settings
 from yak_pipeline.store.database import Database
-from yak_pipeline_tests.fake_openai import FakeOpenAIServer, Reply
 from yak_pipeline_tests.pipeline_helpers import (
     DAY,
     materialization_metadata,

@@ -19,6 +19,8 @@ from typing import Any
 import dagster as dg
 import pytest
 
+from yak_loopback.openai_replies import Reply, rules_replier
+from yak_loopback.openai_server import FakeOpenAIServer
 from yak_pipeline.defs.distillations.assets import distillations
 from yak_pipeline.defs.resources import AlertsResource
 from yak_pipeline.defs.scores.assets import warmth
@@ -30,7 +32,6 @@ from yak_pipeline.services.distill import DEFAULT_MAX_ATTEMPTS, DistillJob, dist
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.turns import insert_turn
-from yak_pipeline_tests.fake_openai import FakeOpenAIServer, Reply, rules_replier
 from yak_pipeline_tests.pipeline_helpers import (
     DAY,
     add_exchange,

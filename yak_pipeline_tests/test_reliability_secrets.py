@@ -18,12 +18,13 @@ import dagster as dg
 import httpx
 import pytest
 
+from yak_loopback.openai_replies import Reply
+from yak_loopback.openai_server import FakeOpenAIServer
 from yak_pipeline.defs.resources import default_resources
 from yak_pipeline.settings import get_settings
 from yak_pipeline.store.database import Database, connect
 from yak_pipeline.store.memories import insert_memory
 from yak_pipeline_tests.api_fixtures import rows_mentioning
-from yak_pipeline_tests.fake_openai import FakeOpenAIServer, Reply
 from yak_pipeline_tests.pipeline_helpers import DAY, MEMORY_ASSETS, at
 from yak_pipeline_tests.reliability_helpers import (
     WebhookReceiver,

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import openai
 
+from yak_loopback.openai_replies import chat_replier
+from yak_loopback.openai_server import FakeOpenAIServer
 from yak_pipeline.core.memory_block import BLOCK_PREAMBLE
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.memories import insert_memory
-from yak_pipeline_tests.fake_openai import FakeOpenAIServer, chat_replier
 from yak_pipeline_tests.reliability_helpers import yak_env, yak_serve
 from yak_pipeline_tests.store_helpers import seed_memory_with_distillation
 

@@ -14,10 +14,11 @@ from pathlib import Path
 import httpx
 import openai
 
+from yak_loopback.openai_replies import chat_replier
+from yak_loopback.openai_server import FakeOpenAIServer
 from yak_pipeline.api.access_log import DropQueryStrings
 from yak_pipeline.llm.errors import reason_for_log
 from yak_pipeline.store.database import Database
-from yak_pipeline_tests.fake_openai import FakeOpenAIServer, chat_replier
 from yak_pipeline_tests.reliability_helpers import yak_env, yak_serve
 
 ADMIN_KEY = "adm-trust-35-logs-key"

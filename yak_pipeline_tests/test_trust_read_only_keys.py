@@ -18,13 +18,14 @@ import openai
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
+from yak_loopback.openai_replies import chat_replier
+from yak_loopback.openai_server import FakeOpenAIServer
 from yak_pipeline.api.dependencies import ApiServices
 from yak_pipeline.api.mcp_server import MCP_PATH, mcp_http_app
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.api_keys import create_api_key
 from yak_pipeline.store.database import Database
 from yak_pipeline_tests.api_fixtures import Seeded, api_settings, app, seeded, serve_in_thread  # noqa: F401
-from yak_pipeline_tests.fake_openai import FakeOpenAIServer, chat_replier
 from yak_pipeline_tests.reliability_helpers import YAK, yak_env, yak_serve
 from yak_pipeline_tests.test_web_page import signed_in
 

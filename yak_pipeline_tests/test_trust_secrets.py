@@ -26,6 +26,8 @@ import pytest
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
+from yak_loopback.openai_replies import chat_replier
+from yak_loopback.openai_server import FakeOpenAIServer
 from yak_pipeline.api.dependencies import ApiServices
 from yak_pipeline.api.mcp_server import MCP_PATH, mcp_http_app
 from yak_pipeline.core.secrets import (
@@ -39,7 +41,6 @@ from yak_pipeline.core.secrets import (
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
 from yak_pipeline_tests.api_fixtures import rows_mentioning, serve_in_thread
-from yak_pipeline_tests.fake_openai import FakeOpenAIServer, chat_replier
 from yak_pipeline_tests.reliability_helpers import YAK, report_figure, yak_env, yak_serve
 
 ADMIN_KEY = "adm-trust-35-admin-key"

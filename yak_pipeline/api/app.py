@@ -23,11 +23,11 @@ from yak_pipeline import __version__
 from yak_pipeline.api.body_limit import BodyLimitMiddleware
 from yak_pipeline.api.dependencies import ApiServices, ServiceParts
 from yak_pipeline.api.errors import document_error_bodies, install_error_handlers
+from yak_pipeline.api.proxy_http import PROXY_MAX_BODY_BYTES, PROXY_PREFIX
 from yak_pipeline.api.request_metrics import RequestMetricsMiddleware
 from yak_pipeline.api.routes import ROUTERS, health, proxy
 from yak_pipeline.api.ui import install_web_page
 from yak_pipeline.embeddings import Embedder
-from yak_pipeline.services.proxy import PROXY_MAX_BODY_BYTES, PROXY_PREFIX
 from yak_pipeline.settings import Settings, get_settings
 from yak_pipeline.store.database import Database
 

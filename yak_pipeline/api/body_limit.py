@@ -29,7 +29,7 @@ class BodyLimitMiddleware:
     """Answers 413 in the API's JSON error shape for bodies over ``max_bytes``.
 
     ``path_limits`` gives some paths their own limit (the memory proxy's chats carry whole
-    conversations: ``services.proxy.PROXY_MAX_BODY_BYTES``).
+    conversations: ``api.proxy_http.PROXY_MAX_BODY_BYTES``).
     """
 
     def __init__(self, app: ASGIApp, max_bytes: int = MAX_BODY_BYTES,

@@ -22,12 +22,13 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from yak_pipeline.api.proxy_anthropic import AnthropicProxyError, anthropic_error_type
+from yak_pipeline.api.proxy_http import PROXY_PREFIX
 from yak_pipeline.core.secrets import SecretRefused
 from yak_pipeline.core.types import InvalidUserId
 from yak_pipeline.llm.errors import one_line as collapse_to_one_line
 from yak_pipeline.recall_models import RelevanceModelMissing
-from yak_pipeline.services.proxy import PROXY_PREFIX, ProxyError
-from yak_pipeline.services.proxy_anthropic import AnthropicProxyError, anthropic_error_type
+from yak_pipeline.services.proxy_exchange import ProxyError
 from yak_pipeline.store.errors import DatabaseUnavailable, StoreError
 
 logger = logging.getLogger("yak.api")

@@ -18,6 +18,9 @@ response ends: the queue stays bounded and clients slow down instead of Yak hold
 longer backlog in memory. Shutting down (the app's lifespan) waits for the queue, so a turn
 answered before a clean stop is stored before the process goes.
 
+A chat hands its turn over through a :class:`TurnStore` (both wire protocols): once, when its
+answer is known, and it stores the turn itself when the queue is full.
+
 The writer's thread runs at a lower CPU priority than the chats (:func:`_yield_to_chats`). Its
 model calls take a whole core for tens of milliseconds, and on a small machine a chat's recall
 (the query's vector, the legs in PostgreSQL, the ranking) then shared the other core: with the
@@ -35,7 +38,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Final, Generic, TypeVar
+
+import anyio.to_thread
 
 logger = logging.getLogger("yak.proxy")
 
@@ -140,3 +147,62 @@ class TurnWriter(Generic[T]):
         """Block until every queued turn is stored; False if ``timeout`` seconds passed first."""
         with self._settled:
             return self._settled.wait_for(lambda: self._waiting == 0, timeout)
+
+
+@dataclass(frozen=True)
+class PendingTurn:
+    """A finished turn on its way to the database."""
+
+    user_id: str
+    user_text: str
+    answer: str
+    recalled_ids: list[str]
+    actor: str
+    occurred_at: datetime
+
+
+class TurnStore:
+    """One chat's turn, handed to the turn writer once its answer is known (both protocols).
+
+    It is handed over at most once. A turn the writer's full queue hands back waits here: the chat
+    stores it itself once the client has every byte (:meth:`settle`) or, the client gone before
+    that, the writer takes it past the limit (:meth:`release`)."""
+
+    def __init__(self, writer: TurnWriter[PendingTurn], *, user_id: str, user_text: str, recalled_ids: list[str],
+                 actor: str) -> None:
+        self._writer = writer
+        self._user_id, self._user_text, self._recalled_ids, self._actor = user_id, user_text, recalled_ids, actor
+        self._handed_over = False
+        self._overflow: PendingTurn | None = None  # handed back by a full queue, not stored yet
+
+    def hand_over(self, answer: str | None) -> None:
+        """Queue the turn with ``answer`` for the writer (the first call only); when the writer's queue
+        is full the turn stays here for :meth:`settle`."""
+        if self._handed_over:
+            return
+        self._handed_over = True
+        if not answer:
+            return  # tool calls or an empty answer: no exchange to remember
+        # The turn happened now, whenever the writer gets to it.
+        turn = PendingTurn(user_id=self._user_id, user_text=self._user_text, answer=answer,
+                           recalled_ids=self._recalled_ids, actor=self._actor, occurred_at=datetime.now(UTC))
+        if not self._writer.submit(turn):
+            self._overflow = turn
+
+    async def settle(self) -> None:
+        """Store the turn a full queue handed back, if any, in a worker thread: the chat's response ends after it."""
+        turn, self._overflow = self._overflow, None
+        if turn is not None:
+            await anyio.to_thread.run_sync(self._writer.store_now, [turn])
+
+    def release(self) -> None:
+        """Queue a handed-back turn not stored yet past the limit: its client left before the chat could store it."""
+        turn, self._overflow = self._overflow, None
+        if turn is not None:
+            self._writer.submit(turn, over_limit=True)
+
+    async def __call__(self, answer: str | None) -> None:
+        """Queue the turn, or (the queue full) store it before returning: for whole answers, whose
+        body goes out only after this."""
+        self.hand_over(answer)
+        await self.settle()

@@ -1,8 +1,9 @@
 """``/v1``: the memory proxy, an OpenAI chat-completions endpoint and an Anthropic Messages endpoint
 that recall and remember, on one port.
 
-The flows are :mod:`yak_pipeline.services.proxy` and :mod:`yak_pipeline.services.proxy_anthropic`;
-this module only authenticates and turns their answers into HTTP responses. The routes speak
+The protocols are :mod:`yak_pipeline.api.proxy_openai` and :mod:`yak_pipeline.api.proxy_anthropic`
+over the memory flow of :mod:`yak_pipeline.services.proxy`; this module only authenticates and
+turns their answers into HTTP responses. The routes speak
 OpenAI's and Anthropic's protocols, not Yak's, so they are left out of Yak's OpenAPI document and
 answer errors in their protocol's shape.
 
@@ -16,24 +17,26 @@ never sent upstream.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated
 
-from fastapi import APIRouter, Header, HTTPException, Request, Response
-from fastapi.responses import StreamingResponse
+from fastapi import APIRouter, HTTPException, Request, Response
 from starlette.concurrency import run_in_threadpool
 
+from yak_pipeline.api import proxy_anthropic, proxy_openai
 from yak_pipeline.api.auth import Principal, authenticate, key_from_headers
 from yak_pipeline.api.dependencies import ApiServices, Services
-from yak_pipeline.services.proxy import PROXY_MAX_BODY_BYTES, PROXY_PREFIX, ProxyAnswer, ProxyError, ProxyStream
-from yak_pipeline.services.proxy_anthropic import YAK_KEY_HEADER, AnthropicMessages, AnthropicProxyError
+from yak_pipeline.api.proxy_anthropic import YAK_KEY_HEADER, AnthropicProxyError
+from yak_pipeline.api.proxy_http import PROXY_MAX_BODY_BYTES, PROXY_PREFIX, proxy_response
+from yak_pipeline.services.proxy_exchange import ProxyError
 
 router = APIRouter(prefix=PROXY_PREFIX, tags=["proxy"], include_in_schema=False)
 
 
-async def _caller(services: ApiServices, api_key: str | None, authorization: str | None) -> Principal:
-    """The key's principal; no key (or a bad one), no memory: 401 in OpenAI's error shape."""
+async def _openai_caller(services: ApiServices, headers: Mapping[str, str]) -> Principal:
+    """The caller of an OpenAI request (its key in ``X-API-Key`` or ``Authorization: Bearer``); no key
+    (or a bad one), no memory: 401 in OpenAI's error shape."""
     try:
-        return await run_in_threadpool(authenticate, services, key_from_headers(api_key, authorization))
+        return await run_in_threadpool(authenticate, services,
+                                       key_from_headers(headers.get("x-api-key"), headers.get("authorization")))
     except HTTPException as exc:
         raise ProxyError(exc.status_code, str(exc.detail).replace("missing X-API-Key header",
                          "missing API key: send a Yak key as the OpenAI API key (Authorization: Bearer) or X-API-Key"),
@@ -76,30 +79,15 @@ def _actor(caller: Principal) -> str:
     return "proxy:" + caller.actor.removeprefix("api:")
 
 
-def _response(answer: ProxyAnswer | ProxyStream) -> Response:
-    if isinstance(answer, ProxyStream):
-        # No buffering by proxies in front of Yak: tokens must reach the client as they come.
-        return StreamingResponse(answer.chunks, media_type=answer.media_type,
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **answer.headers})
-    return Response(answer.content, status_code=answer.status_code, media_type=answer.media_type,
-                    headers=dict(answer.headers))
-
-
 @router.post("/chat/completions", max_body_size=PROXY_MAX_BODY_BYTES)
-async def chat_completions(
-    request: Request,
-    services: Services,
-    x_api_key: Annotated[str | None, Header()] = None,
-    authorization: Annotated[str | None, Header()] = None,
-) -> Response:
+async def chat_completions(request: Request, services: Services) -> Response:
     """OpenAI chat completions with memory: recall for the last user message, the block before it,
     the chat forwarded upstream, the answer relayed unchanged (streamed or not), the turn stored;
     ``/forget …`` commands are answered by Yak. Bodies up to 16 MiB."""
-    caller = await _caller(services, x_api_key, authorization)
+    caller = await _openai_caller(services, request.headers)
     raw = await request.body()
-    answer = await services.proxy.chat_completions(raw, key_user=caller.user_id, actor=_actor(caller),
-                                                   read_only=caller.read_only)
-    return _response(answer)
+    return proxy_response(await proxy_openai.chat_completions(services.proxy, raw, key_user=caller.user_id,
+                                                              actor=_actor(caller), read_only=caller.read_only))
 
 
 @router.post("/messages", max_body_size=PROXY_MAX_BODY_BYTES)
@@ -109,34 +97,28 @@ async def messages(request: Request, services: Services) -> Response:
     turn stored; ``/forget …`` commands are answered by Yak. Bodies up to 16 MiB."""
     caller, credentials = await _anthropic_caller(services, request.headers)
     raw = await request.body()
-    answer = await AnthropicMessages(services.proxy).create(
-        raw, query=request.url.query, client_headers=request.headers, credentials=credentials,
-        key_user=caller.user_id, actor=_actor(caller), read_only=caller.read_only)
-    return _response(answer)
+    return proxy_response(await proxy_anthropic.create_message(
+        services.proxy, raw, query=request.url.query, client_headers=request.headers, credentials=credentials,
+        key_user=caller.user_id, actor=_actor(caller), read_only=caller.read_only))
 
 
 @router.post("/messages/count_tokens", max_body_size=PROXY_MAX_BODY_BYTES)
 async def count_tokens(request: Request, services: Services) -> Response:
     """Anthropic's token count, passed through unchanged (no memory: Claude Code sizes its context with it)."""
     _, credentials = await _anthropic_caller(services, request.headers)
-    return _response(await AnthropicMessages(services.proxy).passthrough(
-        "POST", "/v1/messages/count_tokens", query=request.url.query, raw=await request.body(),
+    return proxy_response(await proxy_anthropic.pass_through(
+        services.proxy, "POST", "/v1/messages/count_tokens", query=request.url.query, raw=await request.body(),
         client_headers=request.headers, credentials=credentials))
 
 
 @router.get("/models")
-async def models(
-    request: Request,
-    services: Services,
-    x_api_key: Annotated[str | None, Header()] = None,
-    authorization: Annotated[str | None, Header()] = None,
-) -> Response:
+async def models(request: Request, services: Services) -> Response:
     """The upstream's models, passed through (a Yak key is needed: the upstream is Yak's to share); an
     ``anthropic-version`` header asks the Anthropic upstream."""
     if "anthropic-version" in request.headers:
         _, credentials = await _anthropic_caller(services, request.headers)
-        return _response(await AnthropicMessages(services.proxy).passthrough(
-            "GET", "/v1/models", query=request.url.query, raw=None, client_headers=request.headers,
+        return proxy_response(await proxy_anthropic.pass_through(
+            services.proxy, "GET", "/v1/models", query=request.url.query, raw=None, client_headers=request.headers,
             credentials=credentials))
-    await _caller(services, x_api_key, authorization)
-    return _response(await services.proxy.list_models())
+    await _openai_caller(services, request.headers)
+    return proxy_response(await proxy_openai.list_models(services.proxy))

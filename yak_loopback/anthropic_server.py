@@ -1,4 +1,5 @@
-"""A loopback server that speaks Anthropic's Messages API, for the memory proxy's ``/v1/messages`` tests.
+"""A loopback server that speaks Anthropic's Messages API, for the memory proxy's ``/v1/messages`` tests
+and benchmarks.
 
 It answers ``POST /v1/messages`` (whole or streamed), ``POST /v1/messages/count_tokens`` and
 ``GET /v1/models``, records every request (path, headers, JSON body) and every stream it sent, byte
@@ -13,12 +14,9 @@ import itertools
 import json
 import threading
 from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-
-import pytest
 
 FAKE_MODEL = "claude-fake-1"
 
@@ -231,10 +229,3 @@ class FakeAnthropicServer:
         handler.end_headers()
         handler.wfile.write(payload)
         handler.wfile.flush()
-
-
-@pytest.fixture
-def anthropic_upstream() -> Iterator[FakeAnthropicServer]:
-    """The loopback Messages API behind the memory proxy, answering ``You said: …``."""
-    with FakeAnthropicServer() as server:
-        yield server

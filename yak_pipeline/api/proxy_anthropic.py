@@ -1,5 +1,5 @@
 """The memory proxy in Anthropic's Messages API (issue 34): ``POST /v1/messages`` for Claude Code and every
-Anthropic client, beside the OpenAI protocol of :mod:`yak_pipeline.services.proxy` on the same port.
+Anthropic client, beside the OpenAI protocol of :mod:`yak_pipeline.api.proxy_openai` on the same port.
 
 Only the wire protocol lives here; the memory flow is :class:`~yak_pipeline.services.proxy.MemoryProxy`'s,
 the same for both protocols (recall → block, forget in chat, the turn stored after the answer):
@@ -32,19 +32,19 @@ import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
+from uuid import uuid4
 
 import httpx
 
 from yak_pipeline.core.conversation_query import recall_queries
 from yak_pipeline.ingestion.formats.claude_code_sessions import without_client_meta
-from yak_pipeline.services.proxy import (
-    RECALLED_IDS_HEADER,
-    MemoryProxy,
+from yak_pipeline.services.proxy import MemoryProxy, resolve_named_user
+from yak_pipeline.services.proxy_exchange import (
+    ChatTurn,
+    EventLines,
     ProxyAnswer,
     ProxyError,
     ProxyStream,
-    TurnStore,
-    resolve_named_user,
     upstream_error,
 )
 
@@ -93,22 +93,6 @@ def error_event(message: str, error_type: str = "api_error") -> bytes:
 
 # --- reading the request -----------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class MessagesRequest:
-    """A Messages body, checked for what Yak reads; everything else passes through as sent."""
-
-    body: dict[str, Any]
-    stream: bool
-    # What the person typed in this turn's prompt (None: nothing to recall for or store).
-    prompt_text: str | None
-    recall_texts: tuple[str, ...]
-    # The prompt is text only (no images or documents) and the last message is the user's: a turn
-    # can be stored at full fidelity.
-    storable: bool
-    # The prompt itself is the last message (not a tool result going back): a forget command there is Yak's.
-    prompt_is_last: bool
-
-
 def _typed(content: object) -> tuple[str | None, bool, bool]:
     """A user message's typed text (Claude Code's meta text left out), whether it is only text, and
     whether it carries tool results."""
@@ -135,8 +119,12 @@ def _invalid(message: str) -> AnthropicProxyError:
     return AnthropicProxyError(400, message, error_type="invalid_request_error")
 
 
-def parse_messages_request(raw: bytes, *, follow_up_words: int = 0) -> MessagesRequest:
-    """Check a Messages body as far as Yak reads it; raises :class:`AnthropicProxyError` (400) saying what is wrong."""
+def parse_messages_request(raw: bytes, *, follow_up_words: int = 0) -> tuple[dict[str, Any], ChatTurn]:
+    """A Messages body, checked as far as Yak reads it (everything else passes through as sent), and what
+    the memory flow reads of it: what the person typed in this turn's prompt, recalled for; forgotten
+    by when the prompt itself is the last message (not a tool result going back); stored when the
+    prompt is text only (no images or documents) and the last message is the user's. Raises
+    :class:`AnthropicProxyError` (400) saying what is wrong."""
     try:
         body = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -163,12 +151,12 @@ def parse_messages_request(raw: bytes, *, follow_up_words: int = 0) -> MessagesR
     last_is_user = messages[-1]["role"] == "user"
     if prompt is None or not last_is_user:
         # No prompt, or an assistant prefill to continue: pass through, nothing recalled or stored.
-        return MessagesRequest(body, stream, None, (), False, False)
+        return body, ChatTurn(stream=stream, forget_text=None, recall_texts=(), turn_text=None)
     (text, text_only, _), index = prompt
     earlier = [t[0] for t, i in typed if i < index and t[0] is not None]
     recall_texts = recall_queries([*earlier, text], follow_up_words=follow_up_words)
-    return MessagesRequest(body, stream, text, tuple(recall_texts), storable=text_only,
-                           prompt_is_last=index == len(messages) - 1)
+    return body, ChatTurn(stream=stream, forget_text=text if index == len(messages) - 1 else None,
+                          recall_texts=tuple(recall_texts), turn_text=text if text_only else None)
 
 
 def with_memory_block(system: object, block: str) -> str | list[Any]:
@@ -184,8 +172,6 @@ def with_memory_block(system: object, block: str) -> str | list[Any]:
 
 def yak_message(text: str, *, body: Mapping[str, Any], stream: bool) -> ProxyAnswer | ProxyStream:
     """``text`` as the assistant's answer in the Messages protocol, streamed if asked."""
-    from uuid import uuid4  # noqa: PLC0415 - only forget commands need an id
-
     model = body.get("model") if isinstance(body.get("model"), str) else "yak"
     message = {"id": f"msg_yak_{uuid4().hex}", "type": "message", "role": "assistant", "model": model,
                "content": [{"type": "text", "text": text}], "stop_reason": "end_turn", "stop_sequence": None,
@@ -226,7 +212,7 @@ def answer_of_message(body: object) -> tuple[str | None, bool]:
 
 
 @dataclass
-class StreamedMessage:
+class StreamedMessage(EventLines):
     """The answer carried by a Messages event stream, gathered as the bytes go by."""
 
     text: list[str] = field(default_factory=list)
@@ -234,16 +220,9 @@ class StreamedMessage:
     tool_use: bool = False
     stopped: bool = False  # message_stop seen
     error: bool = False
-    _pending: bytes = b""
 
-    def feed(self, chunk: bytes) -> None:
-        """Read the complete lines of ``chunk`` (a partial line waits for the next chunk)."""
-        self._pending += chunk
-        *lines, self._pending = self._pending.split(b"\n")
-        for line in lines:
-            self._read_line(line.strip())
-
-    def _read_line(self, line: bytes) -> None:
+    def read_line(self, line: bytes) -> None:
+        """Take in one ``data:`` line: text deltas, tool use, the stop reason, the stop, or an error."""
         if not line.startswith(b"data:"):
             return  # "event:" lines name what the data line says again in its "type"
         try:
@@ -271,6 +250,21 @@ class StreamedMessage:
         elif kind == "error":
             self.error = True
 
+    @staticmethod
+    def hand_over_at(chunk: bytes) -> int:
+        """The end of every chunk: the one holding ``message_stop`` goes out after the turn is handed over."""
+        return len(chunk)
+
+    @staticmethod
+    def cut_event(message: str) -> bytes:
+        """An ``error`` event: how Anthropic reports a stream failing midway (the SDKs raise it)."""
+        return error_event(message)
+
+    @property
+    def error_relayed(self) -> bool:
+        """An ``error`` event the upstream sent has reached the client already."""
+        return self.error
+
     @property
     def complete(self) -> bool:
         """The stream said it finished (``message_stop``) and carried no error."""
@@ -296,165 +290,102 @@ def forwarded_headers(client_headers: Mapping[str, str], credentials: Mapping[st
     return {**headers, "content-type": "application/json", **credentials}
 
 
-# --- the proxy ---------------------------------------------------------------------------------
 
-class AnthropicMessages:
-    """``/v1/messages`` over the shared memory flow of ``proxy`` (module docstring)."""
 
-    def __init__(self, proxy: MemoryProxy) -> None:
-        self.proxy = proxy
-        self.metrics = proxy.metrics
+def messages_url(proxy: MemoryProxy, path: str, query: str) -> str:
+    """``path`` (and the client's ``query``) under the Anthropic upstream's base URL."""
+    base = proxy.settings.upstream_anthropic_base_url.rstrip("/")
+    return f"{base}{path}" + (f"?{query}" if query else "")
 
-    def _url(self, path: str, query: str) -> str:
-        base = self.proxy.settings.upstream_anthropic_base_url.rstrip("/")
-        return f"{base}{path}" + (f"?{query}" if query else "")
 
-    def _transport_error(self, exc: httpx.HTTPError) -> AnthropicProxyError:
-        return as_anthropic_error(self.proxy.transport_error(exc))
+def _refused(status_code: int, content: bytes, headers: httpx.Headers) -> ProxyAnswer:
+    """The upstream's error: passed on as it came when it is Anthropic's shape, else said in that shape."""
+    try:
+        body = json.loads(content)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        body = None
+    if isinstance(body, dict) and body.get("type") == "error" and isinstance(body.get("error"), dict):
+        return ProxyAnswer(status_code, content, "application/json", passed_back_headers(headers))
+    error = upstream_error(status_code, content)
+    raise AnthropicProxyError(status_code, error.message, error_type=anthropic_error_type(status_code))
 
-    @staticmethod
-    def _upstream_error(status_code: int, content: bytes, headers: httpx.Headers) -> ProxyAnswer:
-        """The upstream's error: passed on as it came when it is Anthropic's shape, else said in that shape."""
-        try:
-            body = json.loads(content)
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            body = None
-        if isinstance(body, dict) and body.get("type") == "error" and isinstance(body.get("error"), dict):
-            return ProxyAnswer(status_code, content, "application/json", passed_back_headers(headers))
-        error = upstream_error(status_code, content)
-        raise AnthropicProxyError(status_code, error.message, error_type=anthropic_error_type(status_code))
 
-    async def passthrough(self, method: str, path: str, *, query: str, raw: bytes | None,
-                          client_headers: Mapping[str, str], credentials: Mapping[str, str]) -> ProxyAnswer:
-        """A call that needs no memory (``/v1/models``, ``/v1/messages/count_tokens``), passed through."""
-        request = self.proxy.http().build_request(method, self._url(path, query), content=raw,
-                                                  headers=forwarded_headers(client_headers, credentials))
-        try:
-            response = await self.proxy.http().send(request)
-        except httpx.HTTPError as exc:
-            raise self._transport_error(exc) from None
-        if response.status_code >= 400:
-            return self._upstream_error(response.status_code, response.content, response.headers)
-        return ProxyAnswer(response.status_code, response.content,
-                           response.headers.get("content-type", "application/json"),
-                           passed_back_headers(response.headers))
+# --- the message through the memory flow -------------------------------------------------------
 
-    async def create(self, raw: bytes, *, query: str, client_headers: Mapping[str, str],
-                     credentials: Mapping[str, str], key_user: str | None, actor: str,
-                     read_only: bool = False) -> ProxyAnswer | ProxyStream:
-        """One ``POST /v1/messages`` through the proxy; raises :class:`AnthropicProxyError` for the client.
-        A ``read_only`` key is recalled for and answered; its turn is not stored and it forgets nothing."""
-        request = parse_messages_request(raw, follow_up_words=self.proxy.settings.proxy_follow_up_words)
-        metadata = request.body.get("metadata") or {}
-        try:
-            user_id = resolve_named_user(key_user, metadata.get("user_id"), field="metadata.user_id")
-            forget = await self.proxy.forget_answer(user_id=user_id, actor=actor, read_only=read_only,
-                                                    text=request.prompt_text if request.prompt_is_last else None)
-        except ProxyError as exc:
-            raise as_anthropic_error(exc) from None
-        if forget is not None:
-            self.metrics.count_proxy_request("forget", stream=request.stream)
-            return yak_message(forget, body=request.body, stream=request.stream)
-        block, recalled_ids = await self.proxy.recall_block(user_id, request.recall_texts)
-        # Only ``system`` changes, and only when there is a block: otherwise the client's bytes go as they are.
-        content = raw if not block else json.dumps(
-            {**request.body, "system": with_memory_block(request.body.get("system"), block)}).encode("utf-8")
-        upstream = self.proxy.http().build_request("POST", self._url(_MESSAGES_PATH, query), content=content,
-                                                   headers=forwarded_headers(client_headers, credentials))
-        store = self.proxy.turn_storer(request.prompt_text if request.storable else None, user_id=user_id,
-                                       recalled_ids=recalled_ids, actor=actor, read_only=read_only)
-        shown = {RECALLED_IDS_HEADER: ",".join(recalled_ids)}
-        if request.stream:
-            return await self._stream(upstream, store, shown)
-        return await self._complete(upstream, store, shown)
+@dataclass(frozen=True)
+class MessagesChat:
+    """A ``POST /v1/messages`` as the memory flow carries it
+    (:class:`~yak_pipeline.services.proxy_exchange.ProxiedChat`)."""
 
-    async def _complete(self, request: httpx.Request, store: TurnStore | None,
-                        shown: Mapping[str, str]) -> ProxyAnswer:
-        try:
-            response = await self.proxy.http().send(request)
-        except httpx.HTTPError as exc:
-            self.metrics.count_proxy_request("upstream_error", stream=False)
-            raise self._transport_error(exc) from None
-        return await self._answered(response.status_code, response.content, response.headers, store, shown,
-                                    stream=False)
+    body: dict[str, Any]
+    user_id: str
+    turn: ChatTurn
+    raw: bytes  # the body as the client sent it: it goes upstream as it is when there is no block
+    url: str
+    headers: Mapping[str, str]
 
-    async def _answered(self, status_code: int, content: bytes, headers: httpx.Headers,
-                        store: TurnStore | None, shown: Mapping[str, str], *,
-                        stream: bool) -> ProxyAnswer:
-        """A whole answer from upstream: errors passed on, the turn stored when it is finished, the body as it came."""
-        if status_code >= 400:
-            self.metrics.count_proxy_request("upstream_error", stream=stream)
-            return self._upstream_error(status_code, content, headers)
-        try:
-            body = json.loads(content)
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            body = None
-        answer, is_message = answer_of_message(body)
-        if not is_message:
-            self.metrics.count_proxy_request("upstream_error", stream=stream)
-            raise AnthropicProxyError(502, "the upstream model server answered with something that is not a message",
-                                      error_type="api_error", code="upstream_garbage")
-        if store is not None:
-            await store(answer)
-        self.metrics.count_proxy_request("answered", stream=stream)
-        return ProxyAnswer(status_code, content, headers.get("content-type", "application/json"),
-                           {**passed_back_headers(headers), **shown})
+    def yak_answer(self, text: str) -> ProxyAnswer | ProxyStream:
+        """Yak's ``text`` as a message."""
+        return yak_message(text, body=self.body, stream=self.turn.stream)
 
-    async def _stream(self, request: httpx.Request, store: TurnStore | None,
-                      shown: Mapping[str, str]) -> ProxyStream | ProxyAnswer:
-        try:
-            response = await self.proxy.http().send(request, stream=True)
-        except httpx.HTTPError as exc:
-            self.metrics.count_proxy_request("upstream_error", stream=True)
-            raise self._transport_error(exc) from None
-        if response.status_code >= 400 or "text/event-stream" not in response.headers.get("content-type", ""):
-            # An error, or a server that ignores "stream": one body, passed on whole, never as events.
-            content = await response.aread()
-            await response.aclose()
-            return await self._answered(response.status_code, content, response.headers, store, shown, stream=True)
-        return ProxyStream(self._relay(response, store), response.headers.get("content-type", "text/event-stream"),
-                           {**passed_back_headers(response.headers), **shown})
+    def upstream(self) -> tuple[str, Mapping[str, str]]:
+        """``/v1/messages`` of the Anthropic upstream, with the client's ``anthropic-*`` headers and the credentials."""
+        return self.url, self.headers
 
-    async def _relay(self, response: httpx.Response,
-                     store: TurnStore | None) -> AsyncIterator[bytes]:
-        """The upstream's events as they come, unchanged; a finished answer goes to the turn writer before
-        the chunk holding its ``message_stop`` is passed on (a client that read the whole stream finds its
-        turn queued or stored). When the writer's queue is full the chat stores its turn itself, after
-        every event, ``message_stop`` included, is passed on and before the response ends."""
-        answer = StreamedMessage()
-        outcome = "client_gone"  # until the loop ends: a client that hangs up stops the relay
+    def forwarded(self, block: str) -> bytes:
+        """Only ``system`` changes, and only when there is a block: otherwise the client's bytes go as they are."""
+        if not block:
+            return self.raw
+        return json.dumps({**self.body, "system": with_memory_block(self.body.get("system"), block)}).encode("utf-8")
 
-        def hand_over_when_complete() -> None:
-            if store is not None and answer.complete:
-                store.hand_over(answer.answer)
+    def answer_stream(self) -> StreamedMessage:
+        """A reader of Messages events."""
+        return StreamedMessage()
 
-        try:
-            try:
-                async for chunk in response.aiter_bytes():
-                    answer.feed(chunk)
-                    hand_over_when_complete()
-                    yield chunk
-            except httpx.HTTPError as exc:
-                self.proxy.transport_error(exc)  # logs the failure (its type only)
-                outcome = "upstream_cut"
-                yield error_event("the upstream model server stopped in the middle of its answer; "
-                                  "nothing was stored, please retry")
-                return
-            answer.feed(b"\n")
-            if not answer.complete:
-                outcome = "upstream_cut"
-                if not answer.error:  # an error event the upstream sent has reached the client already
-                    yield error_event("the upstream model server ended its answer without finishing it; "
-                                      "nothing was stored, please retry")
-                return
-            outcome = "answered"
-            hand_over_when_complete()
-            if store is not None:
-                await store.settle()
-        finally:
-            if store is not None:
-                store.release()
-            await response.aclose()
-            if outcome == "upstream_cut":
-                self.metrics.count_proxy_degradation("upstream_cut")
-            self.metrics.count_proxy_request(outcome, stream=True)
+    def answer_of(self, body: object) -> tuple[str | None, bool]:
+        """The message's text (:func:`answer_of_message`)."""
+        return answer_of_message(body)
+
+    def refused(self, status_code: int, content: bytes, headers: httpx.Headers) -> ProxyAnswer:
+        """Passed on as it came when it is Anthropic's shape, else said in that shape."""
+        return _refused(status_code, content, headers)
+
+    def not_an_answer(self) -> ProxyError:
+        """502: the body is not a message."""
+        return AnthropicProxyError(502, "the upstream model server answered with something that is not a message",
+                                   error_type="api_error", code="upstream_garbage")
+
+    def passed_back(self, headers: httpx.Headers) -> dict[str, str]:
+        """Request ids, rate limits, retry advice."""
+        return passed_back_headers(headers)
+
+
+async def create_message(proxy: MemoryProxy, raw: bytes, *, query: str, client_headers: Mapping[str, str],
+                         credentials: Mapping[str, str], key_user: str | None, actor: str,
+                         read_only: bool = False) -> ProxyAnswer | ProxyStream:
+    """One ``POST /v1/messages`` through the proxy; raises :class:`AnthropicProxyError` for the client.
+    A ``read_only`` key is recalled for and answered; its turn is not stored and it forgets nothing."""
+    body, turn = parse_messages_request(raw, follow_up_words=proxy.settings.proxy_follow_up_words)
+    metadata = body.get("metadata") or {}
+    try:
+        user_id = resolve_named_user(key_user, metadata.get("user_id"), field="metadata.user_id")
+        chat = MessagesChat(body, user_id, turn, raw, messages_url(proxy, _MESSAGES_PATH, query),
+                            forwarded_headers(client_headers, credentials))
+        return await proxy.converse(chat, actor=actor, read_only=read_only)
+    except ProxyError as exc:
+        # The shared flow says its errors in OpenAI's terms: the client reads Anthropic's.
+        raise as_anthropic_error(exc) from None
+
+
+async def pass_through(proxy: MemoryProxy, method: str, path: str, *, query: str, raw: bytes | None,
+                       client_headers: Mapping[str, str], credentials: Mapping[str, str]) -> ProxyAnswer:
+    """A call that needs no memory (``/v1/models``, ``/v1/messages/count_tokens``), passed through."""
+    try:
+        response = await proxy.pass_through(method, messages_url(proxy, path, query), content=raw,
+                                            headers=forwarded_headers(client_headers, credentials))
+    except ProxyError as exc:
+        raise as_anthropic_error(exc) from None
+    if response.status_code >= 400:
+        return _refused(response.status_code, response.content, response.headers)
+    return ProxyAnswer(response.status_code, response.content, response.headers.get("content-type", "application/json"),
+                       passed_back_headers(response.headers))
