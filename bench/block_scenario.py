@@ -2,7 +2,7 @@
 
 ``python bench/block_scenario.py [rules|none]``: one user tells Yak eight facts, then "I no longer
 eat vegetarian, I started eating fish"; each exchange goes through the pipeline's own functions
-(``eval.runner._ingest``: the rules distiller, conflicts, merges, vectors) into a scratch
+(``eval.ingest._ingest``: the rules distiller, conflicts, merges, vectors) into a scratch
 database, and the block of four questions is printed as the proxy and ``/api/context`` build it
 (``services.recall.build_context`` with the configured threshold, odds gap and token budget).
 """

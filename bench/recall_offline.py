@@ -2,7 +2,7 @@
 block cuts on them in seconds, cross-validated over conversations.
 
 ``python bench/recall_offline.py collect --distiller rules --out /tmp/rules.pkl``
-    runs ``yak eval``'s collection pass (``eval.runner.collect``: each file through the real
+    runs ``yak eval``'s collection pass (``eval.collection.collect``: each file through the real
     pipeline into a scratch database, every question asked once of ``store.recall.recall_candidates``)
     and pickles each question's candidates with the turns each holds and the baselines' rankings
     (the three dev files by default; 12-19 minutes on 2 cores).
@@ -10,7 +10,7 @@ block cuts on them in seconds, cross-validated over conversations.
 ``python bench/recall_offline.py curves /tmp/rules.pkl [--exponent 30]``
     prints, per file, Yak's Recall@10 with the relevance model fitted the way ``yak eval
     calibrate`` fits it (``eval.calibrate.fit_logistic`` and the operating points), each
-    conversation ranked by the model of the fold that did not see it (``eval.runner.assign_folds``,
+    conversation ranked by the model of the fold that did not see it (``eval.cross_validation.assign_folds``,
     5 folds), against the better baseline; then the block's precision / recall / size for a
     range of odds gaps (``core.block_choice``; superseded memories left out, as the block does).
 
