@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 from collections import deque
@@ -62,10 +63,13 @@ def _yield_to_chats() -> None:
     """Lower the calling thread's CPU priority to :data:`WRITER_NICENESS` (Linux: per thread).
 
     Only this thread: on Linux ``setpriority`` on a thread's id sets that thread alone, and the
-    threads it starts later inherit it. Where the OS refuses or has no per-thread priority, the
-    writer runs as before.
+    threads it starts later inherit it. Elsewhere the same call would read the thread's id as a
+    process id (another process's, or none), so there the writer runs at the chats' priority, as
+    it does where Linux refuses.
     """
-    with contextlib.suppress(AttributeError, OSError):
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError):
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICENESS)
 
 
