@@ -75,18 +75,18 @@ def forget_memory(db: Database, memory_id: UUID | str, *, user_id: str | None, a
 
 def record_turn(db: Database, *, user_id: str, user_message: str, assistant_message: str,
                 recalled_ids: Sequence[UUID | str], occurred_at: datetime | None,
-                actor: str, embedder: Embedder | None = None) -> tuple[bool, StoredTurn]:
-    """Store a finished turn's exchange and queue the turn: ``(user was known before, stored turn)``.
+                actor: str, embedder: Embedder | None = None) -> StoredTurn:
+    """Store a finished turn's exchange and queue the turn (the path of ``POST /api/turns``, the
+    memory proxy and MCP).
 
     With ``embedder`` the new exchange gets its vectors at once (as :func:`store_memory`)."""
     with db.connection() as conn:
-        known = memories_store.user_has_memories(conn, user_id)
         stored = store_exchange_turn(conn, user_id=user_id, user_message=user_message,
                                      assistant_message=assistant_message, recalled_ids=recalled_ids,
                                      occurred_at=occurred_at, actor=actor, secrets=db.secrets)
     if stored.created and embedder is not None:
         embed_exchanges_now(db, embedder, [str(stored.memory_id)])
-    return known, stored
+    return stored
 
 
 def rebuild_exchange_context(db: Database, *, user_id: str | None = None) -> int:

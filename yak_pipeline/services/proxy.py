@@ -256,9 +256,9 @@ class MemoryProxy:
             return None
         try:
             # No embedder here: the batch's exchanges get their vectors together (_store_turns).
-            _, stored = record_turn(self._database(), user_id=turn.user_id, user_message=turn.user_text,
-                                    assistant_message=turn.answer, recalled_ids=turn.recalled_ids,
-                                    occurred_at=turn.occurred_at, actor=turn.actor)
+            stored = record_turn(self._database(), user_id=turn.user_id, user_message=turn.user_text,
+                                 assistant_message=turn.answer, recalled_ids=turn.recalled_ids,
+                                 occurred_at=turn.occurred_at, actor=turn.actor)
         except Exception as exc:  # noqa: BLE001 - the client has its answer already; the turn is lost, said so
             self.metrics.count_proxy_degradation("turn_not_stored")
             logger.warning("the proxied turn of %s was not stored: %s", turn.user_id, type(exc).__name__)

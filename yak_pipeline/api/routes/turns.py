@@ -6,7 +6,7 @@ from fastapi import APIRouter, status
 
 from yak_pipeline.api.dependencies import Caller, Services
 from yak_pipeline.api.schemas.warmth import TurnAccepted, TurnCreate
-from yak_pipeline.services.memories import record_turn
+from yak_pipeline.services.memories import record_turn, user_has_memories
 
 router = APIRouter(prefix="/api/turns", tags=["turns"])
 
@@ -21,9 +21,11 @@ def post_turn(body: TurnCreate, caller: Caller, services: Services) -> TurnAccep
     memory (with a user-scoped key the id is the key's own). ``new_user`` is then true, so a
     client can catch a mistyped id."""
     user_id = caller.acting_for(body.user_id)
-    known, stored = record_turn(services.database, user_id=user_id, user_message=body.user_message,
-                                assistant_message=body.assistant_message, recalled_ids=body.recalled_ids,
-                                occurred_at=body.occurred_at, actor=caller.actor, embedder=services.embedder)
+    # Asked before the turn is stored (the proxy, which never reports it, does not ask at all).
+    known = user_has_memories(services.database, user_id)
+    stored = record_turn(services.database, user_id=user_id, user_message=body.user_message,
+                         assistant_message=body.assistant_message, recalled_ids=body.recalled_ids,
+                         occurred_at=body.occurred_at, actor=caller.actor, embedder=services.embedder)
     return TurnAccepted(turn_id=stored.turn_id, memory_id=stored.memory_id, queued=stored.created,
                         new_user=not known)
 
