@@ -127,18 +127,24 @@ def check_default_user(user_id: str, default_user: str | None) -> None:
         raise RecordError(f"record is for user {user_id!r}, not {default_user!r}")
 
 
-def check_storable(text: str, name: str) -> None:
-    """:class:`RecordError` if ``text`` (called ``name`` in the reason) cannot be stored as text."""
+def storable_problem(text: str) -> str | None:
+    """Why ``text`` cannot be stored as text (``"contains a NUL character …"``), or None when it can."""
     # JSON escapes can smuggle in what UTF-8 bytes cannot: NUL and unpaired surrogates, neither
     # of which PostgreSQL (or any UTF-8 consumer) can store.
     if "\x00" in text:
-        raise RecordError(f"{name} contains a NUL character (\\u0000), which cannot be stored")
+        return "contains a NUL character (\\u0000), which cannot be stored"
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as error:
-        raise RecordError(
-            f"{name} contains an unpaired surrogate (\\u{ord(text[error.start]):04x}), which is not valid Unicode"
-        ) from None
+        return f"contains an unpaired surrogate (\\u{ord(text[error.start]):04x}), which is not valid Unicode"
+    return None
+
+
+def check_storable(text: str, name: str) -> None:
+    """:class:`RecordError` if ``text`` (called ``name`` in the reason) cannot be stored as text."""
+    problem = storable_problem(text)
+    if problem is not None:
+        raise RecordError(f"{name} {problem}")
 
 
 def check_size(raw: str, max_record_chars: int) -> None:
@@ -147,20 +153,29 @@ def check_size(raw: str, max_record_chars: int) -> None:
         raise RecordError(f"record is {len(raw)} characters, more than {max_record_chars}")
 
 
-def parse_timestamp(value: object, name: str) -> datetime:
-    """An ISO-8601 date or datetime string as a UTC datetime; a naive one is taken as UTC."""
+def timestamp_of(value: object) -> datetime:
+    """An ISO-8601 date or datetime string as a UTC datetime (a naive one is taken as UTC);
+    :class:`RecordError` saying what is wrong with it otherwise (without naming the field)."""
     if not isinstance(value, str):
-        raise RecordError(f"{name} must be an ISO-8601 date or datetime string, got {json_kind(value)}")
+        raise RecordError(f"must be an ISO-8601 date or datetime string, got {json_kind(value)}")
     try:
         parsed = datetime.fromisoformat(value.strip())
     except ValueError:
-        raise RecordError(f"{name} {value!r} is not an ISO-8601 date or datetime") from None
+        raise RecordError(f"{value!r} is not an ISO-8601 date or datetime") from None
     if parsed.tzinfo is None:
         return parsed.replace(tzinfo=UTC)
     try:
         return parsed.astimezone(UTC)
     except OverflowError:  # e.g. 0001-01-01T00:00+01:00 falls before year 1 in UTC
-        raise RecordError(f"{name} {value!r} is out of range") from None
+        raise RecordError(f"{value!r} is out of range") from None
+
+
+def parse_timestamp(value: object, name: str) -> datetime:
+    """:func:`timestamp_of`, its reason naming the field ``name`` (``"created_at '…' is not …"``)."""
+    try:
+        return timestamp_of(value)
+    except RecordError as error:
+        raise RecordError(f"{name} {error}") from None
 
 
 def json_kind(value: object) -> str:

@@ -7,8 +7,9 @@ import json
 import re
 from typing import Final
 
-from yak_pipeline.core.exchanges import format_exchange, parse_exchange
-from yak_pipeline.core.types import InvalidUserId, validate_user_id
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from yak_pipeline.core.exchanges import format_exchange
 from yak_pipeline.ingestion.formats.exchange_records import (
     ExchangeRecord,
     FatalError,
@@ -17,16 +18,21 @@ from yak_pipeline.ingestion.formats.exchange_records import (
     RejectedRecord,
     check_default_user,
     check_size,
-    check_storable,
     json_kind,
     one_line,
-    parse_timestamp,
+)
+from yak_pipeline.ingestion.formats.record_fields import (
+    EXCHANGE_FORM,
+    ExchangeParts,
+    MessageText,
+    OptionalTimestamp,
+    UserId,
+    validation_reason,
 )
 
 # JSON's own whitespace: a line holding anything else (a form feed, U+2028) is not blank but bad.
 JSON_WHITESPACE: Final = " \t\r\n"
 _JSON_WHITESPACE_RE: Final = re.compile(r"[ \t\r\n]*")
-_EXCHANGE_FORM: Final = "'User: …\\nAssistant: …'"
 
 
 # --- .jsonl ---------------------------------------------------------------------------------------
@@ -143,57 +149,49 @@ def _line_at(text: str, position: int) -> int:
 # --- one JSON record ------------------------------------------------------------------------------
 
 
+class _Exchange(BaseModel):
+    """What every JSON exchange object may hold besides its text; other keys are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    user_id: UserId = None
+    occurred_at: OptionalTimestamp = None
+
+
+class _ExchangePair(_Exchange):
+    """An exchange given as ``user`` and ``assistant`` strings."""
+
+    user: MessageText
+    assistant: MessageText
+
+
+class _ExchangeContent(_Exchange):
+    """An exchange given as ``content`` in ``User: …\nAssistant: …`` form."""
+
+    content: ExchangeParts
+
+
 def record_from_object(value: object, line: int, default_user: str | None = None) -> ExchangeRecord:
     """One JSON exchange object: ``user_id`` (or ``default_user``), ``user`` + ``assistant`` or
-    ``content``, an optional ``occurred_at``; :class:`RecordError` saying what is wrong otherwise."""
+    ``content``, an optional ``occurred_at``; :class:`RecordError` naming the field that is wrong otherwise."""
     if not isinstance(value, dict):
         raise RecordError(f"expected a JSON object with user_id, user and assistant, got {json_kind(value)}")
-    if "user_id" not in value:
+    try:
+        if "user" in value or "assistant" in value:
+            pair = _ExchangePair.model_validate(value)
+            exchange, user, assistant = pair, pair.user, pair.assistant
+        elif "content" in value:
+            whole = _ExchangeContent.model_validate(value)
+            exchange, (user, assistant) = whole, whole.content
+        else:
+            raise RecordError(f'needs "user" and "assistant" strings, or "content" in {EXCHANGE_FORM} form')
+    except ValidationError as error:
+        raise RecordError(validation_reason(error)) from None
+    if exchange.user_id is None:
         if default_user is None:
-            raise RecordError("missing user_id")
+            raise RecordError("user_id: field required")
         user_id = default_user
     else:
-        try:
-            user_id = validate_user_id(value["user_id"])
-        except InvalidUserId as error:
-            raise RecordError(str(error)) from None
+        user_id = exchange.user_id
         check_default_user(user_id, default_user)
-    if "user" in value or "assistant" in value:
-        user = _required_text(value, "user")
-        assistant = _required_text(value, "assistant")
-    elif "content" in value:
-        user, assistant = _split_content(value["content"])
-    else:
-        raise RecordError(f'needs "user" and "assistant" strings, or "content" in {_EXCHANGE_FORM} form')
-    occurred_raw = value.get("occurred_at")
-    occurred_at = None if occurred_raw is None else parse_timestamp(occurred_raw, "occurred_at")
-    return ExchangeRecord(user_id, format_exchange(user, assistant), occurred_at, line)
-
-
-def _required_text(record: dict[str, object], key: str) -> str:
-    value = record.get(key)
-    if value is None:
-        raise RecordError(f"missing {key}")
-    if not isinstance(value, str):
-        raise RecordError(f"{key} must be a string, got {json_kind(value)}")
-    text = value.strip()
-    if not text:
-        raise RecordError(f"{key} is empty")
-    check_storable(text, key)
-    return text
-
-
-def _split_content(content: object) -> tuple[str, str]:
-    if not isinstance(content, str):
-        raise RecordError(f"content must be a string, got {json_kind(content)}")
-    parts = parse_exchange(content.strip())
-    if parts is None:
-        raise RecordError(f"content is not in {_EXCHANGE_FORM} form")
-    user, assistant = (part.strip() for part in parts)
-    if not user:
-        raise RecordError("content has an empty User part")
-    if not assistant:
-        raise RecordError("content has an empty Assistant part")
-    check_storable(user, "content")
-    check_storable(assistant, "content")
-    return user, assistant
+    return ExchangeRecord(user_id, format_exchange(user, assistant), exchange.occurred_at, line)
