@@ -11,6 +11,7 @@ other tools' exports.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, TypeVar
@@ -67,6 +68,33 @@ class ConversationExchanges:
     records: list[ExchangeRecord]
     rejected: list[RejectedRecord]
     skipped: int
+
+
+@dataclass
+class FileRecords:
+    """What a drop file's reader has read so far: each record stored or rejected with its reason."""
+
+    max_record_chars: int
+    records: list[ExchangeRecord] = field(default_factory=list)
+    rejected: list[RejectedRecord] = field(default_factory=list)
+
+    def read(self, line: int, raw: str, build: Callable[[], ExchangeRecord]) -> None:
+        """Keep the record ``build`` makes of ``raw`` (from ``line``); reject it, with the reason, when
+        it is too long (before ``build`` runs: one enormous line cannot stall the reader) or when
+        ``build`` raises :class:`RecordError`."""
+        try:
+            check_size(raw, self.max_record_chars)
+            self.records.append(build())
+        except RecordError as error:
+            self.reject(line, raw, str(error))
+
+    def reject(self, line: int, raw: str, reason: str) -> None:
+        """Reject ``raw`` (from ``line``) for ``reason``, cut to one short line."""
+        self.rejected.append(RejectedRecord(line, raw, one_line(reason)))
+
+    def parsed(self) -> ParsedFile:
+        """The file's records and rejected records."""
+        return ParsedFile(tuple(self.records), tuple(self.rejected), None)
 
 
 class RecordError(ValueError):

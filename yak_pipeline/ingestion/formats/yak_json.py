@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from functools import partial
 from typing import Final
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -13,13 +14,11 @@ from yak_pipeline.core.exchanges import format_exchange
 from yak_pipeline.ingestion.formats.exchange_records import (
     ExchangeRecord,
     FatalError,
+    FileRecords,
     ParsedFile,
     RecordError,
-    RejectedRecord,
     check_default_user,
-    check_size,
     json_kind,
-    one_line,
 )
 from yak_pipeline.ingestion.formats.record_fields import (
     EXCHANGE_FORM,
@@ -40,19 +39,17 @@ _JSON_WHITESPACE_RE: Final = re.compile(r"[ \t\r\n]*")
 
 def parse_jsonl(text: str, max_record_chars: int, default_user: str | None) -> ParsedFile:
     """A ``.jsonl`` file's text: each non-blank line one exchange object."""
-    records: list[ExchangeRecord] = []
-    rejected: list[RejectedRecord] = []
+    read = FileRecords(max_record_chars)
     # Only "\n" ends a line: JSON strings cannot hold a raw newline, and other line breaks
     # (U+2028, a lone CR) must not shift the line numbers a user sees in an editor.
     for number, line in enumerate(text.split("\n"), start=1):
-        if not line.strip(JSON_WHITESPACE):
-            continue
-        try:
-            check_size(line, max_record_chars)
-            records.append(record_from_object(_load_json_record(line), number, default_user))
-        except RecordError as error:
-            rejected.append(RejectedRecord(number, line, one_line(str(error))))
-    return ParsedFile(tuple(records), tuple(rejected), None)
+        if line.strip(JSON_WHITESPACE):
+            read.read(number, line, partial(_jsonl_record, line, number, default_user))
+    return read.parsed()
+
+
+def _jsonl_record(line: str, number: int, default_user: str | None) -> ExchangeRecord:
+    return record_from_object(_load_json_record(line), number, default_user)
 
 
 def _load_json_record(line: str) -> object:
@@ -78,15 +75,10 @@ def parse_json(text: str, max_record_chars: int, default_user: str | None) -> Pa
             raise FatalError(_line_at(text, start), "the JSON list is empty: there is no exchange in it")
     else:
         items = [(text[start:].rstrip(JSON_WHITESPACE), _load_json_document(text, start))]
-    records: list[ExchangeRecord] = []
-    rejected: list[RejectedRecord] = []
+    read = FileRecords(max_record_chars)
     for index, (raw, value) in enumerate(items, start=1):
-        try:
-            check_size(raw, max_record_chars)
-            records.append(record_from_object(value, index, default_user))
-        except RecordError as error:
-            rejected.append(RejectedRecord(index, raw, one_line(str(error))))
-    return ParsedFile(tuple(records), tuple(rejected), None)
+        read.read(index, raw, partial(record_from_object, value, index, default_user))
+    return read.parsed()
 
 
 def _decode_json(decoder: json.JSONDecoder, text: str, position: int, *, whole: bool = False) -> tuple[object, int]:

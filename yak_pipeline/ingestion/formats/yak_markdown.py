@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Final
 
 import yaml
@@ -15,13 +16,11 @@ from yak_pipeline.core.exchanges import format_exchange
 from yak_pipeline.ingestion.formats.exchange_records import (
     ExchangeRecord,
     FatalError,
+    FileRecords,
     ParsedFile,
     RecordError,
-    RejectedRecord,
     check_default_user,
-    check_size,
     json_kind,
-    one_line,
 )
 from yak_pipeline.ingestion.formats.record_fields import Timestamp, UserId, validation_reason
 
@@ -54,8 +53,7 @@ def parse_markdown(text: str, max_record_chars: int, default_user: str | None) -
     lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     user_id, occurred_at, body_start = _parse_front_matter(lines, default_user)
     blocks = _split_blocks(lines, body_start)
-    records: list[ExchangeRecord] = []
-    rejected: list[RejectedRecord] = []
+    read = FileRecords(max_record_chars)
     paired = False
     index = 0
     while index < len(blocks):
@@ -63,12 +61,8 @@ def parse_markdown(text: str, max_record_chars: int, default_user: str | None) -
         reply = blocks[index + 1] if index + 1 < len(blocks) else None
         if block.role == "User" and reply is not None and reply.role == "Assistant":
             paired = True
-            raw = f"{block.raw}\n{reply.raw}"
-            try:
-                check_size(raw, max_record_chars)
-                records.append(ExchangeRecord(user_id, _markdown_exchange(block, reply), occurred_at, block.line))
-            except RecordError as error:
-                rejected.append(RejectedRecord(block.line, raw, one_line(str(error))))
+            read.read(block.line, f"{block.raw}\n{reply.raw}",
+                      partial(_markdown_record, user_id, occurred_at, block, reply))
             index += 2
             continue
         reason = (
@@ -76,12 +70,12 @@ def parse_markdown(text: str, max_record_chars: int, default_user: str | None) -
             if block.role == "User"
             else "Assistant block has no User block before it"
         )
-        rejected.append(RejectedRecord(block.line, block.raw, reason))
+        read.reject(block.line, block.raw, reason)
         index += 1
     if not paired:
         first_line = blocks[0].line if blocks else min(body_start + 1, len(lines))
         raise FatalError(first_line, "no exchange found: expected a 'User:' block followed by an 'Assistant:' block")
-    return ParsedFile(tuple(records), tuple(rejected), None)
+    return read.parsed()
 
 
 class _FrontMatter(BaseModel):
@@ -191,10 +185,10 @@ def _split_blocks(lines: list[str], body_start: int) -> list[_Block]:
     return blocks
 
 
-def _markdown_exchange(user_block: _Block, assistant_block: _Block) -> str:
+def _markdown_record(user_id: str, occurred_at: datetime, user_block: _Block, assistant_block: _Block) -> ExchangeRecord:
     user, assistant = user_block.text, assistant_block.text
     if not user:
         raise RecordError("User block is empty")
     if not assistant:
         raise RecordError("Assistant block is empty")
-    return format_exchange(user, assistant)
+    return ExchangeRecord(user_id, format_exchange(user, assistant), occurred_at, user_block.line)
