@@ -149,10 +149,16 @@ def build_exchange_record(user_id: str, user: str, assistant: str, occurred_at: 
     return ExchangeRecord(user_id, content, occurred_at, line, ref=ref)
 
 
-def check_default_user(user_id: str, default_user: str | None) -> None:
-    """:class:`RecordError` if a record names another user than the file's ``default_user``."""
+def record_user(user_id: str | None, default_user: str | None) -> str:
+    """Whose a record is: its own ``user_id`` (which must be the file's ``default_user`` when it has
+    one), else ``default_user``; :class:`RecordError` naming the field when neither is given."""
+    if user_id is None:
+        if default_user is None:
+            raise RecordError("user_id: field required")
+        return default_user
     if default_user is not None and user_id != default_user:
         raise RecordError(f"record is for user {user_id!r}, not {default_user!r}")
+    return user_id
 
 
 def storable_problem(text: str) -> str | None:

@@ -17,8 +17,8 @@ from yak_pipeline.ingestion.formats.exchange_records import (
     FileRecords,
     ParsedFile,
     RecordError,
-    check_default_user,
     json_kind,
+    record_user,
 )
 from yak_pipeline.ingestion.formats.record_fields import (
     EXCHANGE_FORM,
@@ -179,11 +179,5 @@ def record_from_object(value: object, line: int, default_user: str | None = None
             raise RecordError(f'needs "user" and "assistant" strings, or "content" in {EXCHANGE_FORM} form')
     except ValidationError as error:
         raise RecordError(validation_reason(error)) from None
-    if exchange.user_id is None:
-        if default_user is None:
-            raise RecordError("user_id: field required")
-        user_id = default_user
-    else:
-        user_id = exchange.user_id
-        check_default_user(user_id, default_user)
-    return ExchangeRecord(user_id, format_exchange(user, assistant), exchange.occurred_at, line)
+    return ExchangeRecord(record_user(exchange.user_id, default_user), format_exchange(user, assistant),
+                          exchange.occurred_at, line)

@@ -19,8 +19,8 @@ from yak_pipeline.ingestion.formats.exchange_records import (
     FileRecords,
     ParsedFile,
     RecordError,
-    check_default_user,
     json_kind,
+    record_user,
 )
 from yak_pipeline.ingestion.formats.record_fields import Timestamp, UserId, validation_reason
 
@@ -111,15 +111,12 @@ def _parse_front_matter(lines: list[str], default_user: str | None) -> tuple[str
         if first["type"] == "missing":
             raise FatalError(closing + 1, f"front matter has no {key}") from None
         raise FatalError(key_lines[key], validation_reason(error)) from None
-    if front.user_id is None:
-        if default_user is None:
-            raise FatalError(closing + 1, "front matter has no user_id")
-        return default_user, front.date, closing + 1
     try:
-        check_default_user(front.user_id, default_user)
+        user_id = record_user(front.user_id, default_user)
     except RecordError as error:
-        raise FatalError(key_lines["user_id"], str(error)) from None
-    return front.user_id, front.date, closing + 1
+        reason = str(error) if front.user_id is not None else "front matter has no user_id"
+        raise FatalError(key_lines.get("user_id", closing + 1), reason) from None
+    return user_id, front.date, closing + 1
 
 
 def _front_matter_values(text: str, *, first_line: int) -> tuple[dict[str, object], dict[str, int]]:
