@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from yak_pipeline.api.app import create_app
 from yak_pipeline.api.metrics import MetricsBuffer
+from yak_pipeline.core.metric_catalogue import METRICS
 from yak_pipeline.embeddings.hashing import HashingEmbedder
 from yak_pipeline.llm import RulesProvider
 from yak_pipeline.services.distill import DistillJob, distill_memories
@@ -20,7 +21,6 @@ from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.memories import record_memory_error
 from yak_pipeline.store.metrics import (
-    METRICS,
     counter_event,
     read_metrics,
     record_distillation_latency,

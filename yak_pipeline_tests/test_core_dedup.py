@@ -13,13 +13,13 @@ from yak_pipeline.core.dedup import (
     CONFLICT_SCORE_THRESHOLD,
     NEAR_DUPLICATE_SIMILARITY,
     NEAR_DUPLICATE_TOP_K,
-    InvalidConflictScore,
     Neighbour,
     choose_merge_target,
     conflict_candidates,
     is_conflict,
     select_near_duplicates,
 )
+from yak_pipeline.core.unit_scores import InvalidScore
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -83,7 +83,7 @@ def test_is_conflict_is_strictly_above_point_seven() -> None:
 
 @pytest.mark.parametrize("bad", [math.nan, -0.1, 1.1, True, "0.9"])
 def test_is_conflict_rejects_invalid_scores(bad: object) -> None:
-    with pytest.raises(InvalidConflictScore, match="conflict score"):
+    with pytest.raises(InvalidScore, match="conflict score"):
         is_conflict(bad)  # type: ignore[arg-type]
 
 

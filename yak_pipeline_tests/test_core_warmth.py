@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from yak_pipeline.core.unit_scores import InvalidScore
 from yak_pipeline.core.warmth import (
     WARMTH_DEFAULT,
-    InvalidRelevance,
     WarmthChange,
     apply_warmth_delta,
     evaluate_warmth,
@@ -28,7 +28,7 @@ def test_warmth_delta_thresholds_are_strict(relevance: float, delta: float) -> N
 
 @pytest.mark.parametrize("bad", [math.nan, -0.01, 1.01, math.inf, True, "0.5"])
 def test_invalid_relevance_is_rejected(bad: object) -> None:
-    with pytest.raises(InvalidRelevance, match="relevance"):
+    with pytest.raises(InvalidScore, match="relevance"):
         warmth_delta(bad)  # type: ignore[arg-type]
 
 

@@ -30,7 +30,7 @@ from yak_pipeline_tests.pipeline_helpers import (
 
 pytestmark = pytest.mark.usefixtures("pipeline_env")
 
-BAD_USER_REASON = ("invalid user id 'eve|x': use 1-64 letters, digits, '.', '_', '@' or '-', starting with a "
+BAD_USER_REASON = ("user_id: invalid user id 'eve|x': use 1-64 letters, digits, '.', '_', '@' or '-', starting with a "
                    "letter or digit")
 
 

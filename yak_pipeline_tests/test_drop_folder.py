@@ -117,7 +117,7 @@ def test_mixed_jsonl_ingests_good_records_and_quarantines_bad_ones(drop: Path) -
     # ... and the error file says which line and why.
     errors = (drop / "failed" / "mixed.rejected.jsonl.error.txt").read_text().splitlines()
     assert errors[0].startswith("line 2: invalid JSON at column 1")
-    assert errors[1].startswith("line 4: invalid user id 'a|b'")
+    assert errors[1].startswith("line 4: user_id: invalid user id 'a|b'")
     assert len(errors) == 2
     assert _files(drop / "failed") == ["mixed.rejected.jsonl", "mixed.rejected.jsonl.error.txt"]
 
@@ -148,7 +148,7 @@ def test_rejected_json_items_are_a_json_list_that_can_be_dropped_again(drop: Pat
     assert len(result.records) == 1
     assert json.loads(result.path_failed.read_text()) == items[1:]  # type: ignore[union-attr]
     assert (drop / "failed" / "export.rejected.json.error.txt").read_text() == (
-        "item 2: missing assistant\nitem 3: occurred_at 'not a date' is not an ISO-8601 date or datetime\n"
+        "item 2: assistant: field required\nitem 3: occurred_at: 'not a date' is not an ISO-8601 date or datetime\n"
     )
 
 

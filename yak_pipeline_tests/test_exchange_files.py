@@ -167,21 +167,21 @@ def test_mixed_jsonl_keeps_good_records_and_rejects_bad_ones_with_line_numbers()
     reasons = {rejected.line: rejected.reason for rejected in parsed.rejected}
     assert sorted(reasons) == list(range(3, 19))
     assert reasons[3].startswith("invalid JSON at column")
-    assert "invalid user id 'a|b'" in reasons[4]
-    assert reasons[5] == "missing user_id"
-    assert reasons[6] == "missing assistant"
-    assert reasons[7] == "user must be a string, got a number"
+    assert reasons[4].startswith("user_id: invalid user id 'a|b'")
+    assert reasons[5] == "user_id: field required"
+    assert reasons[6] == "assistant: field required"
+    assert reasons[7] == "user: must be a string, got a number"
     assert reasons[8] == "expected a JSON object with user_id, user and assistant, got a list"
-    assert reasons[9] == "occurred_at 'yesterday' is not an ISO-8601 date or datetime"
-    assert reasons[10] == "occurred_at must be an ISO-8601 date or datetime string, got a number"
-    assert "User: …" in reasons[11] and "not in" in reasons[11]
-    assert reasons[12] == "user is empty"
+    assert reasons[9] == "occurred_at: 'yesterday' is not an ISO-8601 date or datetime"
+    assert reasons[10] == "occurred_at: must be an ISO-8601 date or datetime string, got a number"
+    assert reasons[11].startswith("content: not in") and "User: …" in reasons[11]
+    assert reasons[12] == "user: is empty"
     assert reasons[13].startswith('needs "user" and "assistant"')
     assert reasons[14] == f"record is {len(lines[13])} characters, more than 400"
-    assert "NUL" in reasons[15]
-    assert "unpaired surrogate (\\ud800)" in reasons[16]
-    assert "out of range" in reasons[17]
-    assert reasons[18] == "content has an empty Assistant part"
+    assert reasons[15].startswith("user: contains a NUL")
+    assert reasons[16].startswith("assistant: contains an unpaired surrogate (\\ud800)")
+    assert reasons[17] == "occurred_at: '0001-01-01T00:00:00+05:00' is out of range"
+    assert reasons[18] == "content: the Assistant part is empty"
     # The raw text is the line exactly as it was, so it can be fixed and dropped again.
     assert {rejected.line: rejected.raw for rejected in parsed.rejected}[3] == lines[2]
 
@@ -279,8 +279,8 @@ _BAD_ID = "invalid user id 'a|b': use 1-64 letters, digits, '.', '_', '@' or '-'
         ("a.md", _FRONT[:-4] + b"User: hi\n", "line 1: front matter is never closed with a '---' line"),
         ("a.md", b"---\ndate: 2024-01-01\n---\nUser: hi\nAssistant: yo\n", "line 3: front matter has no user_id"),
         ("a.md", b"---\nuser_id: a\n---\nUser: hi\nAssistant: yo\n", "line 3: front matter has no date"),
-        ("a.md", b"---\nuser_id: a|b\ndate: 2024-01-01\n---\n", f"line 2: {_BAD_ID}"),
-        ("a.md", b"---\nuser_id: a\ndate: soon\n---\n", "line 3: date 'soon' is not an ISO-8601 date or datetime"),
+        ("a.md", b"---\nuser_id: a|b\ndate: 2024-01-01\n---\n", f"line 2: user_id: {_BAD_ID}"),
+        ("a.md", b"---\nuser_id: a\ndate: soon\n---\n", "line 3: date: 'soon' is not an ISO-8601 date or datetime"),
         ("a.md", b"---\nuser_id: a\nuser_id: b\n---\n", "line 3: front matter gives user_id twice (first on line 2)"),
         ("a.md", _FRONT + b"Just notes.\n", f"line 5: {_NO_EXCHANGE}"),
         ("a.md", _FRONT + b"User: q1\nUser: q2\n", f"line 5: {_NO_EXCHANGE}"),
@@ -386,7 +386,8 @@ def test_user_ids_with_a_pipe_are_rejected(head: str, tail: str) -> None:
     parsed = parse_exchange_file("pipe.jsonl", _jsonl({"user_id": user_id, "user": "a", "assistant": "b"}))
     assert parsed.records == ()
     (rejected,) = parsed.rejected
-    assert rejected.reason.startswith("invalid user id")
+    assert rejected.reason.startswith("user_id: invalid user id")
 
-    transcript = f"---\nuser_id: {user_id}\ndate: 2024-01-01\n---\nUser: a\nAssistant: b\n"
-    assert (parse_exchange_file("pipe.md", transcript.encode()).fatal or "").startswith("line 2: invalid user id")
+    # Quoted: a bare "|" starting a YAML value opens a block scalar.
+    transcript = f"---\nuser_id: '{user_id}'\ndate: 2024-01-01\n---\nUser: a\nAssistant: b\n"
+    assert (parse_exchange_file("pipe.md", transcript.encode()).fatal or "").startswith("line 2: user_id: invalid user id")

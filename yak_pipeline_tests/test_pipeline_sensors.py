@@ -163,7 +163,7 @@ def test_drop_folder_tick_detects_files_and_requests_runs_that_store_them(
     assert sorted(p.name for p in (drop_dir / "processed").iterdir()) == ["history.jsonl", "mixed.jsonl", "notes.md"]
     assert json.loads((drop_dir / "failed" / "mixed.rejected.jsonl").read_text())["user_id"] == "eve|x"
     rejected_reason = (drop_dir / "failed" / "mixed.rejected.jsonl.error.txt").read_text()
-    assert rejected_reason.startswith("line 2: invalid user id 'eve|x'")  # '|' would break partition keys
+    assert rejected_reason.startswith("line 2: user_id: invalid user id 'eve|x'")  # '|' would break partition keys
     assert not list((drop_dir / "failed").glob("history*"))  # stored by one run, not quarantined twice
     assert (drop_dir / "still-writing.jsonl").exists()
 

@@ -1,4 +1,4 @@
-"""``GET /metrics``: the metrics of DESIGN §6, the memory proxy and the MCP server, read from PostgreSQL at scrape time.
+"""``GET /metrics``: the metrics of :mod:`yak_pipeline.core.metric_catalogue`, read from PostgreSQL at scrape time.
 
 Counts come from every process (see :mod:`yak_pipeline.services.metrics`). The API's own
 contributions — request counts, recall latencies, errors it answered — are buffered in memory
@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Final
 
 from prometheus_client import CollectorRegistry
@@ -20,9 +20,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
+from yak_pipeline.core.metric_catalogue import METRICS, MetricDefinition
 from yak_pipeline.services.metrics import (
-    KNOWN_LABEL_VALUES,
-    METRICS,
     MetricEvent,
     MetricTotals,
     append_events,
@@ -31,19 +30,6 @@ from yak_pipeline.services.metrics import (
 )
 from yak_pipeline.store.database import Database
 
-# Label names per metric; every other metric has none.
-METRIC_LABELS: Final[dict[str, tuple[str, ...]]] = {
-    "yak_requests_total": ("method", "route", "status"),
-    "yak_distillations_versioned": ("reason",),
-    "yak_warmth_updates": ("reason",),
-    "yak_errors_total": ("type",),
-    "yak_queue_size": ("queue",),
-    "yak_proxy_requests_total": ("outcome", "stream"),
-    "yak_proxy_degradations_total": ("reason",),
-    "yak_mcp_tool_calls_total": ("tool", "outcome"),
-    "yak_secrets_redacted_total": ("kind",),
-}
-QUEUES: Final = ("memories", "turns")
 FLUSH_INTERVAL_SECONDS: Final = 2.0
 
 
@@ -137,27 +123,34 @@ def _label_values(names: tuple[str, ...], key: tuple[tuple[str, str], ...]) -> l
     return [stored.get(name, "") for name in names]
 
 
-def _counter(name: str, help_text: str, series: dict[tuple, float]) -> Metric:
-    names = METRIC_LABELS.get(name, ())
-    family = CounterMetricFamily(name, help_text, labels=names)
+def _counter(definition: MetricDefinition, series: dict[tuple, float]) -> Metric:
+    family = CounterMetricFamily(definition.name, definition.help, labels=definition.labels)
     values = dict(series)
-    if not names and not values:
+    if not definition.labels and not values:
         values[()] = 0.0
-    for labels in KNOWN_LABEL_VALUES.get(name, ()):
+    for labels in definition.known_label_values:
         values.setdefault(tuple(sorted(labels.items())), 0.0)
     for key, value in sorted(values.items()):
-        family.add_metric(_label_values(names, key), value)
+        family.add_metric(_label_values(definition.labels, key), value)
     return family
 
 
-def _histogram(name: str, help_text: str, totals: MetricTotals, bounds: tuple[float, ...]) -> Metric:
-    family = HistogramMetricFamily(name, help_text, labels=[])
-    series = totals.histograms.get(name) or {}
+def _histogram(definition: MetricDefinition, totals: MetricTotals) -> Metric:
+    family = HistogramMetricFamily(definition.name, definition.help, labels=definition.labels)
+    series = totals.histograms.get(definition.name) or {}
     if not series:
-        family.add_metric([], buckets=[(_le(b), 0) for b in (*bounds, math.inf)], sum_value=0.0)
+        family.add_metric([], buckets=[(_le(b), 0) for b in (*definition.buckets, math.inf)], sum_value=0.0)
     for key, histogram in sorted(series.items()):
-        family.add_metric(_label_values((), key), buckets=[(_le(b), c) for b, c in histogram.buckets],
-                          sum_value=histogram.sum)
+        family.add_metric(_label_values(definition.labels, key),
+                          buckets=[(_le(b), c) for b, c in histogram.buckets], sum_value=histogram.sum)
+    return family
+
+
+def _gauge(definition: MetricDefinition, values: Mapping[str, int]) -> Metric:
+    """The queue sizes: every known queue (:data:`~yak_pipeline.core.metric_catalogue.QUEUES`), 0 when not given."""
+    family = GaugeMetricFamily(definition.name, definition.help, labels=definition.labels)
+    for (queue,) in definition.known:
+        family.add_metric([queue], float(values.get(queue, 0)))
     return family
 
 
@@ -170,14 +163,11 @@ def metric_families(totals: MetricTotals) -> list[Metric]:
     families: list[Metric] = []
     for definition in METRICS:
         if definition.kind == "counter":
-            families.append(_counter(definition.name, definition.help, totals.counters.get(definition.name, {})))
+            families.append(_counter(definition, totals.counters.get(definition.name, {})))
         elif definition.kind == "histogram":
-            families.append(_histogram(definition.name, definition.help, totals, definition.buckets))
+            families.append(_histogram(definition, totals))
         else:
-            gauge = GaugeMetricFamily(definition.name, definition.help, labels=["queue"])
-            for queue in QUEUES:
-                gauge.add_metric([queue], float(totals.queue_sizes.get(queue, 0)))
-            families.append(gauge)
+            families.append(_gauge(definition, totals.queue_sizes))
     return families
 
 

@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from numbers import Real
 from typing import Final, Literal
+
+from yak_pipeline.core.unit_scores import unit_score
 
 NEAR_DUPLICATE_SIMILARITY: Final[float] = 0.85
 NEAR_DUPLICATE_TOP_K: Final[int] = 5
 CONFLICT_SCORE_THRESHOLD: Final[float] = 0.7
 CONFLICT_CHECK_MIN_SIMILARITY: Final[float] = 0.5
 CONFLICT_CHECK_TOP_K: Final[int] = 5
-
-
-class InvalidConflictScore(ValueError):
-    """A contradiction score that is not a finite number in [0, 1]."""
 
 
 @dataclass(frozen=True)
@@ -66,12 +62,8 @@ def choose_merge_target(near_duplicates: Sequence[Neighbour]) -> Neighbour | Non
 
 
 def is_conflict(score: float) -> bool:
-    """True when the LLM's contradiction score is strictly above 0.7."""
-    if isinstance(score, bool) or not isinstance(score, Real) or math.isnan(float(score)):
-        raise InvalidConflictScore(f"conflict score must be a number in [0, 1], got {score!r}")
-    if not 0.0 <= float(score) <= 1.0:
-        raise InvalidConflictScore(f"conflict score {float(score)!r} is outside [0, 1]")
-    return float(score) > CONFLICT_SCORE_THRESHOLD
+    """True when the LLM's contradiction score is strictly above 0.7; :class:`InvalidScore` when it is not in [0, 1]."""
+    return unit_score(score, "conflict score") > CONFLICT_SCORE_THRESHOLD
 
 
 def conflict_candidates(

@@ -174,12 +174,12 @@ class Redaction:
     """A text with its secrets replaced, and how many of each kind were replaced."""
 
     text: str
-    kinds: Mapping[str, int] = field(default_factory=dict)
+    kinds: Counter[str] = field(default_factory=Counter)
 
     @property
     def count(self) -> int:
         """How many secrets were replaced."""
-        return sum(self.kinds.values())
+        return self.kinds.total()
 
 
 def placeholder(kind: SecretKind) -> str:
@@ -287,7 +287,7 @@ def redact_secrets(text: str) -> Redaction:
         parts += [text[position:item.start], placeholder(item.kind)]
         position = item.end
     parts.append(text[position:])
-    return Redaction("".join(parts), dict(Counter(item.kind for item in found)))
+    return Redaction("".join(parts), Counter(item.kind for item in found))
 
 
 def screen_secrets(text: str, policy: SecretsPolicy) -> Redaction:

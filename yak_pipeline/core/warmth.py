@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from numbers import Real
 from typing import Final
 
+from yak_pipeline.core.unit_scores import unit_score
+
 WARMTH_DEFAULT: Final[float] = 0.5
 WARMTH_UP: Final[float] = 0.1
 WARMTH_DOWN: Final[float] = 0.2
@@ -17,10 +19,6 @@ USELESS_BELOW: Final[float] = 0.3
 _DECIMALS: Final[int] = 10
 
 
-class InvalidRelevance(ValueError):
-    """A relevance score that is not a finite number in [0, 1]."""
-
-
 def _finite(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
@@ -28,12 +26,9 @@ def _finite(name: str, value: object) -> float:
 
 
 def warmth_delta(relevance: float) -> float:
-    """+0.1 when the evaluator found the memory useful (> 0.7), −0.2 when useless (< 0.3), else 0."""
-    if isinstance(relevance, bool) or not isinstance(relevance, Real):
-        raise InvalidRelevance(f"relevance must be a number in [0, 1], got {relevance!r}")
-    value = float(relevance)
-    if not 0.0 <= value <= 1.0:  # also false for NaN
-        raise InvalidRelevance(f"relevance {value!r} is outside [0, 1]")
+    """+0.1 when the evaluator found the memory useful (> 0.7), −0.2 when useless (< 0.3), else 0;
+    :class:`InvalidScore` when ``relevance`` is not in [0, 1]."""
+    value = unit_score(relevance, "relevance")
     if value > USEFUL_ABOVE:
         return WARMTH_UP
     if value < USELESS_BELOW:

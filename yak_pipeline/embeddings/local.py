@@ -16,7 +16,7 @@ import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Final
 
 from yak_pipeline.embeddings.batching import Coalescer
 from yak_pipeline.embeddings.protocol import EmbeddingError
@@ -155,21 +155,13 @@ def _encode_query(text: str) -> list[float]:
 class LocalMiniLMEmbedder:
     """Sentence embeddings from all-MiniLM-L6-v2 (384 dimensions), loaded lazily."""
 
-    MODEL_NAME = "all-MiniLM-L6-v2"
-    DIMENSIONS = 384
+    # The Embedder's two facts, known without loading the model: the name stored on each embedded
+    # row, and the vector size.
+    model_name: Final = "all-MiniLM-L6-v2"
+    dimensions: Final = 384
 
     def __init__(self, batch_size: int = DEFAULT_BATCH_SIZE) -> None:
         self._batch_size = batch_size
-
-    @property
-    def model_name(self) -> str:
-        """The model's name, stored on each embedded row."""
-        return self.MODEL_NAME
-
-    @property
-    def dimensions(self) -> int:
-        """Vector size; known without loading the model."""
-        return self.DIMENSIONS
 
     def embed_documents(self, texts: Sequence[str]) -> list[list[float]]:
         """Embed many texts in batches, normalised to unit length.

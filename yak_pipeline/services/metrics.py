@@ -1,8 +1,9 @@
 """The metrics of DESIGN §6 as the API records and serves them: append a process's buffered
 events, and read every process's totals (with the watched queue sizes) at scrape time.
 
-The catalogue (names, kinds, label values) and the event types are defined beside their table in
-``store/metrics.py`` and re-exported here, so the shells need no store import.
+The catalogue (names, kinds, labels) is :mod:`yak_pipeline.core.metric_catalogue`; the event types
+are defined beside their table in ``store/metrics.py`` and re-exported here, so the shells need no
+store import.
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ from yak_pipeline.alerts import Alerter
 from yak_pipeline.services.queue_watch import watched_queue_counts
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.metrics import (
-    KNOWN_LABEL_VALUES,
-    METRICS,
     MetricEvent,
     MetricTotals,
     append_metric_events,
@@ -23,8 +22,7 @@ from yak_pipeline.store.metrics import (
     read_metrics,
 )
 
-__all__ = ["KNOWN_LABEL_VALUES", "METRICS", "MetricEvent", "MetricTotals", "append_events", "counter_event",
-           "metric_totals", "observation_event"]
+__all__ = ["MetricEvent", "MetricTotals", "append_events", "counter_event", "metric_totals", "observation_event"]
 
 
 def append_events(db: Database, events: Sequence[MetricEvent]) -> int:

@@ -1,5 +1,5 @@
-"""Yak's metrics: DESIGN §6's ten and the memory proxy's and MCP server's four (issue 13), kept in
-PostgreSQL so every process's work counts.
+"""Yak's metrics (the catalogue: :mod:`yak_pipeline.core.metric_catalogue`) kept in PostgreSQL, so
+every process's work counts.
 
 Writers append to ``metric_events``: triggers in ``sql/003_api.sql`` do it for distillations
 created and versioned, memories forgotten, conflicts, warmth updates and failed attempts; the
@@ -19,70 +19,7 @@ from typing import Final, Literal
 import psycopg
 from psycopg.types.json import Jsonb
 
-from yak_pipeline.core.secrets import SECRET_KINDS
-
-MetricKind = Literal["counter", "histogram", "gauge"]
-
-
-@dataclass(frozen=True)
-class MetricDefinition:
-    """One metric: its name as DESIGN §6 spells it, Prometheus type, help text and buckets."""
-
-    name: str
-    kind: MetricKind
-    help: str
-    buckets: tuple[float, ...] = ()
-
-
-# Latency buckets in milliseconds: recall is a database query (ms), distillation an LLM call (s).
-RECALL_BUCKETS_MS: Final = (1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0)
-DISTILLATION_BUCKETS_MS: Final = (50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0, 30000.0,
-                                  60000.0, 120000.0)
-
-METRICS: Final[tuple[MetricDefinition, ...]] = (
-    MetricDefinition("yak_requests_total", "counter", "HTTP API requests, by method, route and status code."),
-    MetricDefinition("yak_distillations_created", "counter", "Distillations created from exchanges."),
-    MetricDefinition("yak_distillations_versioned", "counter",
-                     "New versions of distillations (merged, re-distilled, manual), by reason."),
-    MetricDefinition("yak_memories_deleted", "counter", "Memories forgotten (hard or soft delete)."),
-    MetricDefinition("yak_recall_latency_ms", "histogram", "Time to recall memories for a query, in ms.",
-                     RECALL_BUCKETS_MS),
-    MetricDefinition("yak_distillation_latency_ms", "histogram",
-                     "Time to distil one exchange (LLM call and embedding), in ms.", DISTILLATION_BUCKETS_MS),
-    MetricDefinition("yak_queue_size", "gauge", "Items waiting for the pipeline, by queue (memories, turns)."),
-    MetricDefinition("yak_warmth_updates", "counter", "Warmth evaluations and resets, by reason."),
-    MetricDefinition("yak_conflicts_detected", "counter", "Contradictions detected between distillations."),
-    MetricDefinition("yak_errors_total", "counter", "Errors, by type."),
-    MetricDefinition("yak_proxy_requests_total", "counter",
-                     "Chat completions through the memory proxy, by outcome and whether streamed."),
-    MetricDefinition("yak_proxy_memories_injected", "counter",
-                     "Memories the memory proxy put into prompts' memory blocks."),
-    MetricDefinition("yak_proxy_degradations_total", "counter",
-                     "Memory proxy requests served with less than the full loop, by reason."),
-    MetricDefinition("yak_mcp_tool_calls_total", "counter", "MCP tool calls (yak mcp), by tool and outcome."),
-    MetricDefinition("yak_secrets_redacted_total", "counter",
-                     "Secrets replaced by a placeholder before a text was stored, by kind (core/secrets.py)."),
-)
-METRICS_BY_NAME: Final[dict[str, MetricDefinition]] = {m.name: m for m in METRICS}
-
-# Error types shown (at 0) before any happened, so dashboards and alerts have series to watch.
-KNOWN_ERROR_TYPES: Final = ("distillation_failed", "embedding_failed", "warmth_failed", "db_connection_lost",
-                            "llm_unavailable", "internal")
-# Why a proxy request got less than recall → answer → stored turn; shown at 0 like the errors.
-KNOWN_DEGRADATIONS: Final = ("recall_failed", "upstream_cut", "turn_not_stored")
-# The label values a labelled counter can take, exposed at 0 from a fresh server's first scrape:
-# a family without samples is "absent" to Prometheus, which breaks dashboards and absent()
-# alerts until its first event. Reasons are the CHECK lists of distillation_versions.reason
-# (less 'distilled', the first text, counted as created) and warmth_events.reason (001_schema.sql).
-KNOWN_LABEL_VALUES: Final[dict[str, tuple[dict[str, str], ...]]] = {
-    "yak_distillations_versioned": tuple({"reason": r} for r in ("merged", "redistilled", "manual", "restored")),
-    "yak_warmth_updates": tuple({"reason": r} for r in ("turn", "nightly", "manual", "reset", "forgotten")),
-    "yak_errors_total": tuple({"type": t} for t in KNOWN_ERROR_TYPES),
-    # Every route is too many series to invent; the scrape's own series is the one sure to come.
-    "yak_requests_total": ({"method": "GET", "route": "/metrics", "status": "200"},),
-    "yak_proxy_degradations_total": tuple({"reason": r} for r in KNOWN_DEGRADATIONS),
-    "yak_secrets_redacted_total": tuple({"kind": k} for k in SECRET_KINDS),
-}
+from yak_pipeline.core.metric_catalogue import METRICS_BY_NAME, MetricDefinition, MetricKind
 
 # Serialises concurrent folds (two scrapes at once) so each event is added exactly once.
 _FOLD_LOCK_KEY: Final = 0x59414B_4D54  # "YAK" "MT"
@@ -119,13 +56,13 @@ class MetricEvent:
 
 
 def counter_event(name: str, amount: float = 1.0, labels: Labels | None = None) -> MetricEvent:
-    """An increment of counter ``name`` (one of :data:`METRICS`)."""
+    """An increment of counter ``name`` (one of the catalogue's :data:`~yak_pipeline.core.metric_catalogue.METRICS`)."""
     _definition(name, "counter")
     return MetricEvent("counter", name, _finite_non_negative(amount), _labels_key(labels))
 
 
 def observation_event(name: str, value: float, labels: Labels | None = None) -> MetricEvent:
-    """A sample of histogram ``name`` (one of :data:`METRICS`)."""
+    """A sample of histogram ``name`` (one of the catalogue's :data:`~yak_pipeline.core.metric_catalogue.METRICS`)."""
     _definition(name, "histogram")
     return MetricEvent("observation", name, _finite_non_negative(value), _labels_key(labels))
 

@@ -11,8 +11,9 @@ text still in its box and one line saying why.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import date, datetime, time
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 from uuid import UUID
 from zoneinfo import ZoneInfo
 
@@ -29,6 +30,7 @@ from yak_pipeline.api.ui.access import (
     PageError,
     PageRoute,
     SignedIn,
+    Visitor,
     checked_form,
     redirect,
     render,
@@ -53,6 +55,8 @@ from yak_pipeline.services.curation import (
 from yak_pipeline.services.forget import confirm_forget, run_forget_command
 from yak_pipeline.services.memories import memory_with_distillations, store_memory
 from yak_pipeline.services.profile import drop_profile_lines
+
+T = TypeVar("T")
 
 router = APIRouter(prefix=f"{PREFIX}/u/{{user_id}}", include_in_schema=False, route_class=PageRoute)
 
@@ -157,17 +161,28 @@ def _change_note(what: str, before: str, now: str) -> str:
     return f"{what} is {now} now (was {before})" if before != now else f"unchanged: the {what} already is {now}"
 
 
+def _changed_distillation(user_id: str, distillation_id: UUID, visitor: Visitor, csrf_token: str,
+                          change: Callable[[str], T | None], note: Callable[[T], str]) -> Response:
+    """One audited change of a distillation from its page's form (its tier, type or weight): ``change``
+    (given the actor) returns what was there before, None when the user has no such distillation
+    (a 404 page); ``note(before)`` is the flash on the distillation's page it redirects to."""
+    user_page(visitor, user_id)
+    checked_form(visitor, csrf_token)
+    before = change(visitor.caller.actor)
+    if before is None:
+        raise PageError(404, f"distillation {distillation_id} not found")
+    visitor.session.flash = note(before)
+    return redirect(user_url(user_id, "d", distillation_id))
+
+
 @router.post("/d/{distillation_id}/tier")
 def change_tier(user_id: str, distillation_id: UUID, visitor: SignedIn, services: Services,
                 tier: Annotated[Tier, Form()], csrf_token: CsrfToken = "") -> Response:
     """Change a distillation's tier (core, medium, low: how much it weighs in recall), audited."""
-    user_page(visitor, user_id)
-    checked_form(visitor, csrf_token)
-    before = set_tier(services.database, distillation_id, tier=tier, user_id=user_id, actor=visitor.caller.actor)
-    if before is None:
-        raise PageError(404, f"distillation {distillation_id} not found")
-    visitor.session.flash = _change_note("tier", before, tier)
-    return redirect(user_url(user_id, "d", distillation_id))
+    return _changed_distillation(
+        user_id, distillation_id, visitor, csrf_token,
+        lambda actor: set_tier(services.database, distillation_id, tier=tier, user_id=user_id, actor=actor),
+        lambda before: _change_note("tier", before, tier))
 
 
 @router.post("/d/{distillation_id}/type")
@@ -175,14 +190,11 @@ def change_type(user_id: str, distillation_id: UUID, visitor: SignedIn, services
                 memory_type: Annotated[MemoryType, Form()], csrf_token: CsrfToken = "") -> Response:
     """Change a distillation's type (instruction, preference, fact, event: how MEMORY.md groups it;
     an event is dated from its exchange), audited, as ``POST /api/distillations/{id}/type``."""
-    user_page(visitor, user_id)
-    checked_form(visitor, csrf_token)
-    before = set_memory_type(services.database, distillation_id, memory_type=memory_type, user_id=user_id,
-                             actor=visitor.caller.actor)
-    if before is None:
-        raise PageError(404, f"distillation {distillation_id} not found")
-    visitor.session.flash = _change_note("type", before[0], memory_type)
-    return redirect(user_url(user_id, "d", distillation_id))
+    return _changed_distillation(
+        user_id, distillation_id, visitor, csrf_token,
+        lambda actor: set_memory_type(services.database, distillation_id, memory_type=memory_type, user_id=user_id,
+                                      actor=actor),
+        lambda before: _change_note("type", before[0], memory_type))
 
 
 @router.post("/review/{distillation_id}/{decision}")
@@ -221,14 +233,11 @@ def pin(user_id: str, distillation_id: UUID, visitor: SignedIn, services: Servic
         user_weight: Annotated[float, Form(gt=0, le=MAX_USER_WEIGHT)], csrf_token: CsrfToken = "") -> Response:
     """Pin or unpin: set ``user_weight`` (as ``POST /api/distillations/{id}/weight``); the note says
     what it means for recall ("counts twice as much"), not the number's change."""
-    user_page(visitor, user_id)
-    checked_form(visitor, csrf_token)
-    before = set_weight(services.database, distillation_id, user_weight=user_weight, user_id=user_id,
-                        actor=visitor.caller.actor)
-    if before is None:
-        raise PageError(404, f"distillation {distillation_id} not found")
-    visitor.session.flash = weight_note(before, user_weight)
-    return redirect(user_url(user_id, "d", distillation_id))
+    return _changed_distillation(
+        user_id, distillation_id, visitor, csrf_token,
+        lambda actor: set_weight(services.database, distillation_id, user_weight=user_weight, user_id=user_id,
+                                 actor=actor),
+        lambda before: weight_note(before, user_weight))
 
 
 @router.get("/m/{memory_id}/forget")

@@ -12,9 +12,12 @@ Formats:
 
 - ``.jsonl`` — one JSON object per line; blank lines are skipped. Each object holds ``user_id`` and
   either ``user`` + ``assistant`` strings or ``content`` in ``User: …\\nAssistant: …`` form, plus
-  an optional ``occurred_at`` (ISO-8601 date or datetime). Other keys are ignored.
+  an optional ``occurred_at`` (ISO-8601 date or datetime). Other keys are ignored. A bad record's
+  reason names its field (``assistant: field required``): the objects are validated by pydantic
+  models (:mod:`~yak_pipeline.ingestion.formats.record_fields`).
 - ``.json`` — one such object, or a list of them (``line`` is then the item's index + 1).
-- ``.md`` — front matter between ``---`` lines with ``user_id:`` and ``date:``, then blocks that
+- ``.md`` — YAML front matter between ``---`` lines with ``user_id:`` and ``date:`` (other keys
+  ignored; YAML that does not parse is fatal, with its line), then blocks that
   start with a line beginning ``User:`` or ``Assistant:`` and run, over any number of lines, to the
   next such line. Each User block followed by an Assistant block is one exchange, dated ``date``.
   Text before the first block (a title, say) is not an exchange and is ignored.

@@ -11,6 +11,7 @@ other tools' exports.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final, TypeVar
@@ -69,6 +70,33 @@ class ConversationExchanges:
     skipped: int
 
 
+@dataclass
+class FileRecords:
+    """What a drop file's reader has read so far: each record stored or rejected with its reason."""
+
+    max_record_chars: int
+    records: list[ExchangeRecord] = field(default_factory=list)
+    rejected: list[RejectedRecord] = field(default_factory=list)
+
+    def read(self, line: int, raw: str, build: Callable[[], ExchangeRecord]) -> None:
+        """Keep the record ``build`` makes of ``raw`` (from ``line``); reject it, with the reason, when
+        it is too long (before ``build`` runs: one enormous line cannot stall the reader) or when
+        ``build`` raises :class:`RecordError`."""
+        try:
+            check_size(raw, self.max_record_chars)
+            self.records.append(build())
+        except RecordError as error:
+            self.reject(line, raw, str(error))
+
+    def reject(self, line: int, raw: str, reason: str) -> None:
+        """Reject ``raw`` (from ``line``) for ``reason``, cut to one short line."""
+        self.rejected.append(RejectedRecord(line, raw, one_line(reason)))
+
+    def parsed(self) -> ParsedFile:
+        """The file's records and rejected records."""
+        return ParsedFile(tuple(self.records), tuple(self.rejected), None)
+
+
 class RecordError(ValueError):
     """Why one record cannot be ingested; becomes a :class:`RejectedRecord` reason."""
 
@@ -121,24 +149,36 @@ def build_exchange_record(user_id: str, user: str, assistant: str, occurred_at: 
     return ExchangeRecord(user_id, content, occurred_at, line, ref=ref)
 
 
-def check_default_user(user_id: str, default_user: str | None) -> None:
-    """:class:`RecordError` if a record names another user than the file's ``default_user``."""
+def record_user(user_id: str | None, default_user: str | None) -> str:
+    """Whose a record is: its own ``user_id`` (which must be the file's ``default_user`` when it has
+    one), else ``default_user``; :class:`RecordError` naming the field when neither is given."""
+    if user_id is None:
+        if default_user is None:
+            raise RecordError("user_id: field required")
+        return default_user
     if default_user is not None and user_id != default_user:
         raise RecordError(f"record is for user {user_id!r}, not {default_user!r}")
+    return user_id
+
+
+def storable_problem(text: str) -> str | None:
+    """Why ``text`` cannot be stored as text (``"contains a NUL character …"``), or None when it can."""
+    # JSON escapes can smuggle in what UTF-8 bytes cannot: NUL and unpaired surrogates, neither
+    # of which PostgreSQL (or any UTF-8 consumer) can store.
+    if "\x00" in text:
+        return "contains a NUL character (\\u0000), which cannot be stored"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        return f"contains an unpaired surrogate (\\u{ord(text[error.start]):04x}), which is not valid Unicode"
+    return None
 
 
 def check_storable(text: str, name: str) -> None:
     """:class:`RecordError` if ``text`` (called ``name`` in the reason) cannot be stored as text."""
-    # JSON escapes can smuggle in what UTF-8 bytes cannot: NUL and unpaired surrogates, neither
-    # of which PostgreSQL (or any UTF-8 consumer) can store.
-    if "\x00" in text:
-        raise RecordError(f"{name} contains a NUL character (\\u0000), which cannot be stored")
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as error:
-        raise RecordError(
-            f"{name} contains an unpaired surrogate (\\u{ord(text[error.start]):04x}), which is not valid Unicode"
-        ) from None
+    problem = storable_problem(text)
+    if problem is not None:
+        raise RecordError(f"{name} {problem}")
 
 
 def check_size(raw: str, max_record_chars: int) -> None:
@@ -147,20 +187,29 @@ def check_size(raw: str, max_record_chars: int) -> None:
         raise RecordError(f"record is {len(raw)} characters, more than {max_record_chars}")
 
 
-def parse_timestamp(value: object, name: str) -> datetime:
-    """An ISO-8601 date or datetime string as a UTC datetime; a naive one is taken as UTC."""
+def timestamp_of(value: object) -> datetime:
+    """An ISO-8601 date or datetime string as a UTC datetime (a naive one is taken as UTC);
+    :class:`RecordError` saying what is wrong with it otherwise (without naming the field)."""
     if not isinstance(value, str):
-        raise RecordError(f"{name} must be an ISO-8601 date or datetime string, got {json_kind(value)}")
+        raise RecordError(f"must be an ISO-8601 date or datetime string, got {json_kind(value)}")
     try:
         parsed = datetime.fromisoformat(value.strip())
     except ValueError:
-        raise RecordError(f"{name} {value!r} is not an ISO-8601 date or datetime") from None
+        raise RecordError(f"{value!r} is not an ISO-8601 date or datetime") from None
     if parsed.tzinfo is None:
         return parsed.replace(tzinfo=UTC)
     try:
         return parsed.astimezone(UTC)
     except OverflowError:  # e.g. 0001-01-01T00:00+01:00 falls before year 1 in UTC
-        raise RecordError(f"{name} {value!r} is out of range") from None
+        raise RecordError(f"{value!r} is out of range") from None
+
+
+def parse_timestamp(value: object, name: str) -> datetime:
+    """:func:`timestamp_of`, its reason naming the field ``name`` (``"created_at '…' is not …"``)."""
+    try:
+        return timestamp_of(value)
+    except RecordError as error:
+        raise RecordError(f"{name} {error}") from None
 
 
 def json_kind(value: object) -> str:

@@ -5,28 +5,33 @@ from __future__ import annotations
 
 import json
 import re
+from functools import partial
 from typing import Final
 
-from yak_pipeline.core.exchanges import format_exchange, parse_exchange
-from yak_pipeline.core.types import InvalidUserId, validate_user_id
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from yak_pipeline.core.exchanges import format_exchange
 from yak_pipeline.ingestion.formats.exchange_records import (
     ExchangeRecord,
     FatalError,
+    FileRecords,
     ParsedFile,
     RecordError,
-    RejectedRecord,
-    check_default_user,
-    check_size,
-    check_storable,
     json_kind,
-    one_line,
-    parse_timestamp,
+    record_user,
+)
+from yak_pipeline.ingestion.formats.record_fields import (
+    EXCHANGE_FORM,
+    ExchangeParts,
+    MessageText,
+    OptionalTimestamp,
+    UserId,
+    validation_reason,
 )
 
 # JSON's own whitespace: a line holding anything else (a form feed, U+2028) is not blank but bad.
 JSON_WHITESPACE: Final = " \t\r\n"
 _JSON_WHITESPACE_RE: Final = re.compile(r"[ \t\r\n]*")
-_EXCHANGE_FORM: Final = "'User: …\\nAssistant: …'"
 
 
 # --- .jsonl ---------------------------------------------------------------------------------------
@@ -34,19 +39,17 @@ _EXCHANGE_FORM: Final = "'User: …\\nAssistant: …'"
 
 def parse_jsonl(text: str, max_record_chars: int, default_user: str | None) -> ParsedFile:
     """A ``.jsonl`` file's text: each non-blank line one exchange object."""
-    records: list[ExchangeRecord] = []
-    rejected: list[RejectedRecord] = []
+    read = FileRecords(max_record_chars)
     # Only "\n" ends a line: JSON strings cannot hold a raw newline, and other line breaks
     # (U+2028, a lone CR) must not shift the line numbers a user sees in an editor.
     for number, line in enumerate(text.split("\n"), start=1):
-        if not line.strip(JSON_WHITESPACE):
-            continue
-        try:
-            check_size(line, max_record_chars)
-            records.append(record_from_object(_load_json_record(line), number, default_user))
-        except RecordError as error:
-            rejected.append(RejectedRecord(number, line, one_line(str(error))))
-    return ParsedFile(tuple(records), tuple(rejected), None)
+        if line.strip(JSON_WHITESPACE):
+            read.read(number, line, partial(_jsonl_record, line, number, default_user))
+    return read.parsed()
+
+
+def _jsonl_record(line: str, number: int, default_user: str | None) -> ExchangeRecord:
+    return record_from_object(_load_json_record(line), number, default_user)
 
 
 def _load_json_record(line: str) -> object:
@@ -72,15 +75,10 @@ def parse_json(text: str, max_record_chars: int, default_user: str | None) -> Pa
             raise FatalError(_line_at(text, start), "the JSON list is empty: there is no exchange in it")
     else:
         items = [(text[start:].rstrip(JSON_WHITESPACE), _load_json_document(text, start))]
-    records: list[ExchangeRecord] = []
-    rejected: list[RejectedRecord] = []
+    read = FileRecords(max_record_chars)
     for index, (raw, value) in enumerate(items, start=1):
-        try:
-            check_size(raw, max_record_chars)
-            records.append(record_from_object(value, index, default_user))
-        except RecordError as error:
-            rejected.append(RejectedRecord(index, raw, one_line(str(error))))
-    return ParsedFile(tuple(records), tuple(rejected), None)
+        read.read(index, raw, partial(record_from_object, value, index, default_user))
+    return read.parsed()
 
 
 def _decode_json(decoder: json.JSONDecoder, text: str, position: int, *, whole: bool = False) -> tuple[object, int]:
@@ -143,57 +141,43 @@ def _line_at(text: str, position: int) -> int:
 # --- one JSON record ------------------------------------------------------------------------------
 
 
+class _Exchange(BaseModel):
+    """What every JSON exchange object may hold besides its text; other keys are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    user_id: UserId = None
+    occurred_at: OptionalTimestamp = None
+
+
+class _ExchangePair(_Exchange):
+    """An exchange given as ``user`` and ``assistant`` strings."""
+
+    user: MessageText
+    assistant: MessageText
+
+
+class _ExchangeContent(_Exchange):
+    """An exchange given as ``content`` in ``User: …\nAssistant: …`` form."""
+
+    content: ExchangeParts
+
+
 def record_from_object(value: object, line: int, default_user: str | None = None) -> ExchangeRecord:
     """One JSON exchange object: ``user_id`` (or ``default_user``), ``user`` + ``assistant`` or
-    ``content``, an optional ``occurred_at``; :class:`RecordError` saying what is wrong otherwise."""
+    ``content``, an optional ``occurred_at``; :class:`RecordError` naming the field that is wrong otherwise."""
     if not isinstance(value, dict):
         raise RecordError(f"expected a JSON object with user_id, user and assistant, got {json_kind(value)}")
-    if "user_id" not in value:
-        if default_user is None:
-            raise RecordError("missing user_id")
-        user_id = default_user
-    else:
-        try:
-            user_id = validate_user_id(value["user_id"])
-        except InvalidUserId as error:
-            raise RecordError(str(error)) from None
-        check_default_user(user_id, default_user)
-    if "user" in value or "assistant" in value:
-        user = _required_text(value, "user")
-        assistant = _required_text(value, "assistant")
-    elif "content" in value:
-        user, assistant = _split_content(value["content"])
-    else:
-        raise RecordError(f'needs "user" and "assistant" strings, or "content" in {_EXCHANGE_FORM} form')
-    occurred_raw = value.get("occurred_at")
-    occurred_at = None if occurred_raw is None else parse_timestamp(occurred_raw, "occurred_at")
-    return ExchangeRecord(user_id, format_exchange(user, assistant), occurred_at, line)
-
-
-def _required_text(record: dict[str, object], key: str) -> str:
-    value = record.get(key)
-    if value is None:
-        raise RecordError(f"missing {key}")
-    if not isinstance(value, str):
-        raise RecordError(f"{key} must be a string, got {json_kind(value)}")
-    text = value.strip()
-    if not text:
-        raise RecordError(f"{key} is empty")
-    check_storable(text, key)
-    return text
-
-
-def _split_content(content: object) -> tuple[str, str]:
-    if not isinstance(content, str):
-        raise RecordError(f"content must be a string, got {json_kind(content)}")
-    parts = parse_exchange(content.strip())
-    if parts is None:
-        raise RecordError(f"content is not in {_EXCHANGE_FORM} form")
-    user, assistant = (part.strip() for part in parts)
-    if not user:
-        raise RecordError("content has an empty User part")
-    if not assistant:
-        raise RecordError("content has an empty Assistant part")
-    check_storable(user, "content")
-    check_storable(assistant, "content")
-    return user, assistant
+    try:
+        if "user" in value or "assistant" in value:
+            pair = _ExchangePair.model_validate(value)
+            exchange, user, assistant = pair, pair.user, pair.assistant
+        elif "content" in value:
+            whole = _ExchangeContent.model_validate(value)
+            exchange, (user, assistant) = whole, whole.content
+        else:
+            raise RecordError(f'needs "user" and "assistant" strings, or "content" in {EXCHANGE_FORM} form')
+    except ValidationError as error:
+        raise RecordError(validation_reason(error)) from None
+    return ExchangeRecord(record_user(exchange.user_id, default_user), format_exchange(user, assistant),
+                          exchange.occurred_at, line)
