@@ -157,7 +157,7 @@ def install_error_handlers(app: FastAPI) -> None:
         # Alerting may wait on a webhook: not on the event loop.
         response = await run_in_threadpool(database_unavailable_response, app, exc)
         if request.url.path.startswith(PROXY_PREFIX + "/"):
-            body = _with_openai_error(request, json.loads(response.body), response.status_code)
+            body = _with_openai_error(request, json.loads(bytes(response.body)), response.status_code)
             return JSONResponse(body, status_code=response.status_code, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
         return response
 
