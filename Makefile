@@ -103,9 +103,12 @@ run-llm: setup setup-llm
 test: setup browser lint
 	$(BIN)/python -m pytest -m "not slow" -n auto
 
-# ruff (pyproject's [tool.ruff]: pyflakes, import order, pyupgrade, bugbear), before the tests.
+# ruff (pyproject's [tool.ruff]: pyflakes, import order, pyupgrade, bugbear), then mypy
+# (pyproject's [tool.mypy]: yak_pipeline and yak_loopback, core/ and store/ strict), before the
+# tests. Both are plain commands, no pre-commit hook: what CI runs is what anyone can run.
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 test-slow: setup setup-llm
 	$(BIN)/python -m pytest -m slow -n 2 --dist loadgroup

@@ -143,6 +143,11 @@ class FakeAnthropicServer:
         if route != "/v1/messages":
             self._send_json(handler, 404, {"type": "error", "error": {"type": "not_found_error", "message": path}})
             return
+        if not isinstance(body, dict):
+            # As the real API answers a message request without a JSON object body.
+            self._send_json(handler, 400, {"type": "error", "error": {
+                "type": "invalid_request_error", "message": "the request body must be a JSON object"}})
+            return
         answer = answer or Answer(text=_last_user_text(body) + self.tag)
         if answer.status is not None:
             self._send_json(handler, answer.status, answer.error_body)

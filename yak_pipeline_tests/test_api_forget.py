@@ -106,3 +106,19 @@ def test_what_is_not_a_forget_command_is_422(admin, database: Database) -> None:
     missing = admin.post("/api/forget", json={"command": "/forget 00000000-0000-0000-0000-000000000000",
                                               "user_id": "alice"})
     assert missing.status_code == 404
+
+
+
+def test_posting_a_soft_forgotten_exchange_again_is_409(admin, seeded: Seeded) -> None:  # noqa: ANN001
+    # A soft forget keeps the row (hidden), and one row per user and text: the text cannot come
+    # back, and saying so is a 409, not the 500 it was when the hidden row was read back as None.
+    exchange = "User: My locker code is AZURE-7731.\nAssistant: Noted."
+    response = admin.post("/api/forget", json={"command": f"/forget {seeded.alice.memory_id}", "user_id": "alice",
+                                               "soft": True})
+    assert response.json()["action"] == "deleted"
+    again = admin.post("/api/memories", json={"user_id": "alice", "content": exchange})
+    assert again.status_code == 409
+    assert "forgot this exchange" in again.json()["detail"]
+    assert admin.get(f"/api/memories/{seeded.alice.memory_id}").status_code == 404
+    # Another user's same text is theirs to store.
+    assert admin.post("/api/memories", json={"user_id": "carol", "content": exchange}).status_code == 201

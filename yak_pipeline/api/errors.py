@@ -28,6 +28,7 @@ from yak_pipeline.core.secrets import SecretRefused
 from yak_pipeline.core.types import InvalidUserId
 from yak_pipeline.llm.errors import one_line as collapse_to_one_line
 from yak_pipeline.recall_models import RelevanceModelMissing
+from yak_pipeline.services.memories import ExchangeForgotten
 from yak_pipeline.services.proxy_exchange import ProxyError
 from yak_pipeline.store.errors import DatabaseUnavailable, StoreError
 
@@ -156,7 +157,7 @@ def install_error_handlers(app: FastAPI) -> None:
         # Alerting may wait on a webhook: not on the event loop.
         response = await run_in_threadpool(database_unavailable_response, app, exc)
         if request.url.path.startswith(PROXY_PREFIX + "/"):
-            body = _with_openai_error(request, json.loads(response.body), response.status_code)
+            body = _with_openai_error(request, json.loads(bytes(response.body)), response.status_code)
             return JSONResponse(body, status_code=response.status_code, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
         return response
 
@@ -169,6 +170,11 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _secret_refused(request: Request, exc: SecretRefused) -> JSONResponse:
         # YAK_SECRETS=refuse: the text held a secret; the message names its kinds, never its value.
         return JSONResponse(_with_openai_error(request, {"detail": one_line(exc)}, 422), status_code=422)
+
+    @app.exception_handler(ExchangeForgotten)
+    async def _exchange_forgotten(request: Request, exc: ExchangeForgotten) -> JSONResponse:
+        # Storing a softly forgotten text again: its hidden row holds the one place it may have.
+        return JSONResponse({"detail": one_line(exc)}, status_code=409)
 
     @app.exception_handler(psycopg.errors.DataError)
     @app.exception_handler(psycopg.errors.IntegrityError)

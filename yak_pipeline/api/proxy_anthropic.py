@@ -147,12 +147,12 @@ def parse_messages_request(raw: bytes, *, follow_up_words: int = 0) -> tuple[dic
         raise _invalid("metadata: must be an object")
     typed = [(_typed(m.get("content")), i) for i, m in enumerate(messages) if m["role"] == "user"]
     # The turn's prompt: the last user message with typed text (later ones carry only tool results).
-    prompt = next(((t, i) for t, i in reversed(typed) if t[0] is not None), None)
+    prompt = next(((text, only, i) for (text, only, _), i in reversed(typed) if text is not None), None)
     last_is_user = messages[-1]["role"] == "user"
     if prompt is None or not last_is_user:
         # No prompt, or an assistant prefill to continue: pass through, nothing recalled or stored.
         return body, ChatTurn(stream=stream, forget_text=None, recall_texts=(), turn_text=None)
-    (text, text_only, _), index = prompt
+    text, text_only, index = prompt
     earlier = [t[0] for t, i in typed if i < index and t[0] is not None]
     recall_texts = recall_queries([*earlier, text], follow_up_words=follow_up_words)
     return body, ChatTurn(stream=stream, forget_text=text if index == len(messages) - 1 else None,

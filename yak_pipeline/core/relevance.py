@@ -226,13 +226,16 @@ class RelevanceModel:
             answerable = data.get("answerable_weights") or {}
             if not isinstance(answerable, Mapping):
                 raise ValueError("'answerable_weights' must be an object")
+            fitted_on = data.get("fitted_on") or {}
+            if not isinstance(fitted_on, Mapping):
+                raise ValueError("'fitted_on' must be an object")
             return cls(embedding_model=str(data["embedding_model"]), version=str(data["version"]),
                        bias=float(data["bias"]),  # type: ignore[arg-type]
                        weights={str(k): float(v) for k, v in weights.items()},
                        answerable_bias=float(data.get("answerable_bias", 0.0)),  # type: ignore[arg-type]
                        answerable_weights={str(k): float(v) for k, v in answerable.items()},
                        standing_shift=float(data.get("standing_shift", 0.0)),  # type: ignore[arg-type]
-                       fitted_on=dict(data.get("fitted_on") or {}))  # type: ignore[arg-type]
+                       fitted_on=dict(fitted_on))
         except KeyError as exc:
             raise ValueError(f"relevance model: missing field {exc.args[0]!r}") from None
         except (TypeError, ValueError) as exc:

@@ -22,7 +22,7 @@ GATE_EPSILON: Final[float] = 1e-9
 def _check_tier(tier: str) -> Tier:
     if tier not in TIERS:
         raise ValueError(f"unknown tier {tier!r}: use one of {', '.join(TIERS)}")
-    return tier  # type: ignore[return-value]
+    return tier
 
 
 def tier_threshold_multiplier(tier: Tier, core_multiplier: float = DEFAULT_CORE_MULTIPLIER) -> float:

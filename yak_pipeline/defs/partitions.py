@@ -26,13 +26,18 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from datetime import date
+from typing import Final
 
 import dagster as dg
 import psycopg
 
 from yak_pipeline.store.memories import days_with_data, users_with_data
 
-users_partitions = dg.DynamicPartitionsDefinition(name="users")
+USERS_PARTITIONS: Final = "users"
+"""The users partitions' name, typed ``str`` (the definition's ``name`` is optional: a dynamic
+partitions definition can be built from a function instead)."""
+
+users_partitions = dg.DynamicPartitionsDefinition(name=USERS_PARTITIONS)
 """One partition per user id with data; the sensors add users the first time they see them and
 delete them once everything of theirs is forgotten. (The name is the user dimension's of the
 earlier user × day partitions, so an instance's known users carry over.)"""
@@ -131,7 +136,7 @@ def runs_by_user(keys: Iterable[tuple[str, date]]) -> list[tuple[str, list[date]
 def missing_partition_requests(instance: dg.DagsterInstance,
                                keys: Iterable[tuple[str, date]]) -> list[dg.AddDynamicPartitionsRequest]:
     """A request adding the users of ``(user, day)`` ``keys`` the instance does not know yet (sorted)."""
-    new = sorted({user_id for user_id, _ in keys} - set(instance.get_dynamic_partitions(users_partitions.name)))
+    new = sorted({user_id for user_id, _ in keys} - set(instance.get_dynamic_partitions(USERS_PARTITIONS)))
     return [users_partitions.build_add_request(new)] if new else []
 
 
@@ -145,7 +150,7 @@ def forgotten_users(instance: dg.DagsterInstance, conn: psycopg.Connection, *, k
     """Users who are partitions but hold no live exchange or turn any more (all forgotten), except
     those in ``keep`` (users whose data is on its way: drop files not stored yet, runs in flight)."""
     keep = set(keep)
-    known = [user_id for user_id in instance.get_dynamic_partitions(users_partitions.name) if user_id not in keep]
+    known = [user_id for user_id in instance.get_dynamic_partitions(USERS_PARTITIONS) if user_id not in keep]
     if not known:
         return []
     return sorted(set(known) - users_with_data(conn, known))
@@ -157,4 +162,4 @@ def sync_user_partitions(instance: dg.DagsterInstance, conn: psycopg.Connection,
     not (``yak up`` before the UI opens, ``yak process``; the sensors do the same as data changes)."""
     add_missing_partitions(instance, days_with_data(conn))
     for user_id in forgotten_users(instance, conn, keep=keep):
-        instance.delete_dynamic_partition(users_partitions.name, user_id)
+        instance.delete_dynamic_partition(USERS_PARTITIONS, user_id)

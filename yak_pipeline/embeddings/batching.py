@@ -76,7 +76,8 @@ class Coalescer(Generic[T]):
 
     def _take_batch(self) -> list[_Request[T]]:
         """Pop requests, oldest first, up to ``max_texts`` texts (always at least one request)."""
-        batch, size = [], 0
+        batch: list[_Request[T]] = []
+        size = 0
         while self._queue and (not batch or size + len(self._queue[0].texts) <= self._max_texts):
             request = self._queue.pop(0)
             batch.append(request)

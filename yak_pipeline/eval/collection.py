@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from yak_pipeline.core.block_choice import line_tokens
 from yak_pipeline.core.query_intent import query_parts
@@ -80,8 +80,20 @@ def _distillation_turns(conn: Any, conversation: IngestedConversation, ids: Sequ
     return [conversation.distillation_turns.get(i, frozenset()) for i in ids]
 
 
+class Found(Protocol):
+    """What :func:`candidate_turns` reads of a memory: a :class:`Candidate` or a ranked one."""
+
+    @property
+    def id(self) -> str:
+        """The distillation's id, or the raw exchange's."""
+
+    @property
+    def kind(self) -> str:
+        """``distilled`` or ``raw``."""
+
+
 def candidate_turns(conn: Any, conversation: IngestedConversation,
-                     candidates: Sequence[Candidate]) -> dict[tuple[str, str], frozenset[str]]:
+                     candidates: Sequence[Found]) -> dict[tuple[str, str], frozenset[str]]:
     """The turns each candidate holds: a raw exchange its own, a distillation :func:`_distillation_turns`."""
     held: dict[tuple[str, str], frozenset[str]] = {}
     distilled = [c.id for c in candidates if c.kind != "raw"]

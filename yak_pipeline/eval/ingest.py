@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -126,6 +126,11 @@ def _store_exchanges(db: Database, conversation: Conversation, user_id: str, pro
     return len(records), len(report.stored), memory_turns
 
 
+def _embedding_progress(progress: Progress, total: int, user_id: str) -> Callable[[int], None]:
+    """The progress line of one user's exchange vectors, after each batch."""
+    return lambda n: progress(f"  embedded {n}/{total} exchanges of {user_id}")
+
+
 def _distil_and_consolidate(db: Database, settings: Settings, embedder: Embedder, llm: LLMProvider, user_id: str,
                             total_exchanges: int, progress: Progress, tally: _PipelineTally) -> None:
     """Distil one user's exchanges (in chunks, with progress), then score conflicts and merge near-duplicates."""
@@ -189,7 +194,7 @@ def _ingest(db: Database, settings: Settings, embedder: Embedder, conversations:
         started = time.monotonic()
         embed_pending_exchanges(
             db, embedder, user_id=user_id, contexts=True,
-            on_progress=lambda n, total=len(memory_turns), u=user_id: progress(f"  embedded {n}/{total} exchanges of {u}"))
+            on_progress=_embedding_progress(progress, len(memory_turns), user_id))
         seconds["exchange_vectors"] += time.monotonic() - started
         ingested.append(IngestedConversation(
             source=conversation, user_id=user_id, now=conversation.last_session_at + timedelta(days=1),

@@ -128,6 +128,7 @@ def ingest_records(
                 report.rejected.append(_reject(record, _reason(exc)))
                 continue
             fresh.append((record, new, when))
+        stored: Sequence[StoredMemory | None]  # None: refused on its own (quarantined by _insert_one_by_one)
         try:
             with conn.transaction():
                 stored = insert_memories(conn, [new for _, new, _ in fresh])

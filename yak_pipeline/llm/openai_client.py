@@ -343,11 +343,14 @@ class OpenAIChatProvider:
         for index, form in enumerate(forms):
             extra: dict[str, Any] = {} if self.max_tokens is None else {"max_tokens": self.max_tokens}
             try:
-                response = self._client.chat.completions.create(
+                # The stubs' overloads take neither argument as sent: plain dicts are the wire
+                # format of messages, and response_format's json_object form carries a schema (an
+                # extension of llama.cpp's and vLLM's servers that OpenAI's types do not list).
+                response = self._client.chat.completions.create(  # type: ignore[call-overload]
                     model=self.model,
-                    messages=messages,  # type: ignore[arg-type]  # plain dicts are the wire format
+                    messages=messages,
                     temperature=temperature,
-                    response_format=response_format(form, model),  # type: ignore[arg-type]  # see response_format
+                    response_format=response_format(form, model),
                     **extra,
                 )
             except openai.APITimeoutError:

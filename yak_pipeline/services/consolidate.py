@@ -9,7 +9,7 @@ neither repeat nor double a merge.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -213,15 +213,16 @@ def _look_ahead(job: ConsolidateJob, ids: list[str], report: StageReport) -> tup
             foresights = dict(zip(pairs, pool.map(consolidate, pairs.values())))
     else:
         foresights = {distillation_id: consolidate(pair) for distillation_id, pair in pairs.items()}
-    merged = [f for f in foresights.values() if f.merged is not None]
-    for foresight in merged:
-        report.record_call(foresight.merged.stats)
+    merged = [(f, f.merged) for f in foresights.values() if f.merged is not None]
+    for _, result in merged:
+        report.record_call(result.stats)
     if merged:
+        vectors: Sequence[list[float] | None]
         try:
-            vectors: list = job.embedder.embed_documents([f.merged.content for f in merged])
+            vectors = job.embedder.embed_documents([result.content for _, result in merged])
         except EmbeddingError:
             vectors = [None] * len(merged)  # each is embedded again at its turn, failing there if it must
-        for foresight, vector in zip(merged, vectors):
+        for (foresight, _), vector in zip(merged, vectors):
             foresight.vector = vector
     return max(covered, 1), foresights
 

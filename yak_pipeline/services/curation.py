@@ -183,8 +183,8 @@ def close_conflict(db: Database, conflict_id: UUID | str, *, status: Literal["re
                                               user_id=user_id, actor=actor)
 
 
-def keep_in_conflict(db: Database, conflict_id: UUID | str, *, keep: str, resolution: str | None = None,
-                     user_id: str | None, actor: str) -> bool:
+def keep_in_conflict(db: Database, conflict_id: UUID | str, *, keep: conflicts_store.ConflictKeep,
+                     resolution: str | None = None, user_id: str | None, actor: str) -> bool:
     """Settle an open conflict by keeping side ``a``, ``b`` or ``both``; False when there is no such open conflict."""
     with db.connection() as conn:
         return conflicts_store.keep_in_conflict(conn, conflict_id, keep=keep, resolution=resolution,

@@ -82,16 +82,10 @@ def embed_exchanges_now(db: Database, embedder: Embedder, memory_ids: Sequence[s
     ids = [str(i) for i in memory_ids]
     if not ids:
         return 0
-    model = embedder.model_name
     done = 0
     try:
         for context in (False, True):
-            done += embed_in_batches(
-                db, embedder, batch_size=max(len(ids), 1),
-                pending=lambda conn, n, context=context: exchanges_without_embedding(
-                    conn, embedding_model=model, limit=n, context=context, ids=ids),
-                store=lambda conn, vectors, context=context: set_exchange_embeddings(
-                    conn, embedding_model=model, vectors=vectors, context=context))
+            done += _embed_these(db, embedder, ids, context=context)
     except Exception as exc:  # noqa: BLE001 - the write stands; the pipeline embeds it later
         logger.warning("could not embed %d new exchange(s) at once; the pipeline will: %s", len(ids),
                        " ".join(str(exc).split())[:200] or type(exc).__name__)
@@ -112,3 +106,14 @@ def embed_pending_contexts(db: Database, embedder: Embedder, *, user_id: str | N
         pending=lambda conn, n: exchanges_without_embedding(conn, embedding_model=model, user_id=user_id, limit=n,
                                                             context=True),
         store=lambda conn, vectors: set_exchange_embeddings(conn, embedding_model=model, vectors=vectors, context=True))
+
+
+def _embed_these(db: Database, embedder: Embedder, ids: Sequence[str], *, context: bool) -> int:
+    """Embed ``ids``' exchanges that lack the vector (their own, or with ``context`` their context one)."""
+    model = embedder.model_name
+    return embed_in_batches(
+        db, embedder, batch_size=max(len(ids), 1),
+        pending=lambda conn, n: exchanges_without_embedding(conn, embedding_model=model, limit=n, context=context,
+                                                            ids=ids),
+        store=lambda conn, vectors: set_exchange_embeddings(conn, embedding_model=model, vectors=vectors,
+                                                            context=context))

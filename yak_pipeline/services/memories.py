@@ -26,16 +26,26 @@ def user_has_memories(db: Database, user_id: str) -> bool:
         return memories_store.user_has_memories(conn, user_id)
 
 
+class ExchangeForgotten(Exception):
+    """The user's exchange with this text was forgotten softly: its row is kept but hidden from
+    every read path, and (one row per user and text) the same text cannot be stored again."""
+
+
 def store_memory(db: Database, *, user_id: str, content: str, source: str, occurred_at: datetime | None,
                  actor: str, embedder: Embedder | None = None) -> tuple[bool, dict[str, Any]]:
     """Store one exchange as a pending memory (once per user and text): ``(created, row)``.
 
     It is recallable as soon as this returns, by its words; with ``embedder`` also by its meaning
-    (its vectors are made here, after the commit: ``services.exchange_embeddings.embed_exchanges_now``)."""
+    (its vectors are made here, after the commit: ``services.exchange_embeddings.embed_exchanges_now``).
+    :class:`ExchangeForgotten` when the user forgot this text with a soft delete."""
     with db.connection() as conn:
         stored = memories_store.insert_memory(conn, user_id=user_id, content=content, source=source,
                                               occurred_at=occurred_at, actor=actor, secrets=db.secrets)
         row = memories_store.get_memory(conn, stored.id)
+    if row is None:
+        # Only a soft-forgotten duplicate is stored but not live (a new row is read back at once).
+        raise ExchangeForgotten(f"user {user_id!r} forgot this exchange (soft delete keeps it, hidden): "
+                                "the same text is not stored again")
     if stored.created and embedder is not None:
         embed_exchanges_now(db, embedder, [str(stored.id)])
     return stored.created, row

@@ -180,7 +180,9 @@ class ProxiedChat(Protocol):
 
 def upstream_error(status_code: int, content: bytes) -> ProxyError:
     """The upstream's error as the client gets it: the upstream's status, its message said clearly."""
-    message, error_type, code = None, "upstream_error", status_code
+    message: object = None
+    error_type = "upstream_error"
+    code: str | int = status_code
     try:
         body = json.loads(content)
     except (UnicodeDecodeError, json.JSONDecodeError):
@@ -189,8 +191,10 @@ def upstream_error(status_code: int, content: bytes) -> ProxyError:
         error = body.get("error", body.get("detail"))
         if isinstance(error, dict):
             message = error.get("message")
-            error_type = error.get("type") if isinstance(error.get("type"), str) else error_type
-            code = error.get("code") if isinstance(error.get("code"), (str, int)) else code
+            if isinstance(given_type := error.get("type"), str):
+                error_type = given_type
+            if isinstance(given_code := error.get("code"), (str, int)):
+                code = given_code
         elif isinstance(error, str):
             message = error
     if not isinstance(message, str) or not message.strip():

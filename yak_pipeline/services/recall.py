@@ -106,6 +106,11 @@ class RecallRequest(TypedDict):
     echo: NotRequired[str]
 
 
+def _asking(ask: RecallRequest, query: str, *, echo: str) -> RecallRequest:
+    """``ask`` for another text, ``echo`` the message being answered (which stays ``ask``'s)."""
+    return {**ask, "query": query, "echo": echo}
+
+
 def search_memories(db: Database, embedder: Embedder, *, judge: LLMRecallJudge | None = None,
                     **ask: Unpack[RecallRequest]) -> list[RecallHit]:
     """The user's best memories for ``query`` (distillations, and exchanges no active distillation
@@ -125,7 +130,7 @@ def search_memories(db: Database, embedder: Embedder, *, judge: LLMRecallJudge |
             # Each part is its own query; the message being answered stays the whole question.
             rankings = [ranked] + [
                 recall(conn, query_embedding=part_vector.result, embedding_model=embedder.model_name,
-                       spare=spare_connections(db), **{**ask, "query": part, "echo": ask.get("echo") or ask["query"]})
+                       spare=spare_connections(db), **_asking(ask, part, echo=ask.get("echo") or ask["query"]))
                 for part, part_vector in zip(parts, part_vectors)]
             ranked = interleave(rankings, ask["params"].limit)
         if not ranked:
@@ -190,7 +195,8 @@ def build_context(
     limit = shape.limit
 
     def _recall() -> list[BlockMemory]:
-        hits = search_memories(db, embedder, judge=judge, **{**ask, "params": replace(ask["params"], limit=limit)})
+        limited: RecallRequest = {**ask, "params": replace(ask["params"], limit=limit)}
+        hits = search_memories(db, embedder, judge=judge, **limited)
         # A query that filled the limit needs no help from the others (and costs no more recalls).
         full = len(hits) >= limit
         # Only what answers: the memories near the best one (the odds gap), not a fixed count.
@@ -201,7 +207,7 @@ def build_context(
         added: dict[str, RecallHit] = {}
         for text in also if not full else ():
             # The message being answered stays ``query``: an earlier asking of it is no evidence.
-            new = [h for h in search_memories(db, embedder, **{**ask, "query": text, "echo": ask["query"]})
+            new = [h for h in search_memories(db, embedder, **_asking(ask, text, echo=ask["query"]))
                    if h.id not in found]
             for hit in judge.judge(text, new) if judge is not None else new:
                 if hit.id not in added or hit.score > added[hit.id].score:

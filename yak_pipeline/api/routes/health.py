@@ -45,6 +45,9 @@ def _llm(services: ApiServices) -> ComponentHealth:
     if isinstance(provider, RulesProvider):
         return ComponentHealth(ok=True, detail="offline rules provider (YAK_LLM_BASE_URL unset)")
     settings = services.settings
+    if settings.llm_base_url is None:
+        # A provider given to the services directly, not built from the settings: no endpoint to probe.
+        return ComponentHealth(ok=True, detail=f"{type(provider).__name__} (YAK_LLM_BASE_URL unset)")
     key = settings.llm_api_key.get_secret_value() if settings.llm_api_key is not None else None
     try:
         # Listing models is the cheapest request every OpenAI-compatible server answers.

@@ -18,13 +18,14 @@ router = APIRouter(prefix="/api/memories", tags=["memories"])
 
 @router.post("/", status_code=status.HTTP_201_CREATED, response_model=MemoryOut,
              responses={200: {"description": "The same exchange was already stored; that memory is returned.",
-                              "model": MemoryOut}})
+                              "model": MemoryOut},
+                        409: {"description": "The user forgot this exchange with a soft delete; it is not stored again."}})
 def create_memory(body: MemoryCreate, caller: Caller, services: Services, response: Response) -> MemoryOut:
     """Store one exchange as a ``pending`` memory, recallable at once as the user's words (its
     vectors are made before the answer); the pipeline's inbox sensor distils it.
 
     The same text for the same user is stored once: posting it again answers 200 with the
-    memory already stored.
+    memory already stored, or 409 when the user forgot it with a soft delete (its row is kept, hidden).
     """
     user_id = caller.acting_for(body.user_id)
     created, row = store_memory(services.database, user_id=user_id, content=body.content, source="api",

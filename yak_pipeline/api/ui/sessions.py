@@ -38,7 +38,9 @@ class PageSession:
 
     def csrf_matches(self, token: str | None) -> bool:
         """Whether a form sent this session's CSRF token (compared in constant time)."""
-        return bool(token) and secrets.compare_digest(token.encode(), self.csrf_token.encode())
+        if not token:
+            return False
+        return secrets.compare_digest(token.encode(), self.csrf_token.encode())
 
 
 def _new_session(api_key: str | None = None) -> PageSession:

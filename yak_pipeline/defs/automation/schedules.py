@@ -5,7 +5,7 @@ from datetime import UTC, date, datetime, timedelta
 import dagster as dg
 
 from yak_pipeline.defs.automation.jobs import recall_index_job, warmth_job
-from yak_pipeline.defs.partitions import users_partitions, window_tags
+from yak_pipeline.defs.partitions import USERS_PARTITIONS, window_tags
 
 NIGHTLY_DAYS = 7
 
@@ -41,7 +41,7 @@ def nightly_warmth_schedule(timezone: str) -> dg.ScheduleDefinition:
         including memories that were recalled but never evaluated. A user without turns in those
         days gets a run that finds nothing to do (about a second): the schedule does not read
         the database, so its evaluation stays as cheap and testable as a sensor-free one."""
-        users = context.instance.get_dynamic_partitions(users_partitions.name)
+        users = context.instance.get_dynamic_partitions(USERS_PARTITIONS)
         if not users:
             return dg.SkipReason("no users yet")
         return nightly_run_requests(list(users), context.scheduled_execution_time or datetime.now().astimezone())

@@ -36,7 +36,7 @@ def distillation_quality(
                                   failures=day_outcome.failures)
             if not day_outcome.passed:
                 failing.append(f"{day}|{user_id}")
-    metadata: dict[str, object] = {"rows": outcome.rows, "failures": "; ".join(outcome.failures) or "none"}
+    metadata: dict[str, int | str] = {"rows": outcome.rows, "failures": "; ".join(outcome.failures) or "none"}
     if len(rows_by_day) > 1:
         metadata["failing_days"] = ", ".join(failing) or "none"
     return dg.AssetCheckResult(passed=outcome.passed, severity=dg.AssetCheckSeverity.ERROR, metadata=metadata)

@@ -49,7 +49,7 @@ def _consolidation_step(context: dg.AssetExecutionContext, what: str, step: Call
             total.merge(step(job, user_id=user_id, day=day))
     if held and held == len(covered):
         return dg.MaterializeResult(metadata={"held_back_by_quality_gate": True, "rows_in": 0, "rows_out": 0})
-    metadata: dict[str, object] = dict(total.metadata())
+    metadata: dict[str, float | int | str] = dict(total.metadata())
     if held:
         metadata["days_held_back_by_quality_gate"] = held
     return dg.MaterializeResult(metadata=metadata)

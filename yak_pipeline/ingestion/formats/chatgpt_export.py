@@ -84,7 +84,10 @@ def chatgpt_exchanges(conversation: object, *, user_id: str, item: int,
         built = build_exchange_record(user_id, turn.prompt, "\n\n".join(turn.replies), when, line=item,
                                       ref=f"chatgpt:{conversation_id}:{turn.prompt_id}",
                                       max_record_chars=max_record_chars)
-        (result.records if isinstance(built, ExchangeRecord) else result.rejected).append(built)
+        if isinstance(built, ExchangeRecord):
+            result.records.append(built)
+        else:
+            result.rejected.append(built)
     return result
 
 

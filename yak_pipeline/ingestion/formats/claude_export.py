@@ -35,7 +35,8 @@ def claude_exchanges(conversation: object, *, user_id: str, item: int, max_recor
     ``item`` is the conversation's position in the export (1-based), the ``line`` of its records.
     """
     conversation, messages = conversation_part(conversation, "chat_messages", list, "chat_messages list")
-    conversation_id = conversation.get("uuid") if isinstance(conversation.get("uuid"), str) else f"item{item}"
+    uuid = conversation.get("uuid")
+    conversation_id = uuid if isinstance(uuid, str) else f"item{item}"
     result = ConversationExchanges([], [], 0)
     prompt: tuple[dict, str] | None = None  # the open prompt: its message and text
     replies: list[str] = []
@@ -68,7 +69,10 @@ def _close(result: ConversationExchanges, prompt: tuple[dict, str] | None, repli
     built = build_exchange_record(user_id, text, "\n\n".join(replies), when, line=item,
                                   ref=f"claude:{conversation_id}:{message.get('uuid', '')}",
                                   max_record_chars=max_record_chars)
-    (result.records if isinstance(built, ExchangeRecord) else result.rejected).append(built)
+    if isinstance(built, ExchangeRecord):
+        result.records.append(built)
+    else:
+        result.rejected.append(built)
 
 
 def _branch(conversation: dict, messages: list) -> list[dict]:
