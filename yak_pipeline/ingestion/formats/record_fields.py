@@ -60,7 +60,9 @@ def _message_text(value: str) -> str:
     return text
 
 
-def _exchange_parts(value: str) -> tuple[str, str]:
+def _exchange_parts(value: object) -> tuple[str, str]:
+    if not isinstance(value, str):
+        raise _field_error(f"must be a string, got {json_kind(value)}")
     parts = parse_exchange(value.strip())
     if parts is None:
         raise _field_error(f"not in {EXCHANGE_FORM} form")
@@ -86,7 +88,7 @@ UserId = Annotated[str | None, PlainValidator(_checked(_user_id))]
 # One side of an exchange: a string, stripped, not empty, storable as text.
 MessageText = Annotated[str, Strict(), AfterValidator(_message_text)]
 # A whole exchange in 'User: …\nAssistant: …' form, as its two stripped parts.
-ExchangeParts = Annotated[str, Strict(), AfterValidator(_exchange_parts)]
+ExchangeParts = Annotated[tuple[str, str], PlainValidator(_exchange_parts)]
 # An ISO-8601 date or datetime string as a UTC datetime (naive: taken as UTC); null is none.
 OptionalTimestamp = Annotated[datetime | None, PlainValidator(_checked(_optional_timestamp))]
 # The same, required.

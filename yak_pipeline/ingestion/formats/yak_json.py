@@ -168,6 +168,7 @@ def record_from_object(value: object, line: int, default_user: str | None = None
     ``content``, an optional ``occurred_at``; :class:`RecordError` naming the field that is wrong otherwise."""
     if not isinstance(value, dict):
         raise RecordError(f"expected a JSON object with user_id, user and assistant, got {json_kind(value)}")
+    exchange: _Exchange
     try:
         if "user" in value or "assistant" in value:
             pair = _ExchangePair.model_validate(value)
