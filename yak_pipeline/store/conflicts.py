@@ -28,9 +28,9 @@ def record_conflict(
     if first == second:
         raise ValueError("a distillation cannot conflict with itself")
     row = conn.execute(
-        """INSERT INTO conflicts (user_id, distillation_a, distillation_b, score) VALUES (%s, %s, %s, %s)
+        """INSERT INTO conflicts (user_id, distillation_a, distillation_b, score) VALUES (%(user_id)s, %(first)s, %(second)s, %(score)s)
            ON CONFLICT (distillation_a, distillation_b) DO NOTHING RETURNING id""",
-        (user_id, first, second, score),
+        {"user_id": user_id, "first": first, "second": second, "score": score},
     ).fetchone()
     if row is None:
         return None

@@ -64,6 +64,6 @@ def lock_merge_target(conn: psycopg.Connection, distillation_id: UUID | str, *, 
 def mark_checked(conn: psycopg.Connection, distillation_ids: Sequence[UUID | str], column: str) -> None:
     """Record that a consolidation stage has checked these distillations (``column`` = now)."""
     conn.execute(
-        f"UPDATE distillations SET {_check_column(column)} = now() WHERE id = ANY(%s::uuid[])",  # noqa: S608
-        ([str(i) for i in distillation_ids],),
+        f"UPDATE distillations SET {_check_column(column)} = now() WHERE id = ANY(%(ids)s::uuid[])",  # noqa: S608
+        {"ids": [str(i) for i in distillation_ids]},
     )

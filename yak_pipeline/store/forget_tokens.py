@@ -41,8 +41,9 @@ def issue_forget_token(
     token = secrets.token_urlsafe(32)
     expires_at = conn.execute(
         """INSERT INTO forget_confirmations (token_hash, user_id, memory_ids, expires_at)
-           VALUES (%s, %s, %s::uuid[], now() + %s) RETURNING expires_at""",
-        (_hash(token), user_id, sorted({str(m) for m in memory_ids}), ttl),
+           VALUES (%(token_hash)s, %(user_id)s, %(memory_ids)s::uuid[], now() + %(ttl)s) RETURNING expires_at""",
+        {"token_hash": _hash(token), "user_id": user_id, "memory_ids": sorted({str(m) for m in memory_ids}),
+         "ttl": ttl},
     ).fetchone()[0]
     return ForgetToken(token, expires_at)
 

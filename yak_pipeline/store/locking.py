@@ -31,11 +31,12 @@ def lock_live_row(
     ``where`` adds ``column = value`` conditions and ``unset`` ``column IS NULL`` ones (a stage's
     "not done yet" marker). ``lock=False`` only reads (a look-ahead that re-checks under the lock later).
     """
-    conditions = [sql.SQL("id = %s"), sql.SQL("deleted_at IS NULL")]
-    params: list[Any] = [str(row_id)]
-    for column, value in (where or {}).items():
-        conditions.append(sql.SQL("{} = %s").format(sql.Identifier(column)))
-        params.append(value)
+    conditions: list[sql.Composable] = [sql.SQL("id = %(id)s"), sql.SQL("deleted_at IS NULL")]
+    params: dict[str, Any] = {"id": str(row_id)}
+    # The caller's columns are identifiers; their values go by numbered name (w0, w1...), never by text.
+    for position, (column, value) in enumerate((where or {}).items()):
+        conditions.append(sql.SQL("{} = {}").format(sql.Identifier(column), sql.Placeholder(f"w{position}")))
+        params[f"w{position}"] = value
     conditions += [sql.SQL("{} IS NULL").format(sql.Identifier(column)) for column in unset]
     query = sql.SQL("SELECT {columns} FROM {table} WHERE {conditions}{lock}").format(
         columns=sql.SQL(", ").join(sql.Identifier(c) for c in columns),

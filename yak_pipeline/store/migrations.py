@@ -150,7 +150,7 @@ def migrate(url: str, *, dimensions: int, model_name: str, sql_dir: Traversable 
     one leaves the earlier ones applied and itself not at all.
     """
     with connect(url, autocommit=True, vector=False) as conn:
-        conn.execute("SELECT pg_advisory_lock(%s)", (_MIGRATION_LOCK_KEY,))
+        conn.execute("SELECT pg_advisory_lock(%(_MIGRATION_LOCK_KEY)s)", {"_MIGRATION_LOCK_KEY": _MIGRATION_LOCK_KEY})
         try:
             _ensure_pgvector(conn)
             _ensure_bookkeeping(conn)
@@ -163,28 +163,28 @@ def migrate(url: str, *, dimensions: int, model_name: str, sql_dir: Traversable 
                 with conn.transaction():
                     conn.execute(migration.sql(dimensions))
                     conn.execute(
-                        "INSERT INTO schema_migrations (version, name) VALUES (%s, %s)",
-                        (migration.version, migration.name),
+                        "INSERT INTO schema_migrations (version, name) VALUES (%(version)s, %(name)s)",
+                        {"version": migration.version, "name": migration.name},
                     )
                     # A migration whose rows are read from the data by Python code, not SQL.
                     if migration.version in _FILLED_AFTER:
                         _FILLED_AFTER[migration.version](conn)
                     if migration.version == 1:
                         conn.execute(
-                            "INSERT INTO yak_meta (key, value) VALUES ('embedding_dim', %s), ('embedding_model', %s)",
-                            (str(dimensions), model_name),
+                            "INSERT INTO yak_meta (key, value) VALUES ('embedding_dim', %(dimensions)s), ('embedding_model', %(model_name)s)",
+                            {"dimensions": str(dimensions), "model_name": model_name},
                         )
                 applied.append(migration)
             return applied
         finally:
-            conn.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK_KEY,))
+            conn.execute("SELECT pg_advisory_unlock(%(_MIGRATION_LOCK_KEY)s)", {"_MIGRATION_LOCK_KEY": _MIGRATION_LOCK_KEY})
 
 
 def table_counts(conn: psycopg.Connection) -> dict[str, int | None]:
     """Row counts of the DESIGN §3 tables (None for a table that does not exist yet)."""
     counts: dict[str, int | None] = {}
     for table in DATA_TABLES:
-        if conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()[0]:
+        if conn.execute("SELECT to_regclass(%(table)s) IS NOT NULL", {"table": table}).fetchone()[0]:
             counts[table] = conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]  # noqa: S608 - fixed names
         else:
             counts[table] = None

@@ -75,8 +75,8 @@ def approve_distillation(
     owner, status, _, confidence = row
     conn.execute(
         """UPDATE distillations SET status = 'active', needs_review = false,
-                  confidence = greatest(confidence, %s), updated_at = now() WHERE id = %s""",
-        (ACTIVE_CONFIDENCE if status == "review" else 0.0, str(distillation_id)),
+                  confidence = greatest(confidence, %(confidence)s), updated_at = now() WHERE id = %(distillation_id)s""",
+        {"confidence": ACTIVE_CONFIDENCE if status == "review" else 0.0, "distillation_id": str(distillation_id)},
     )
     write_audit(conn, actor=actor, action="approve", target_type="distillation", target_id=distillation_id,
                 user_id=owner, detail={"previous_status": status, "confidence": confidence})
@@ -92,8 +92,8 @@ def reject_distillation(
         return row
     owner, status, _, _ = row
     conn.execute(
-        "UPDATE distillations SET status = 'rejected', needs_review = false, updated_at = now() WHERE id = %s",
-        (str(distillation_id),),
+        "UPDATE distillations SET status = 'rejected', needs_review = false, updated_at = now() WHERE id = %(distillation_id)s",
+        {"distillation_id": str(distillation_id)},
     )
     write_audit(conn, actor=actor, action="reject", target_type="distillation", target_id=distillation_id,
                 user_id=owner, detail={"previous_status": status})

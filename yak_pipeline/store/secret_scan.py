@@ -97,32 +97,33 @@ def rewrite_text(conn: psycopg.Connection, table: str, column: str, row_id: str,
             try:
                 with conn.transaction():
                     conn.execute(
-                        """UPDATE memories SET content = %s, content_sha256 = %s, embedding = NULL,
+                        """UPDATE memories SET content = %(text)s, content_sha256 = %(content_sha256)s, embedding = NULL,
                                   embedding_model = NULL, context_embedding = NULL, context_embedding_model = NULL
-                           WHERE id = %s""", (text, content_sha256(text), row_id))
+                           WHERE id = %(row_id)s""", {"text": text, "content_sha256": content_sha256(text), "row_id": row_id})
             except psycopg.errors.UniqueViolation:
                 # The redacted text equals another exchange of the same user: keep the old hash
                 # (a key for re-ingesting, not text) rather than refuse to remove the secret.
                 conn.execute(
-                    """UPDATE memories SET content = %s, embedding = NULL, embedding_model = NULL,
-                              context_embedding = NULL, context_embedding_model = NULL WHERE id = %s""",
-                    (text, row_id))
+                    """UPDATE memories SET content = %(text)s, embedding = NULL, embedding_model = NULL,
+                              context_embedding = NULL, context_embedding_model = NULL WHERE id = %(row_id)s""",
+                    {"text": text, "row_id": row_id})
         return
     if (table, column) in (("distillations", "content"), ("distillation_versions", "content")) and embedding is not None:
-        query = sql.SQL("UPDATE {tbl} SET content = %s, embedding = %s WHERE id = %s").format(tbl=sql.Identifier(table))
-        conn.execute(query, (text, np.asarray(embedding, dtype=np.float32), row_id))
+        query = sql.SQL("UPDATE {tbl} SET content = %(text)s, embedding = %(embedding)s WHERE id = %(row_id)s").format(
+            tbl=sql.Identifier(table))
+        conn.execute(query, {"text": text, "embedding": np.asarray(embedding, dtype=np.float32), "row_id": row_id})
         return
-    query = sql.SQL("UPDATE {tbl} SET {col} = %s WHERE id = %s").format(
+    query = sql.SQL("UPDATE {tbl} SET {col} = %(text)s WHERE id = %(row_id)s").format(
         tbl=sql.Identifier(table), col=sql.Identifier(column))
-    conn.execute(query, (text, row_id))
+    conn.execute(query, {"text": text, "row_id": row_id})
 
 
 def row_user(conn: psycopg.Connection, table: str, row_id: str) -> str | None:
     """The user a row belongs to (a version's: its distillation's), for the audit row."""
     if table == "distillation_versions":
         row = conn.execute("SELECT d.user_id FROM distillation_versions v JOIN distillations d ON d.id = v.distillation_id "
-                           "WHERE v.id = %s", (row_id,)).fetchone()
+                           "WHERE v.id = %(row_id)s", {"row_id": row_id}).fetchone()
     else:
-        row = conn.execute(sql.SQL("SELECT user_id FROM {tbl} WHERE id = %s").format(tbl=sql.Identifier(table)),
-                           (row_id,)).fetchone()
+        row = conn.execute(sql.SQL("SELECT user_id FROM {tbl} WHERE id = %(row_id)s").format(tbl=sql.Identifier(table)),
+                           {"row_id": row_id}).fetchone()
     return None if row is None else row[0]

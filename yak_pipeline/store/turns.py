@@ -77,10 +77,10 @@ def pending_turn_partitions(conn: psycopg.Connection) -> list[tuple[str, date, i
 def mark_turn(conn: psycopg.Connection, turn_id: UUID | str, *, status: str, error: str | None = None) -> None:
     """Record the outcome of evaluating a turn."""
     conn.execute(
-        """UPDATE turns SET status = %s, last_error = %s, attempts = attempts + 1,
-                  evaluated_at = CASE WHEN %s = 'evaluated' THEN now() ELSE evaluated_at END
-           WHERE id = %s""",
-        (status, None if error is None else error[:2000], status, str(turn_id)),
+        """UPDATE turns SET status = %(status)s, last_error = %(error)s, attempts = attempts + 1,
+                  evaluated_at = CASE WHEN %(status)s = 'evaluated' THEN now() ELSE evaluated_at END
+           WHERE id = %(turn_id)s""",
+        {"status": status, "error": None if error is None else error[:2000], "turn_id": str(turn_id)},
     )
 
 

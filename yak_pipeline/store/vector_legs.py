@@ -55,8 +55,9 @@ def set_beam(conn: psycopg.Connection, ef_search: int, *, iterative: bool = True
     4.5 per leg (the same 50 rows in each of 450 legs, docs/BENCHMARKS.md §2f). When filters
     leave it short, the exact scan stands in (:func:`vector_search`).
     """
-    conn.execute("SELECT set_config('hnsw.ef_search', %s, true), set_config('hnsw.iterative_scan', %s, true)",
-                 (str(max(min(ef_search, MAX_EF_SEARCH), 1)), "strict_order" if iterative else "off"))
+    conn.execute("SELECT set_config('hnsw.ef_search', %(ef_search)s, true), set_config('hnsw.iterative_scan', %(iterative_scan)s, true)",
+                 {"ef_search": str(max(min(ef_search, MAX_EF_SEARCH), 1)),
+                  "iterative_scan": "strict_order" if iterative else "off"})
 
 
 def beam_for(rows_wanted: int) -> int:
