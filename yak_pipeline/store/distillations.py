@@ -5,19 +5,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 import numpy as np
 import psycopg
 from psycopg import sql
-from psycopg.rows import dict_row
+from psycopg.rows import class_row, dict_row
 
 from yak_pipeline.core.dedup import Neighbour
 from yak_pipeline.core.gates import confidence_gate
 from yak_pipeline.core.types import MEMORY_TYPES, TIERS
 from yak_pipeline.store.audit import write_audit
-from yak_pipeline.store.rows import list_live_rows, live_row, uuid_array
+from yak_pipeline.store.rows import list_live_rows, live_row
 
 # The schema's CHECK on user_weight: (0, 10]. 1 is neutral; a pinned memory weighs more.
 MAX_USER_WEIGHT = 10.0
@@ -378,14 +378,23 @@ def contents_by_id(conn: psycopg.Connection, distillation_ids: Sequence[UUID | s
                              {"distillation_ids": [str(i) for i in distillation_ids]}).fetchall())
 
 
-def live_distillation_of(conn: psycopg.Connection, memory_id: UUID | str) -> tuple | None:
-    """A memory's live distillation (active or in review): ``(id, prompt_version, schema_version)``."""
-    return conn.execute(
-        """SELECT id, prompt_version, schema_version FROM distillations
-           WHERE memory_id = %(memory_id)s AND deleted_at IS NULL AND status IN ('active', 'review')
-           ORDER BY created_at LIMIT 1""",
-        {"memory_id": str(memory_id)},
-    ).fetchone()
+class LiveDistillation(NamedTuple):
+    """A memory's live distillation, as re-distilling it after a prompt change needs it."""
+
+    id: UUID
+    prompt_version: str
+    schema_version: int
+
+
+def live_distillation_of(conn: psycopg.Connection, memory_id: UUID | str) -> LiveDistillation | None:
+    """A memory's live distillation (active or in review), the oldest when there are more."""
+    with conn.cursor(row_factory=class_row(LiveDistillation)) as cur:
+        return cur.execute(
+            """SELECT id, prompt_version, schema_version FROM distillations
+               WHERE memory_id = %(memory_id)s AND deleted_at IS NULL AND status IN ('active', 'review')
+               ORDER BY created_at LIMIT 1""",
+            {"memory_id": str(memory_id)},
+        ).fetchone()
 
 
 def redistill(conn: psycopg.Connection, distillation_id: UUID | str, *, content: str, embedding: Sequence[float],
@@ -411,21 +420,6 @@ def redistill(conn: psycopg.Connection, distillation_id: UUID | str, *, content:
          "prompt_version": prompt_version, "schema_version": schema_version, "memory_type": memory_type,
          "event_on": event_on, "distillation_id": str(distillation_id)},
     )
-
-
-def recall_hit_rows(conn: psycopg.Connection, distillation_ids: Sequence[str]) -> dict[str, tuple]:
-    """What a recall hit shows, by id: ``(id, memory_id, content, confidence, occurred_at, in_conflict,
-    memory_type, event_on)``."""
-    rows = conn.execute(
-        """SELECT d.id, d.memory_id, d.content, d.confidence, m.occurred_at,
-                  EXISTS (SELECT 1 FROM conflicts c WHERE c.status = 'open'
-                            AND (c.distillation_a = d.id OR c.distillation_b = d.id)),
-                  d.memory_type, d.event_on
-           FROM distillations d JOIN memories m ON m.id = d.memory_id
-           WHERE d.id = ANY(%(distillation_ids)s::uuid[])""",
-        {"distillation_ids": uuid_array(distillation_ids)},
-    ).fetchall()
-    return {str(r[0]): r for r in rows}
 
 
 def status_counts(conn: psycopg.Connection) -> dict[str, int]:

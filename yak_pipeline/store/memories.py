@@ -5,21 +5,31 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 import numpy as np
 import psycopg
+from psycopg.rows import class_row
 
 from yak_pipeline.core.exchanges import content_sha256, normalise_exchange_text
 from yak_pipeline.core.secrets import SecretsPolicy, screen_secrets
 from yak_pipeline.core.types import MEMORY_SOURCES, validate_user_id
 from yak_pipeline.store.profile import write_fresh_profile_lines
-from yak_pipeline.store.rows import claim_pending_rows, list_live_rows, live_row
+from yak_pipeline.store.rows import PendingPartition, claim_pending_rows, list_live_rows, live_row
 from yak_pipeline.store.secret_redactions import record_redaction
 
-# What distilling a memory reads of it, under its lock (``store.locking.lock_live_row``).
-DISTIL_COLUMNS = ("id", "user_id", "content", "occurred_at", "attempts", "status")
+
+class MemoryToDistil(NamedTuple):
+    """What distilling a memory reads of it, under its lock (``store.locking.lock_live_row``)."""
+
+    id: UUID
+    user_id: str
+    content: str
+    occurred_at: datetime
+    attempts: int
+    status: str
+
 
 _MEMORY_COLUMNS = "id, user_id, content, occurred_at, created_at, source, source_ref, content_sha256, status, attempts, last_error"
 
@@ -188,18 +198,6 @@ def list_memories(
                           order_by="occurred_at DESC, id", limit=limit, offset=offset)
 
 
-def raw_hit_rows(conn: psycopg.Connection, memory_ids: Sequence[UUID | str]) -> dict[str, tuple]:
-    """What a raw recall hit (an exchange recalled as the user's words) shows, by id:
-    ``(id, content, occurred_at)`` of each live exchange."""
-    if not memory_ids:
-        return {}
-    rows = conn.execute(
-        "SELECT id::text, content, occurred_at FROM memories WHERE id = ANY(%(memory_ids)s::uuid[]) AND deleted_at IS NULL",
-        {"memory_ids": [str(i) for i in memory_ids]},
-    ).fetchall()
-    return {r[0]: r for r in rows}
-
-
 def user_has_memories(conn: psycopg.Connection, user_id: str) -> bool:
     """Whether ``user_id`` has any live memory: Yak has no user registry, a user is their memories."""
     row = conn.execute("SELECT EXISTS (SELECT 1 FROM memories WHERE user_id = %(user_id)s AND deleted_at IS NULL)",
@@ -256,8 +254,8 @@ def claim_pending_memories(
     return claim_pending_rows(conn, "memories", _MEMORY_COLUMNS, user_id=user_id, day=day, limit=limit)
 
 
-def pending_memory_partitions(conn: psycopg.Connection, *, drop_folder: bool | None = None) -> list[tuple[str, date, int, str]]:
-    """``(user_id, UTC day, count, signature)`` of partitions with memory work left, for the sensors and ``yak process``.
+def pending_memory_partitions(conn: psycopg.Connection, *, drop_folder: bool | None = None) -> list[PendingPartition]:
+    """The partitions with memory work left, for the sensors and ``yak process``.
 
     Work left is a pending memory, or an active distillation whose conflict or near-duplicate
     check never completed (a worker killed mid-partition, an LLM failure in those stages);
@@ -267,7 +265,8 @@ def pending_memory_partitions(conn: psycopg.Connection, *, drop_folder: bool | N
     It names the pending rows themselves: a creation time (to the second) did not tell a memory
     added just after a run from the one the run had finished.
     """
-    return conn.execute(
+    with conn.cursor(row_factory=class_row(PendingPartition)) as cur:
+        return cur.execute(
         """WITH pending AS (
                SELECT user_id, (occurred_at AT TIME ZONE 'UTC')::date AS day, count(*) AS n,
                       count(*) || '-' || left(md5(string_agg(id::text || ':' || attempts, ',' ORDER BY id)), 16) AS sig
@@ -284,12 +283,12 @@ def pending_memory_partitions(conn: psycopg.Connection, *, drop_folder: bool | N
                                  WHERE g.user_id = d.user_id AND g.day = (m.occurred_at AT TIME ZONE 'UTC')::date
                                    AND NOT g.passed)
                GROUP BY 1, 2)
-           SELECT user_id, day, coalesce(p.n, 0) + coalesce(u.n, 0),
-                  coalesce(p.sig, '0') || CASE WHEN u.n IS NULL THEN '' ELSE '-unchecked' || u.n END
+           SELECT user_id, day, coalesce(p.n, 0) + coalesce(u.n, 0) AS count,
+                  coalesce(p.sig, '0') || CASE WHEN u.n IS NULL THEN '' ELSE '-unchecked' || u.n END AS signature
            FROM pending p FULL JOIN unchecked u USING (user_id, day)
            ORDER BY 2, 1""",
         {"drop": drop_folder},
-    ).fetchall()
+        ).fetchall()
 
 
 def users_of_memories(conn: psycopg.Connection, memory_ids: Sequence[UUID | str]) -> list[str]:

@@ -9,12 +9,21 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from datetime import date
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
+
+
+class PendingPartition(NamedTuple):
+    """A partition (a user's UTC day) with work left, for the sensors and ``yak process``."""
+
+    user_id: str
+    day: date
+    count: int  # rows of work left
+    signature: str  # changes whenever the pending work does: a run key built from it is one per state
 
 
 def uuid_array(ids: Iterable[str | UUID]) -> str:

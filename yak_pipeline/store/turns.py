@@ -4,17 +4,27 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, date, datetime
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 import psycopg
+from psycopg.rows import class_row
 
 from yak_pipeline.core.secrets import redact_secrets
 from yak_pipeline.core.types import validate_user_id
-from yak_pipeline.store.rows import claim_pending_rows, live_row
+from yak_pipeline.store.rows import PendingPartition, claim_pending_rows, live_row
 
-# What evaluating a turn reads of it, under its lock (``store.locking.lock_live_row``).
-EVALUATE_COLUMNS = ("id", "user_id", "user_message", "assistant_message", "recalled_ids", "attempts")
+
+class TurnToEvaluate(NamedTuple):
+    """What evaluating a turn reads of it, under its lock (``store.locking.lock_live_row``)."""
+
+    id: UUID
+    user_id: str
+    user_message: str
+    assistant_message: str
+    recalled_ids: list[UUID]
+    attempts: int
+
 
 _COLUMNS = (
     "id, user_id, memory_id, user_message, assistant_message, recalled_ids, status, attempts, last_error, "
@@ -64,14 +74,16 @@ def claim_pending_turns(
     return claim_pending_rows(conn, "turns", _COLUMNS, user_id=user_id, day=day, limit=limit)
 
 
-def pending_turn_partitions(conn: psycopg.Connection) -> list[tuple[str, date, int, str]]:
-    """``(user_id, UTC day, count, signature)`` of pending turns, for the turns sensor (the
-    signature names the pending turns and their attempts, as ``pending_memory_partitions``' does)."""
-    return conn.execute(
-        """SELECT user_id, (occurred_at AT TIME ZONE 'UTC')::date, count(*),
-                  count(*) || '-' || left(md5(string_agg(id::text || ':' || attempts, ',' ORDER BY id)), 16)
-           FROM turns WHERE status = 'pending' AND deleted_at IS NULL GROUP BY 1, 2 ORDER BY 2, 1"""
-    ).fetchall()
+def pending_turn_partitions(conn: psycopg.Connection) -> list[PendingPartition]:
+    """The partitions with pending turns, for the turns sensor (the signature names the pending
+    turns and their attempts, as ``pending_memory_partitions``' does)."""
+    with conn.cursor(row_factory=class_row(PendingPartition)) as cur:
+        return cur.execute(
+            """SELECT user_id, (occurred_at AT TIME ZONE 'UTC')::date AS day, count(*) AS count,
+                      count(*) || '-' || left(md5(string_agg(id::text || ':' || attempts, ',' ORDER BY id)), 16)
+                        AS signature
+               FROM turns WHERE status = 'pending' AND deleted_at IS NULL GROUP BY 1, 2 ORDER BY 2, 1"""
+        ).fetchall()
 
 
 def mark_turn(conn: psycopg.Connection, turn_id: UUID | str, *, status: str, error: str | None = None) -> None:
