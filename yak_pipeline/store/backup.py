@@ -21,6 +21,8 @@ from typing import Final
 import psycopg
 from psycopg import sql
 
+from yak_pipeline.store.rows import one_value
+
 # In the order they are written and restored: every row after the rows it references.
 BACKUP_TABLES: Final[tuple[str, ...]] = (
     "memories", "distillations", "distillation_versions", "conflicts", "turns", "warmth_events", "api_keys")
@@ -94,7 +96,7 @@ def backup_rows(conn: psycopg.Connection, table: str, columns: Sequence[str], *,
     every = [name for (name,) in conn.execute(
         "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = %(table)s",
         {"table": table}).fetchall()]
-    row = sql.SQL("to_jsonb(t) - %(left_out)s::text[]")
+    row: sql.Composable = sql.SQL("to_jsonb(t) - %(left_out)s::text[]")
     if table == "distillations" and "superseded_by" in columns:
         row = sql.SQL("{} || jsonb_build_object('superseded_by', CASE WHEN {} THEN t.superseded_by END)").format(
             row, sql.SQL(_LIVE_DISTILLATION.format(ref="t.superseded_by")))
@@ -108,12 +110,13 @@ def backup_rows(conn: psycopg.Connection, table: str, columns: Sequence[str], *,
 
 def backup_size_estimate(conn: psycopg.Connection, user_id: str | None) -> int:
     """About how many rows a backup of ``user_id`` holds, for a progress bar (forgotten rows counted too)."""
-    return conn.execute(
+    return one_value(
+        conn,
         """SELECT (SELECT count(*) FROM memories WHERE %(u)s::text IS NULL OR user_id = %(u)s)
                 + (SELECT count(*) FROM distillations WHERE %(u)s::text IS NULL OR user_id = %(u)s)
                 + (SELECT count(*) FROM turns WHERE %(u)s::text IS NULL OR user_id = %(u)s)
                 + (SELECT count(*) FROM warmth_events WHERE %(u)s::text IS NULL OR user_id = %(u)s)""",
-        {"u": user_id}).fetchone()[0]
+        {"u": user_id}, int)
 
 
 def backup_users(conn: psycopg.Connection, user_id: str | None) -> list[str]:

@@ -17,7 +17,7 @@ from yak_pipeline.core.dedup import Neighbour
 from yak_pipeline.core.gates import confidence_gate
 from yak_pipeline.core.types import MEMORY_TYPES, TIERS
 from yak_pipeline.store.audit import write_audit
-from yak_pipeline.store.rows import list_live_rows, live_row
+from yak_pipeline.store.rows import list_live_rows, live_row, one_value
 
 # The schema's CHECK on user_weight: (0, 10]. 1 is neutral; a pinned memory weighs more.
 MAX_USER_WEIGHT = 10.0
@@ -70,7 +70,8 @@ def insert_distillation(conn: psycopg.Connection, new: NewDistillation, *, actor
         raise ValueError(f"unknown memory type {new.memory_type!r}")
     decision = confidence_gate(new.confidence)
     embedding = _vector(new.embedding)
-    distillation_id = conn.execute(
+    distillation_id = one_value(
+        conn,
         """INSERT INTO distillations (memory_id, user_id, content, confidence, tier, status, needs_review,
                                       embedding, embedding_model, prompt_version, schema_version, refreshed_at,
                                       memory_type, event_on)
@@ -82,7 +83,8 @@ def insert_distillation(conn: psycopg.Connection, new: NewDistillation, *, actor
          "needs_review": decision.needs_review, "embedding": embedding, "embedding_model": new.embedding_model,
          "prompt_version": new.prompt_version, "schema_version": new.schema_version,
          "refreshed_at": new.refreshed_at, "memory_type": new.memory_type, "event_on": new.event_on},
-    ).fetchone()[0]
+        UUID,
+    )
     _write_version(conn, distillation_id, user_id=new.user_id, content=new.content, vector=embedding,
                    embedding_model=new.embedding_model, prompt_version=new.prompt_version, reason="distilled",
                    actor=actor, action="distil",
@@ -113,7 +115,8 @@ def _write_version(
     Returns the new version number; ``detail`` defaults to the version, reason and sources.
     """
     merged = [str(m) for m in merged_from]
-    version = conn.execute(
+    version = one_value(
+        conn,
         """INSERT INTO distillation_versions (distillation_id, version, content, embedding, embedding_model,
                                               prompt_version, reason, merged_from)
            SELECT %(id)s, coalesce(max(version), 0) + 1, %(content)s, %(embedding)s, %(model)s,
@@ -122,7 +125,8 @@ def _write_version(
            RETURNING version""",
         {"id": str(distillation_id), "content": content, "embedding": vector, "model": embedding_model,
          "prompt": prompt_version, "reason": reason, "merged": merged},
-    ).fetchone()[0]
+        int,
+    )
     write_audit(conn, actor=actor, action=action, target_type="distillation", target_id=distillation_id,
                 user_id=user_id,
                 detail=detail if detail is not None else {"version": version, "reason": reason, "merged_from": merged})
@@ -406,8 +410,9 @@ def redistill(conn: psycopg.Connection, distillation_id: UUID | str, *, content:
     confidence gate is applied here as in ``insert_distillation``, and both consolidation checks
     start over for the new text.
     """
-    current = conn.execute("SELECT content FROM distillations WHERE id = %(distillation_id)s", {"distillation_id": str(distillation_id)}).fetchone()
-    if current[0] != content:
+    current = one_value(conn, "SELECT content FROM distillations WHERE id = %(distillation_id)s",
+                        {"distillation_id": str(distillation_id)}, str)
+    if current != content:
         add_version(conn, distillation_id, content=content, embedding=embedding, embedding_model=embedding_model,
                     reason="redistilled", prompt_version=prompt_version, refreshed_at=refreshed_at)
     decision = confidence_gate(confidence)

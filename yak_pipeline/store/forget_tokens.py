@@ -15,7 +15,9 @@ from typing import Final, NamedTuple
 from uuid import UUID
 
 import psycopg
-from psycopg.rows import class_row, scalar_row
+from psycopg.rows import class_row
+
+from yak_pipeline.store.rows import one_value
 
 DEFAULT_TTL: Final = timedelta(minutes=10)
 
@@ -47,13 +49,14 @@ def issue_forget_token(
         raise ValueError("a forget confirmation needs at least one memory id")
     conn.execute("DELETE FROM forget_confirmations WHERE expires_at <= now()")
     token = secrets.token_urlsafe(32)
-    with conn.cursor(row_factory=scalar_row) as cur:
-        expires_at = cur.execute(
-            """INSERT INTO forget_confirmations (token_hash, user_id, memory_ids, expires_at)
-               VALUES (%(token_hash)s, %(user_id)s, %(memory_ids)s::uuid[], now() + %(ttl)s) RETURNING expires_at""",
-            {"token_hash": _hash(token), "user_id": user_id, "memory_ids": sorted({str(m) for m in memory_ids}),
-             "ttl": ttl},
-        ).fetchone()
+    expires_at = one_value(
+        conn,
+        """INSERT INTO forget_confirmations (token_hash, user_id, memory_ids, expires_at)
+           VALUES (%(token_hash)s, %(user_id)s, %(memory_ids)s::uuid[], now() + %(ttl)s) RETURNING expires_at""",
+        {"token_hash": _hash(token), "user_id": user_id, "memory_ids": sorted({str(m) for m in memory_ids}),
+         "ttl": ttl},
+        datetime,
+    )
     return ForgetToken(token, expires_at)
 
 

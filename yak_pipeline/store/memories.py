@@ -16,7 +16,7 @@ from yak_pipeline.core.exchanges import content_sha256, normalise_exchange_text
 from yak_pipeline.core.secrets import SecretsPolicy, screen_secrets
 from yak_pipeline.core.types import MEMORY_SOURCES, validate_user_id
 from yak_pipeline.store.profile import write_fresh_profile_lines
-from yak_pipeline.store.rows import PendingPartition, claim_pending_rows, list_live_rows, live_row
+from yak_pipeline.store.rows import PendingPartition, claim_pending_rows, list_live_rows, live_row, one_value
 from yak_pipeline.store.secret_redactions import record_redaction
 
 
@@ -200,9 +200,8 @@ def list_memories(
 
 def user_has_memories(conn: psycopg.Connection, user_id: str) -> bool:
     """Whether ``user_id`` has any live memory: Yak has no user registry, a user is their memories."""
-    row = conn.execute("SELECT EXISTS (SELECT 1 FROM memories WHERE user_id = %(user_id)s AND deleted_at IS NULL)",
-                       {"user_id": user_id}).fetchone()
-    return bool(row[0])
+    return one_value(conn, "SELECT EXISTS (SELECT 1 FROM memories WHERE user_id = %(user_id)s AND deleted_at IS NULL)",
+                     {"user_id": user_id}, bool)
 
 
 def days_with_data(conn: psycopg.Connection, *, user_id: str | None = None, since: date | None = None,
@@ -283,7 +282,7 @@ def pending_memory_partitions(conn: psycopg.Connection, *, drop_folder: bool | N
                                  WHERE g.user_id = d.user_id AND g.day = (m.occurred_at AT TIME ZONE 'UTC')::date
                                    AND NOT g.passed)
                GROUP BY 1, 2)
-           SELECT user_id, day, coalesce(p.n, 0) + coalesce(u.n, 0) AS count,
+           SELECT user_id, day, coalesce(p.n, 0) + coalesce(u.n, 0) AS rows,
                   coalesce(p.sig, '0') || CASE WHEN u.n IS NULL THEN '' ELSE '-unchecked' || u.n END AS signature
            FROM pending p FULL JOIN unchecked u USING (user_id, day)
            ORDER BY 2, 1""",
@@ -357,7 +356,7 @@ def rebuild_exchange_context(conn: psycopg.Connection, *, user_id: str | None = 
     The trigger keeps contexts right write by write; this is the repair for rows written with
     the trigger disabled (a bulk load) or by an older version.
     """
-    return int(conn.execute("SELECT yak_rebuild_exchange_context(%(user_id)s)", {"user_id": user_id}).fetchone()[0])
+    return one_value(conn, "SELECT yak_rebuild_exchange_context(%(user_id)s)", {"user_id": user_id}, int)
 
 
 def partition_memory_stats(conn: psycopg.Connection, *, user_id: str, day: date) -> dict[str, Any]:

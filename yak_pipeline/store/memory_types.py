@@ -58,7 +58,7 @@ def set_memory_type(conn: psycopg.Connection, distillation_id: UUID | str, *, me
     if row is None:
         return None
     owner, before_type, before_day, distilled, exchange, occurred_at = row
-    kind: MemoryType = memory_type  # type: ignore[assignment]  # checked against MEMORY_TYPES above
+    kind: MemoryType = memory_type  # checked against MEMORY_TYPES above
     # An event keeps the day it has (a person's type change does not move it); else it is read again.
     after = typed(kind, users_words(exchange)[0], occurred_at.date(), distilled=distilled)
     event_on = before_day if kind == "event" and before_type == "event" and before_day else after.event_on

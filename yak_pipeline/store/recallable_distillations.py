@@ -90,10 +90,10 @@ def source_memories(conn: psycopg.Connection, *, distillation_ids: Iterable[str]
                FROM held h
                JOIN distillation_versions v ON v.distillation_id = h.distillation_id AND v.deleted_at IS NULL
                CROSS JOIN LATERAL unnest(v.merged_from) AS merged(id)
-               WHERE h.depth < %(_MAX_MERGE_HOPS)s
+               WHERE h.depth < %(max_hops)s
            )
            SELECT h.root, d.memory_id FROM held h JOIN distillations d ON d.id = h.distillation_id""",
-        {"wanted": wanted, "_MAX_MERGE_HOPS": _MAX_MERGE_HOPS},
+        {"wanted": wanted, "max_hops": _MAX_MERGE_HOPS},
     ).fetchall()
     result: dict[str, set[str]] = {d: set() for d in wanted}
     for root, memory_id in rows:

@@ -19,6 +19,7 @@ import psycopg
 from psycopg import sql
 
 from yak_pipeline.store.audit import write_audit
+from yak_pipeline.store.rows import one_value
 
 # pg_attribute.attstorage codes and their names in ALTER TABLE … SET STORAGE.
 _STORAGE = {"p": "PLAIN", "e": "EXTERNAL", "m": "MAIN", "x": "EXTENDED"}
@@ -123,8 +124,8 @@ def change_embedding_dimension(conn: psycopg.Connection, *, dimensions: int, mod
         conn.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(sql.Identifier(table), sql.Identifier(name)))
     for table, column in columns:
         # A new type resets the column's storage to the type's default; keep what sql/012 chose.
-        storage = conn.execute("SELECT attstorage FROM pg_attribute WHERE attrelid = %(table)s::regclass AND attname = %(column)s",
-                               {"table": table, "column": column}).fetchone()[0]
+        storage = one_value(conn, "SELECT attstorage FROM pg_attribute WHERE attrelid = %(table)s::regclass"
+                            " AND attname = %(column)s", {"table": table, "column": column}, str)
         conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN {} TYPE vector({}) USING NULL").format(
             sql.Identifier(table), sql.Identifier(column), sql.Literal(int(dimensions))))
         conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET STORAGE {}").format(

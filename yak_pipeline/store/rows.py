@@ -9,12 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from datetime import date
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 from uuid import UUID
 
 import psycopg
 from psycopg import sql
-from psycopg.rows import dict_row
+from psycopg.abc import Params, QueryNoTemplate
+from psycopg.rows import BaseRowFactory, RowMaker, dict_row, scalar_row
+
+if TYPE_CHECKING:  # the cursor type psycopg.rows names its factories' argument by (not exported)
+    from psycopg._cursor_base import BaseCursor
+
+T = TypeVar("T")
+RowT = TypeVar("RowT", bound=NamedTuple)
 
 
 class PendingPartition(NamedTuple):
@@ -22,7 +29,7 @@ class PendingPartition(NamedTuple):
 
     user_id: str
     day: date
-    count: int  # rows of work left
+    rows: int  # rows of work left
     signature: str  # changes whenever the pending work does: a run key built from it is one per state
 
 
@@ -34,6 +41,31 @@ def uuid_array(ids: Iterable[str | UUID]) -> str:
     uuid needs no quoting; anything that is not one fails the cast.
     """
     return "{" + ",".join(map(str, ids)) + "}"
+
+
+def tuple_row_of(row_type: type[RowT]) -> BaseRowFactory[RowT]:
+    """A row factory building each row as ``row_type`` (a NamedTuple) by position, once the
+    statement's column names are checked to be its fields.
+
+    For the queries every recall runs: the check is once per statement, and a row costs one
+    ``_make`` more than a plain tuple, where ``class_row`` builds a dict of keyword arguments first.
+    """
+    def maker(cursor: BaseCursor[Any, Any]) -> RowMaker[RowT]:
+        names = tuple(column.name for column in cursor.description or ())
+        if names and names != row_type._fields:
+            raise TypeError(f"{row_type.__name__} reads columns {row_type._fields}, the statement returns {names}")
+        return row_type._make
+    return maker
+
+
+def one_value(conn: psycopg.Connection, query: QueryNoTemplate, params: Params | None, value_type: type[T]) -> T:
+    """The value of a statement that always returns one row of one column (an aggregate, an
+    ``EXISTS``, the ``RETURNING`` of an insert that cannot be skipped), checked to be a ``value_type``."""
+    with conn.cursor(row_factory=scalar_row) as cur:
+        value = cur.execute(query, params).fetchone()
+    if not isinstance(value, value_type):
+        raise TypeError(f"expected one {value_type.__name__}, the statement returned {value!r}")
+    return value
 
 
 def live_row(conn: psycopg.Connection, table: str, columns: str, row_id: UUID | str, *,

@@ -15,6 +15,7 @@ import psycopg
 from psycopg import sql
 
 from yak_pipeline.core.exchanges import content_sha256
+from yak_pipeline.store.rows import one_value
 
 # (table, column): the text a person wrote or said, or that was made from it.
 USER_TEXT_COLUMNS: Final[tuple[tuple[str, str], ...]] = (
@@ -81,7 +82,7 @@ def count_rows(conn: psycopg.Connection, table: str, column: str) -> int:
     """How many rows of ``table`` have a non-empty ``column`` (the progress total)."""
     query = sql.SQL("SELECT count(*) FROM {tbl} WHERE {col} IS NOT NULL AND {col} <> ''").format(
         col=sql.Identifier(column), tbl=sql.Identifier(table))
-    return int(conn.execute(query).fetchone()[0])
+    return one_value(conn, query, None, int)
 
 
 def rewrite_text(conn: psycopg.Connection, table: str, column: str, row_id: str, text: str,

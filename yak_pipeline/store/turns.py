@@ -12,7 +12,7 @@ from psycopg.rows import class_row
 
 from yak_pipeline.core.secrets import redact_secrets
 from yak_pipeline.core.types import validate_user_id
-from yak_pipeline.store.rows import PendingPartition, claim_pending_rows, live_row
+from yak_pipeline.store.rows import PendingPartition, claim_pending_rows, live_row, one_value
 
 
 class TurnToEvaluate(NamedTuple):
@@ -50,7 +50,8 @@ def insert_turn(
     user_message, assistant_message = redact_secrets(user_message).text, redact_secrets(assistant_message).text
     ids = [str(i) for i in recalled_ids]
     # Scope the recalled ids to the user in SQL so a turn can never touch another user's warmth.
-    row = conn.execute(
+    return one_value(
+        conn,
         """INSERT INTO turns (user_id, memory_id, user_message, assistant_message, recalled_ids, occurred_at)
            SELECT %(user)s, %(memory)s, %(um)s, %(am)s,
                   coalesce(array_agg(d.id ORDER BY d.id), '{}'), %(at)s
@@ -58,8 +59,8 @@ def insert_turn(
            RETURNING id""",
         {"user": user_id, "memory": None if memory_id is None else str(memory_id), "um": user_message,
          "am": assistant_message, "ids": ids, "at": occurred_at or datetime.now(UTC)},
-    ).fetchone()
-    return row[0]
+        UUID,
+    )
 
 
 def get_turn(conn: psycopg.Connection, turn_id: UUID | str, *, user_id: str | None = None) -> dict[str, Any] | None:
@@ -79,7 +80,7 @@ def pending_turn_partitions(conn: psycopg.Connection) -> list[PendingPartition]:
     turns and their attempts, as ``pending_memory_partitions``' does)."""
     with conn.cursor(row_factory=class_row(PendingPartition)) as cur:
         return cur.execute(
-            """SELECT user_id, (occurred_at AT TIME ZONE 'UTC')::date AS day, count(*) AS count,
+            """SELECT user_id, (occurred_at AT TIME ZONE 'UTC')::date AS day, count(*) AS rows,
                       count(*) || '-' || left(md5(string_agg(id::text || ':' || attempts, ',' ORDER BY id)), 16)
                         AS signature
                FROM turns WHERE status = 'pending' AND deleted_at IS NULL GROUP BY 1, 2 ORDER BY 2, 1"""

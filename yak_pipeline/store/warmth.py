@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 from uuid import UUID
 
 import psycopg
@@ -133,7 +134,7 @@ def undo_turn_warmth(conn: psycopg.Connection, *, user_id: str, memory_ids: Sequ
     return changed
 
 
-def warmth_history(conn: psycopg.Connection, distillation_id: UUID | str, *, limit: int = 50) -> list[dict]:
+def warmth_history(conn: psycopg.Connection, distillation_id: UUID | str, *, limit: int = 50) -> list[dict[str, Any]]:
     """A distillation's latest warmth events, newest first."""
     rows = conn.execute(
         """SELECT id, turn_id, relevance_score, delta, warmth_before, warmth_after, reason, evaluator, created_at
