@@ -4,6 +4,7 @@ type (audited with before and after)."""
 from __future__ import annotations
 
 from datetime import date
+from typing import NamedTuple
 from uuid import UUID
 
 import psycopg
@@ -41,10 +42,17 @@ def type_distillations(conn: psycopg.Connection, *, user_id: str | None = None, 
         last = rows[-1][0]
 
 
+class TypeBefore(NamedTuple):
+    """A distillation's type and event day before a person changed them."""
+
+    memory_type: str
+    event_on: date | None
+
+
 def set_memory_type(conn: psycopg.Connection, distillation_id: UUID | str, *, memory_type: str,
-                    user_id: str | None = None, actor: str = "system") -> tuple[str, date | None] | None:
+                    user_id: str | None = None, actor: str = "system") -> TypeBefore | None:
     """A person's type for a distillation; an event is dated from its exchange's words (against when
-    they were said), any other type has no day. Returns the previous ``(type, event_on)``, or None
+    they were said), any other type has no day. Returns the previous type and day, or None
     when there is no such live distillation (for ``user_id``). A type outside
     :data:`~yak_pipeline.core.types.MEMORY_TYPES` is a ``ValueError`` here, before any write."""
     if memory_type not in MEMORY_TYPES:
@@ -63,11 +71,11 @@ def set_memory_type(conn: psycopg.Connection, distillation_id: UUID | str, *, me
     after = typed(kind, users_words(exchange)[0], occurred_at.date(), distilled=distilled)
     event_on = before_day if kind == "event" and before_type == "event" and before_day else after.event_on
     if (before_type, before_day) == (kind, event_on):
-        return before_type, before_day  # nothing changes: no write, no audit row
+        return TypeBefore(before_type, before_day)  # nothing changes: no write, no audit row
     conn.execute("UPDATE distillations SET memory_type = %(kind)s, event_on = %(event_on)s, updated_at = now() WHERE id = %(distillation_id)s",
                  {"kind": kind, "event_on": event_on, "distillation_id": str(distillation_id)})
     write_audit(conn, actor=actor, action="type", target_type="distillation", target_id=distillation_id,
                 user_id=owner, detail={"before": before_type, "after": kind,
                                        "event_on_before": None if before_day is None else before_day.isoformat(),
                                        "event_on_after": None if event_on is None else event_on.isoformat()})
-    return before_type, before_day
+    return TypeBefore(before_type, before_day)

@@ -2,7 +2,7 @@
 standing, or an exchange's own words (a raw hit).
 
 These run on every recall (``services.recall_hits``): one round trip per kind, the rows built
-straight into their typed shape by psycopg (``class_row``), nothing more per row.
+straight into their typed shape (``rows.tuple_row_of``), nothing more per row.
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ from typing import NamedTuple
 from uuid import UUID
 
 import psycopg
-from psycopg.rows import class_row
 
-from yak_pipeline.store.rows import uuid_array
+from yak_pipeline.store.rows import tuple_row_of, uuid_array
 
 
 class DistilledHitRow(NamedTuple):
@@ -41,7 +40,7 @@ class RawHitRow(NamedTuple):
 
 def recall_hit_rows(conn: psycopg.Connection, distillation_ids: Sequence[str]) -> dict[str, DistilledHitRow]:
     """What each recalled distillation shows, by id (as text)."""
-    with conn.cursor(row_factory=class_row(DistilledHitRow)) as cur:
+    with conn.cursor(row_factory=tuple_row_of(DistilledHitRow)) as cur:
         rows = cur.execute(
             """SELECT d.id, d.memory_id, d.content, d.confidence, m.occurred_at,
                       EXISTS (SELECT 1 FROM conflicts c WHERE c.status = 'open'
@@ -58,7 +57,7 @@ def raw_hit_rows(conn: psycopg.Connection, memory_ids: Sequence[UUID | str]) -> 
     """What each recalled exchange shows, by id (as text); a forgotten one is left out."""
     if not memory_ids:
         return {}
-    with conn.cursor(row_factory=class_row(RawHitRow)) as cur:
+    with conn.cursor(row_factory=tuple_row_of(RawHitRow)) as cur:
         rows = cur.execute(
             """SELECT id::text AS id, content, occurred_at FROM memories
                WHERE id = ANY(%(memory_ids)s::uuid[]) AND deleted_at IS NULL""",

@@ -8,14 +8,14 @@ live schema, so a column added later must be placed in one of them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
+from typing import Final, NamedTuple
 
 import numpy as np
 import psycopg
 from psycopg import sql
 
 from yak_pipeline.core.exchanges import content_sha256
-from yak_pipeline.store.rows import one_value
+from yak_pipeline.store.rows import one_value, tuple_row_of
 
 # (table, column): the text a person wrote or said, or that was made from it.
 USER_TEXT_COLUMNS: Final[tuple[tuple[str, str], ...]] = (
@@ -69,13 +69,21 @@ def schema_text_columns(conn: psycopg.Connection) -> set[tuple[str, str]]:
     return {(r[0], r[1]) for r in rows}
 
 
+class TextRow(NamedTuple):
+    """A row's id and the text of the column being scanned."""
+
+    id: str
+    text: str
+
+
 def text_batch(conn: psycopg.Connection, table: str, column: str, *, after: str | None,
-               limit: int) -> list[tuple[str, str]]:
-    """``(id, text)`` of up to ``limit`` rows of ``table`` with a non-empty ``column``, by id after ``after``."""
-    query = sql.SQL("SELECT id::text, {col} FROM {tbl} WHERE {col} IS NOT NULL AND {col} <> '' "
+               limit: int) -> list[TextRow]:
+    """Up to ``limit`` rows of ``table`` with a non-empty ``column``, by id after ``after``."""
+    query = sql.SQL("SELECT id::text AS id, {col} AS text FROM {tbl} WHERE {col} IS NOT NULL AND {col} <> '' "
                     "AND (%(after)s::text IS NULL OR id::text > %(after)s) ORDER BY id::text LIMIT %(limit)s").format(
         col=sql.Identifier(column), tbl=sql.Identifier(table))
-    return [(r[0], r[1]) for r in conn.execute(query, {"after": after, "limit": limit}).fetchall()]
+    with conn.cursor(row_factory=tuple_row_of(TextRow)) as cur:
+        return cur.execute(query, {"after": after, "limit": limit}).fetchall()
 
 
 def count_rows(conn: psycopg.Connection, table: str, column: str) -> int:

@@ -181,7 +181,7 @@ def change_type(user_id: str, distillation_id: UUID, visitor: SignedIn, services
                              actor=visitor.caller.actor)
     if before is None:
         raise PageError(404, f"distillation {distillation_id} not found")
-    visitor.session.flash = _change_note("type", before[0], memory_type)
+    visitor.session.flash = _change_note("type", before.memory_type, memory_type)
     return redirect(user_url(user_id, "d", distillation_id))
 
 
