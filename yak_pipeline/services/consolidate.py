@@ -33,6 +33,7 @@ from yak_pipeline.llm.provider import LLMProvider
 from yak_pipeline.services.reports import StageReport
 from yak_pipeline.store.conflicts import conflicting_ids, record_conflict
 from yak_pipeline.store.consolidation_checks import (
+    MergeTarget,
     lock_merge_target,
     lock_unchecked,
     mark_checked,
@@ -101,7 +102,8 @@ def score_conflicts(job: ConsolidateJob, *, user_id: str, day: date | None) -> S
         with _claim(job, distillation_id, "conflict_checked_at", report) as claimed:
             if claimed is None:
                 continue
-            conn, (_, owner, content, embedding, model, _, _) = claimed
+            conn, row = claimed
+            owner, content, embedding, model = row.user_id, row.content, row.embedding, row.embedding_model
             neighbours = nearest_active(conn, user_id=owner, embedding=embedding, embedding_model=model,
                                         limit=CONFLICT_CHECK_TOP_K, exclude_id=distillation_id)
             candidates = conflict_candidates(distillation_id, owner, neighbours)
@@ -132,12 +134,12 @@ def score_conflicts(job: ConsolidateJob, *, user_id: str, day: date | None) -> S
 class _Pair:
     """A merge about to happen: which distillation is older and which newer, with their current text."""
 
-    older: tuple  # (id, content, created_at, refreshed_at)
-    newer: tuple
+    older: MergeTarget
+    newer: MergeTarget
 
     def inputs(self) -> tuple[str, str, str, str]:
         """What the consolidation depends on: both ids and both texts."""
-        return (str(self.older[0]), self.older[1], str(self.newer[0]), self.newer[1])
+        return (str(self.older.id), self.older.content, str(self.newer.id), self.newer.content)
 
 
 @dataclass
@@ -161,7 +163,7 @@ def _merge_pair(conn, distillation_id: str, row, *, lock: bool) -> tuple[bool, _
     ``found`` says whether there is a near-duplicate at all; ``pair`` is None when there is none
     or when the target is locked by another worker (``lock``) or no longer active.
     """
-    _, owner, content, embedding, model, created_at, refreshed_at = row
+    owner, embedding, model = row.user_id, row.embedding, row.embedding_model
     neighbours = nearest_active(conn, user_id=owner, embedding=embedding, embedding_model=model,
                                 limit=NEAR_DUPLICATE_TOP_K, exclude_id=distillation_id)
     near = select_near_duplicates(distillation_id, owner, neighbours, conflicting_ids(conn, distillation_id))
@@ -171,8 +173,8 @@ def _merge_pair(conn, distillation_id: str, row, *, lock: bool) -> tuple[bool, _
     other = lock_merge_target(conn, target.id, lock=lock)
     if other is None:
         return True, None
-    mine = (distillation_id, content, created_at, refreshed_at)
-    older, newer = sorted([mine, tuple(other)], key=lambda r: (r[2], str(r[0])))
+    mine = MergeTarget(distillation_id, row.content, row.created_at, row.refreshed_at)
+    older, newer = sorted([mine, other], key=lambda r: (r.created_at, str(r.id)))
     return True, _Pair(older=older, newer=newer)
 
 
@@ -193,7 +195,7 @@ def _look_ahead(job: ConsolidateJob, ids: list[str], report: StageReport) -> tup
             row = lock_unchecked(conn, distillation_id, "dedup_checked_at", lock=False)
             pair = None if row is None else _merge_pair(conn, distillation_id, row, lock=False)[1]
             if pair is not None:
-                ids_of_pair = {str(pair.older[0]), str(pair.newer[0])}
+                ids_of_pair = {str(pair.older.id), str(pair.newer.id)}
                 if covered and ids_of_pair & involved:
                     break
                 involved |= ids_of_pair
@@ -203,7 +205,7 @@ def _look_ahead(job: ConsolidateJob, ids: list[str], report: StageReport) -> tup
     def consolidate(pair: _Pair) -> _Foresight:
         foresight = _Foresight(inputs=pair.inputs())
         try:
-            foresight.merged = job.llm.consolidate(pair.older[1], pair.newer[1])
+            foresight.merged = job.llm.consolidate(pair.older.content, pair.newer.content)
         except LLMError as exc:
             foresight.error = exc
         return foresight
@@ -271,7 +273,7 @@ def _merge_one(job: ConsolidateJob, distillation_id: str, foresight: _Foresight 
                     raise foresight.error
                 merged = foresight.merged
                 if merged is None:
-                    merged = job.llm.consolidate(older[1], newer[1])
+                    merged = job.llm.consolidate(older.content, newer.content)
                     report.record_call(merged.stats)
                 vector = foresight.vector
                 if vector is None:
@@ -279,13 +281,13 @@ def _merge_one(job: ConsolidateJob, distillation_id: str, foresight: _Foresight 
             except (LLMError, EmbeddingError) as exc:
                 _count_failure(conn, report, distillation_id, exc, "consolidation_failed")
                 return
-            add_version(conn, older[0], content=merged.content, embedding=vector,
-                        embedding_model=job.embedder.model_name, reason="merged", merged_from=[newer[0]],
-                        refreshed_at=max(older[3], newer[3]))
-            set_distillation_status(conn, newer[0], status="merged", action="merge")
-            mark_checked(conn, [older[0], newer[0]], "dedup_checked_at")
+            add_version(conn, older.id, content=merged.content, embedding=vector,
+                        embedding_model=job.embedder.model_name, reason="merged", merged_from=[newer.id],
+                        refreshed_at=max(older.refreshed_at, newer.refreshed_at))
+            set_distillation_status(conn, newer.id, status="merged", action="merge")
+            mark_checked(conn, [older.id, newer.id], "dedup_checked_at")
             report.flagged += 1
-            report.ids.append(str(older[0]))
+            report.ids.append(str(older.id))
         else:
             mark_checked(conn, [distillation_id], "dedup_checked_at")
         report.rows_out += 1

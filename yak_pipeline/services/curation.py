@@ -9,7 +9,6 @@ change leaves a version and an audit row.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import date
 from typing import Any, Literal
 from uuid import UUID
 
@@ -21,6 +20,7 @@ from yak_pipeline.store import distillations as distillations_store
 from yak_pipeline.store import review as review_store
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.distillations import MAX_USER_WEIGHT, add_version, get_distillation, set_distillation_status
+from yak_pipeline.store.memory_types import TypeBefore
 from yak_pipeline.store.memory_types import set_memory_type as store_set_memory_type
 from yak_pipeline.store.reembed import replace_embedding
 from yak_pipeline.store.review import ReviewOutcome
@@ -141,7 +141,7 @@ def set_tier(db: Database, distillation_id: UUID | str, *, tier: str, user_id: s
 
 
 def set_memory_type(db: Database, distillation_id: UUID | str, *, memory_type: str, user_id: str | None,
-                    actor: str) -> tuple[str, date | None] | None:
+                    actor: str) -> TypeBefore | None:
     """A person's type for a distillation (audited, before and after; an event dated from its
     exchange); the previous ``(type, event_on)``, or None when not found (``ValueError`` for a type
     that does not exist)."""

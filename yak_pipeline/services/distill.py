@@ -30,7 +30,7 @@ from yak_pipeline.store.database import Database
 from yak_pipeline.store.distillations import NewDistillation, insert_distillation, live_distillation_of, redistill
 from yak_pipeline.store.locking import lock_live_row
 from yak_pipeline.store.memories import (
-    DISTIL_COLUMNS,
+    MemoryToDistil,
     context_to_embed,
     mark_memory_distilled,
     memories_to_distill,
@@ -72,14 +72,15 @@ def _distill_one(job: DistillJob, memory_id: str) -> StageReport:
     report = StageReport(rows_in=1)
     started = time.monotonic()
     with job.db.connection() as conn:
-        row = lock_live_row(conn, "memories", memory_id, DISTIL_COLUMNS)
+        row = lock_live_row(conn, "memories", memory_id, MemoryToDistil)
         if row is None:
             report.skipped += 1  # another worker has it, or it was forgotten meanwhile
             return report
-        _, user_id, content, occurred_at, attempts, status = row
+        user_id, content, occurred_at, attempts, status = (row.user_id, row.content, row.occurred_at, row.attempts,
+                                                           row.status)
         existing = live_distillation_of(conn, memory_id)
-        if status != "pending" and (existing is None or
-                                    (existing[1] == job.prompt_version and existing[2] == OUTPUT_SCHEMA_VERSION)):
+        if status != "pending" and (existing is None or (existing.prompt_version == job.prompt_version
+                                                         and existing.schema_version == OUTPUT_SCHEMA_VERSION)):
             report.skipped += 1  # done by someone else since it was listed
             return report
         try:
@@ -123,7 +124,7 @@ def _distill_one(job: DistillJob, memory_id: str) -> StageReport:
             ))
         else:
             # Re-distillation after a prompt change: a new version, the old text kept in history.
-            distillation_id = existing[0]
+            distillation_id = existing.id
             redistill(conn, distillation_id, content=result.content, embedding=embedding,
                       embedding_model=job.embedder.model_name, confidence=result.confidence, tier=result.tier,
                       prompt_version=job.prompt_version, schema_version=OUTPUT_SCHEMA_VERSION,

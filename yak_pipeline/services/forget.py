@@ -74,7 +74,7 @@ def confirm_forget(db: Database, *, user_id: str, token: str, actor: str, soft: 
         redeemed = redeem_forget_token(conn, token, user_id=user_id)
         if redeemed is None:
             return ForgetOutcome("not_found")
-        _, memory_ids = redeemed
+        memory_ids = redeemed.memory_ids
         report = forget_memories(conn, user_id=user_id, memory_ids=memory_ids, actor=actor, soft=soft)
     return ForgetOutcome("deleted", deleted_memory_ids=report.memory_ids,
                          deleted_distillation_ids=report.distillation_ids,

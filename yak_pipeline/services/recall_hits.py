@@ -15,8 +15,7 @@ import psycopg
 from yak_pipeline.core.exchanges import users_words
 from yak_pipeline.core.recall import RankedMemory
 from yak_pipeline.llm.rules.words import STOP_WORDS, words_of
-from yak_pipeline.store.distillations import recall_hit_rows
-from yak_pipeline.store.memories import raw_hit_rows
+from yak_pipeline.store.recall_hit_rows import raw_hit_rows, recall_hit_rows
 
 
 @dataclass(frozen=True)
@@ -94,13 +93,14 @@ def recall_hits(conn: psycopg.Connection, ranked: Sequence[RankedMemory], *, que
     hits = []
     for r in ranked:
         if r.kind == "raw" and r.id in raw:
-            said, reply = users_words(raw[r.id][1])
+            said, reply = users_words(raw[r.id].content)
             hits.append(RecallHit(ranked=r, memory_id=r.id, content=said, confidence=None,
-                                  occurred_at=raw[r.id][2], in_conflict=False, reply=reply,
+                                  occurred_at=raw[r.id].occurred_at, in_conflict=False, reply=reply,
                                   why=_why(r, query, said, now) if now is not None else ()))
         elif r.kind == "distilled" and r.id in distilled:
             row = distilled[r.id]
-            hits.append(RecallHit(ranked=r, memory_id=str(row[1]), content=row[2], confidence=row[3],
-                                  occurred_at=row[4], in_conflict=bool(row[5]), memory_type=row[6], event_on=row[7],
-                                  why=_why(r, query, row[2], now) if now is not None else ()))
+            hits.append(RecallHit(ranked=r, memory_id=str(row.memory_id), content=row.content,
+                                  confidence=row.confidence, occurred_at=row.occurred_at,
+                                  in_conflict=bool(row.in_conflict), memory_type=row.memory_type,
+                                  event_on=row.event_on, why=_why(r, query, row.content, now) if now is not None else ()))
     return hits

@@ -62,7 +62,7 @@ def scan_secrets(db: Database, embedder: Embedder | None, *, dry_run: bool = Fal
                 batch = text_batch(conn, table, column, after=after, limit=batch_size)
                 if not batch:
                     break
-                after = batch[-1][0]
+                after = batch[-1].id
                 found = [(row_id, redact_secrets(text)) for row_id, text in batch]
                 found = [(row_id, r) for row_id, r in found if r.count]
                 vectors = (embedder.embed_documents([r.text for _, r in found])

@@ -36,7 +36,7 @@ from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.distillations import get_distillation
 from yak_pipeline.store.locking import lock_live_row
-from yak_pipeline.store.turns import EVALUATE_COLUMNS, mark_turn, turn_ids
+from yak_pipeline.store.turns import TurnToEvaluate, mark_turn, turn_ids
 from yak_pipeline.store.warmth import (
     WarmthUpdate,
     apply_relevance,
@@ -134,11 +134,12 @@ def evaluate_turn(job: WarmthJob, turn_id: str, *, reason: str) -> StageReport:
     """Evaluate every recalled memory of one turn that has no warmth event for it yet."""
     report = StageReport(rows_in=1)
     with job.db.connection() as conn:
-        turn = lock_live_row(conn, "turns", turn_id, EVALUATE_COLUMNS)
+        turn = lock_live_row(conn, "turns", turn_id, TurnToEvaluate)
         if turn is None:
             report.skipped += 1
             return report
-        _, user_id, user_message, assistant_message, recalled, attempts = turn
+        user_id, user_message, assistant_message = turn.user_id, turn.user_message, turn.assistant_message
+        recalled, attempts = turn.recalled_ids, turn.attempts
         done = evaluated_distillations(conn, turn_id)
         context = format_exchange(user_message, assistant_message)
         try:

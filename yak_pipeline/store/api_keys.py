@@ -15,6 +15,7 @@ from typing import Final
 from uuid import UUID
 
 import psycopg
+from psycopg.rows import class_row, scalar_row
 
 from yak_pipeline.core.types import validate_user_id
 from yak_pipeline.store.audit import write_audit
@@ -63,12 +64,14 @@ def create_api_key(
     if user_id is not None:
         validate_user_id(user_id)
     text = new_api_key_text()
-    row = conn.execute(
-        f"INSERT INTO api_keys (key_hash, prefix, user_id, label, read_only) VALUES (%s, %s, %s, %s, %s) "
-        f"RETURNING {_COLUMNS}",
-        (hash_api_key(text), text[:_DISPLAY_CHARS], user_id, label, read_only),
-    ).fetchone()
-    record = ApiKey(*row)
+    with conn.cursor(row_factory=class_row(ApiKey)) as cur:
+        record = cur.execute(
+            f"INSERT INTO api_keys (key_hash, prefix, user_id, label, read_only)"
+            f" VALUES (%(key_hash)s, %(prefix)s, %(user_id)s, %(label)s, %(read_only)s) RETURNING {_COLUMNS}",
+            {"key_hash": hash_api_key(text), "prefix": text[:_DISPLAY_CHARS], "user_id": user_id, "label": label,
+             "read_only": read_only},
+        ).fetchone()
+    assert record is not None, "INSERT ... RETURNING returns its row"
     write_audit(conn, actor=actor, action="key_create", target_type="api_key", target_id=record.id,
                 user_id=user_id, detail={"admin": record.is_admin, "prefix": record.prefix, "read_only": read_only})
     return record, text
@@ -77,39 +80,44 @@ def create_api_key(
 def find_api_key(conn: psycopg.Connection, key: str) -> ApiKey | None:
     """The live (unrevoked) key matching ``key``, or None."""
     digest = hash_api_key(key)
-    row = conn.execute(
-        f"SELECT {_COLUMNS} FROM api_keys WHERE key_hash = %s AND revoked_at IS NULL", (digest,)
-    ).fetchone()
+    with conn.cursor(row_factory=class_row(ApiKey)) as cur:
+        record = cur.execute(
+            f"SELECT {_COLUMNS} FROM api_keys WHERE key_hash = %(digest)s AND revoked_at IS NULL", {"digest": digest}
+        ).fetchone()
     # The index lookup already matched; comparing again in constant time costs nothing and keeps
     # the check independent of how the database compares text.
-    if row is None or not hmac.compare_digest(row[1], digest):
+    if record is None or not hmac.compare_digest(record.key_hash, digest):
         return None
-    return ApiKey(*row)
+    return record
 
 
 def list_api_keys(conn: psycopg.Connection, *, include_revoked: bool = False) -> list[ApiKey]:
     """Every key, newest first (revoked ones only when asked)."""
-    rows = conn.execute(
-        f"""SELECT {_COLUMNS} FROM api_keys WHERE (%s OR revoked_at IS NULL) ORDER BY created_at DESC, id""",
-        (include_revoked,),
-    ).fetchall()
-    return [ApiKey(*r) for r in rows]
+    with conn.cursor(row_factory=class_row(ApiKey)) as cur:
+        return cur.execute(
+            f"""SELECT {_COLUMNS} FROM api_keys WHERE (%(include_revoked)s OR revoked_at IS NULL)
+                ORDER BY created_at DESC, id""",
+            {"include_revoked": include_revoked},
+        ).fetchall()
 
 
 def revoke_api_key(conn: psycopg.Connection, key_id: UUID | str, *, actor: str = "system") -> bool:
     """Revoke a key; False when no live key has that id."""
-    row = conn.execute(
-        "UPDATE api_keys SET revoked_at = now() WHERE id = %s AND revoked_at IS NULL RETURNING user_id",
-        (str(key_id),),
-    ).fetchone()
-    if row is None:
-        return False
-    write_audit(conn, actor=actor, action="key_revoke", target_type="api_key", target_id=key_id, user_id=row[0])
+    with conn.cursor(row_factory=scalar_row) as cur:
+        revoked = cur.execute(
+            "UPDATE api_keys SET revoked_at = now() WHERE id = %(key_id)s AND revoked_at IS NULL RETURNING user_id",
+            {"key_id": str(key_id)},
+        ).fetchone()
+        # An admin key's user is NULL: whether a row came back, not its value, says it was revoked.
+        if cur.rowcount == 0:
+            return False
+    write_audit(conn, actor=actor, action="key_revoke", target_type="api_key", target_id=key_id, user_id=revoked)
     return True
 
 
 def has_admin_key(conn: psycopg.Connection) -> bool:
     """Whether any live admin key is stored."""
-    return conn.execute(
-        "SELECT EXISTS (SELECT 1 FROM api_keys WHERE user_id IS NULL AND revoked_at IS NULL)"
-    ).fetchone()[0]
+    with conn.cursor(row_factory=scalar_row) as cur:
+        return bool(cur.execute(
+            "SELECT EXISTS (SELECT 1 FROM api_keys WHERE user_id IS NULL AND revoked_at IS NULL)"
+        ).fetchone())

@@ -21,8 +21,9 @@ def write_audit(
     """Append one audit row in the caller's transaction, so it commits with the change it records."""
     conn.execute(
         """INSERT INTO audit_log (user_id, actor, action, target_type, target_id, detail)
-           VALUES (%s, %s, %s, %s, %s, %s)""",
-        (user_id, actor, action, target_type, None if target_id is None else str(target_id), Jsonb(detail or {})),
+           VALUES (%(user_id)s, %(actor)s, %(action)s, %(target_type)s, %(target_id)s, %(detail)s)""",
+        {"user_id": user_id, "actor": actor, "action": action, "target_type": target_type,
+         "target_id": None if target_id is None else str(target_id), "detail": Jsonb(detail or {})},
     )
 
 

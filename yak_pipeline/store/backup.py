@@ -21,6 +21,8 @@ from typing import Final
 import psycopg
 from psycopg import sql
 
+from yak_pipeline.store.rows import one_value
+
 # In the order they are written and restored: every row after the rows it references.
 BACKUP_TABLES: Final[tuple[str, ...]] = (
     "memories", "distillations", "distillation_versions", "conflicts", "turns", "warmth_events", "api_keys")
@@ -74,10 +76,10 @@ def backup_columns(conn: psycopg.Connection, table: str) -> list[str]:
     """The columns of ``table`` a backup holds: those the database does not compute, minus the left-out ones."""
     rows = conn.execute(
         """SELECT column_name FROM information_schema.columns
-           WHERE table_schema = current_schema() AND table_name = %s
+           WHERE table_schema = current_schema() AND table_name = %(table)s
              AND is_generated = 'NEVER' AND coalesce(identity_generation, '') <> 'ALWAYS'
            ORDER BY ordinal_position""",
-        (table,),
+        {"table": table},
     ).fetchall()
     left_out = _LEFT_OUT.get(table, frozenset())
     return [name for (name,) in rows if name not in left_out]
@@ -92,9 +94,9 @@ def backup_rows(conn: psycopg.Connection, table: str, columns: Sequence[str], *,
     """
     where, order = _SELECTIONS[table]
     every = [name for (name,) in conn.execute(
-        "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = %s",
-        (table,)).fetchall()]
-    row = sql.SQL("to_jsonb(t) - %(left_out)s::text[]")
+        "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() AND table_name = %(table)s",
+        {"table": table}).fetchall()]
+    row: sql.Composable = sql.SQL("to_jsonb(t) - %(left_out)s::text[]")
     if table == "distillations" and "superseded_by" in columns:
         row = sql.SQL("{} || jsonb_build_object('superseded_by', CASE WHEN {} THEN t.superseded_by END)").format(
             row, sql.SQL(_LIVE_DISTILLATION.format(ref="t.superseded_by")))
@@ -108,12 +110,13 @@ def backup_rows(conn: psycopg.Connection, table: str, columns: Sequence[str], *,
 
 def backup_size_estimate(conn: psycopg.Connection, user_id: str | None) -> int:
     """About how many rows a backup of ``user_id`` holds, for a progress bar (forgotten rows counted too)."""
-    return conn.execute(
+    return one_value(
+        conn,
         """SELECT (SELECT count(*) FROM memories WHERE %(u)s::text IS NULL OR user_id = %(u)s)
                 + (SELECT count(*) FROM distillations WHERE %(u)s::text IS NULL OR user_id = %(u)s)
                 + (SELECT count(*) FROM turns WHERE %(u)s::text IS NULL OR user_id = %(u)s)
                 + (SELECT count(*) FROM warmth_events WHERE %(u)s::text IS NULL OR user_id = %(u)s)""",
-        {"u": user_id}).fetchone()[0]
+        {"u": user_id}, int)
 
 
 def backup_users(conn: psycopg.Connection, user_id: str | None) -> list[str]:
@@ -125,8 +128,8 @@ def backup_users(conn: psycopg.Connection, user_id: str | None) -> list[str]:
 
 def existing_ids(conn: psycopg.Connection, table: str, ids: Sequence[str]) -> list[str]:
     """Which of ``ids`` ``table`` already holds (at most five, to name in a message)."""
-    rows = conn.execute(sql.SQL("SELECT id::text FROM {} WHERE id = ANY(%s::uuid[]) ORDER BY id LIMIT 5").format(
-        sql.Identifier(table)), (list(ids),)).fetchall()
+    rows = conn.execute(sql.SQL("SELECT id::text FROM {} WHERE id = ANY(%(ids)s::uuid[]) ORDER BY id LIMIT 5").format(
+        sql.Identifier(table)), {"ids": list(ids)}).fetchall()
     return [r[0] for r in rows]
 
 
@@ -134,10 +137,10 @@ def existing_exchanges(conn: psycopg.Connection, users: Sequence[str], digests: 
     """Users who already hold one of these exchanges (``(user, content_sha256)`` pairs), under any id."""
     rows = conn.execute(
         """SELECT DISTINCT m.user_id FROM memories m
-           JOIN unnest(%s::text[], %s::text[]) AS b(user_id, digest)
+           JOIN unnest(%(users)s::text[], %(digests)s::text[]) AS b(user_id, digest)
              ON m.user_id = b.user_id AND m.content_sha256 = b.digest
            ORDER BY 1 LIMIT 5""",
-        (list(users), list(digests)),
+        {"users": list(users), "digests": list(digests)},
     ).fetchall()
     return [r[0] for r in rows]
 
@@ -158,17 +161,17 @@ def insert_backup_rows(conn: psycopg.Connection, table: str, columns: Sequence[s
     deferred = [c for c in DEFERRED_COLUMNS.get(table, ()) if c in columns]
     written = [c for c in columns if c not in deferred]
     names = sql.SQL(", ").join(map(sql.Identifier, written))
-    statement = sql.SQL("INSERT INTO {table} ({names}) SELECT {names} FROM jsonb_populate_record(NULL::{table}, %s::jsonb)"
+    statement = sql.SQL("INSERT INTO {table} ({names}) SELECT {names} FROM jsonb_populate_record(NULL::{table}, %(row)s::jsonb)"
                         ).format(table=sql.Identifier(table), names=names)
     with conn.cursor() as cursor:
-        cursor.executemany(statement, [(row,) for row in rows])
+        cursor.executemany(statement, [{"row": row} for row in rows])
         if deferred:
             picked = sql.SQL(", ").join(sql.SQL("{name}, r -> {name}").format(name=sql.Literal(c)) for c in deferred)
             cursor.executemany(
                 sql.SQL("INSERT INTO yak_restore_deferred (tbl, id, cols) SELECT {tbl}, (r ->> 'id')::uuid, "
-                        "jsonb_build_object({picked}) FROM (SELECT %s::jsonb AS r) x").format(
+                        "jsonb_build_object({picked}) FROM (SELECT %(row)s::jsonb AS r) x").format(
                     tbl=sql.Literal(table), picked=picked),
-                [(row,) for row in rows])
+                [{"row": row} for row in rows])
 
 
 def finish_restore(conn: psycopg.Connection) -> None:

@@ -20,6 +20,7 @@ from typing import Final, Literal
 import psycopg
 
 from yak_pipeline.store.recall_legs import LEG_WHERE, LegHit
+from yak_pipeline.store.rows import one_value
 
 # Okapi BM25's usual constants (Robertson & Zaragoza); not tuned to any data set.
 BM25_K1: Final[float] = 1.2
@@ -147,4 +148,4 @@ def fold_bm25_statistics(conn: psycopg.Connection) -> int:
     A reader's BM25 is the same folded or not; folded, it sums one row per word instead of one per
     write that touched it.
     """
-    return int(conn.execute("SELECT yak_bm25_fold_statistics()").fetchone()[0])
+    return one_value(conn, "SELECT yak_bm25_fold_statistics()", None, int)

@@ -6,7 +6,7 @@ from typing import Any, Literal
 from uuid import UUID
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, scalar_row
 
 from yak_pipeline.store.audit import write_audit
 from yak_pipeline.store.distillations import flag_for_review, mark_superseded_by_newer, set_distillation_status
@@ -27,18 +27,19 @@ def record_conflict(
     first, second = sorted((str(a), str(b)))
     if first == second:
         raise ValueError("a distillation cannot conflict with itself")
-    row = conn.execute(
-        """INSERT INTO conflicts (user_id, distillation_a, distillation_b, score) VALUES (%s, %s, %s, %s)
-           ON CONFLICT (distillation_a, distillation_b) DO NOTHING RETURNING id""",
-        (user_id, first, second, score),
-    ).fetchone()
-    if row is None:
+    with conn.cursor(row_factory=scalar_row) as cur:
+        conflict_id: UUID | None = cur.execute(
+            """INSERT INTO conflicts (user_id, distillation_a, distillation_b, score) VALUES (%(user_id)s, %(first)s, %(second)s, %(score)s)
+               ON CONFLICT (distillation_a, distillation_b) DO NOTHING RETURNING id""",
+            {"user_id": user_id, "first": first, "second": second, "score": score},
+        ).fetchone()
+    if conflict_id is None:
         return None
     flag_for_review(conn, [first, second])
     mark_superseded_by_newer(conn, first, second, actor=actor, user_id=user_id)
-    write_audit(conn, actor=actor, action="conflict", target_type="conflict", target_id=row[0], user_id=user_id,
+    write_audit(conn, actor=actor, action="conflict", target_type="conflict", target_id=conflict_id, user_id=user_id,
                 detail={"a": first, "b": second, "score": score})
-    return row[0]
+    return conflict_id
 
 
 def conflicting_ids(conn: psycopg.Connection, distillation_id: UUID | str) -> set[str]:

@@ -7,7 +7,8 @@ ones of a partition, lock one at a time, and mark it checked (``services.consoli
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import date
+from datetime import date, datetime
+from typing import Any, NamedTuple
 from uuid import UUID
 
 import psycopg
@@ -17,8 +18,26 @@ from yak_pipeline.store.locking import lock_live_row
 # The consolidation stages' "checked once" markers (sql/001): which stage has seen a distillation.
 CHECK_COLUMNS = ("conflict_checked_at", "dedup_checked_at")
 
-# What the consolidation stages read of the distillation they check.
-_CHECKED_ROW = ("id", "user_id", "content", "embedding", "embedding_model", "created_at", "refreshed_at")
+
+class CheckedDistillation(NamedTuple):
+    """What the consolidation stages read of the distillation they check."""
+
+    id: UUID
+    user_id: str
+    content: str
+    embedding: Any  # a numpy vector (pgvector's loader), None before it is embedded
+    embedding_model: str | None
+    created_at: datetime
+    refreshed_at: datetime
+
+
+class MergeTarget(NamedTuple):
+    """A side of a near-duplicate merge: which distillation, its text, and its times."""
+
+    id: UUID | str
+    content: str
+    created_at: datetime
+    refreshed_at: datetime
 
 
 def _check_column(column: str) -> str:
@@ -45,25 +64,24 @@ def unchecked_distillations(conn: psycopg.Connection, *, user_id: str, day: date
 
 
 def lock_unchecked(conn: psycopg.Connection, distillation_id: UUID | str, column: str, *,
-                   lock: bool = True) -> tuple | None:
+                   lock: bool = True) -> CheckedDistillation | None:
     """Lock an active distillation still unchecked by ``column``; None when gone, held or done.
 
-    The row is ``(id, user_id, content, embedding, embedding_model, created_at, refreshed_at)``;
     ``lock=False`` only reads it (the merge stage's look-ahead).
     """
-    return lock_live_row(conn, "distillations", distillation_id, _CHECKED_ROW, where={"status": "active"},
+    return lock_live_row(conn, "distillations", distillation_id, CheckedDistillation, where={"status": "active"},
                          unset=(_check_column(column),), lock=lock)
 
 
-def lock_merge_target(conn: psycopg.Connection, distillation_id: UUID | str, *, lock: bool) -> tuple | None:
-    """An active distillation about to absorb or be absorbed: ``(id, content, created_at, refreshed_at)``."""
-    return lock_live_row(conn, "distillations", distillation_id, ("id", "content", "created_at", "refreshed_at"),
+def lock_merge_target(conn: psycopg.Connection, distillation_id: UUID | str, *, lock: bool) -> MergeTarget | None:
+    """An active distillation about to absorb or be absorbed."""
+    return lock_live_row(conn, "distillations", distillation_id, MergeTarget,
                          where={"status": "active"}, lock=lock)
 
 
 def mark_checked(conn: psycopg.Connection, distillation_ids: Sequence[UUID | str], column: str) -> None:
     """Record that a consolidation stage has checked these distillations (``column`` = now)."""
     conn.execute(
-        f"UPDATE distillations SET {_check_column(column)} = now() WHERE id = ANY(%s::uuid[])",  # noqa: S608
-        ([str(i) for i in distillation_ids],),
+        f"UPDATE distillations SET {_check_column(column)} = now() WHERE id = ANY(%(ids)s::uuid[])",  # noqa: S608
+        {"ids": [str(i) for i in distillation_ids]},
     )

@@ -50,7 +50,7 @@ def with_database(url: str, dbname: str) -> str:
         return urlunsplit((parts.scheme, parts.netloc, "/" + dbname, parts.query, parts.fragment))
     info = psycopg.conninfo.conninfo_to_dict(url)
     info["dbname"] = dbname
-    return psycopg.conninfo.make_conninfo(**info)
+    return psycopg.conninfo.make_conninfo("", **info)
 
 
 def dagster_storage_url(url: str) -> str:

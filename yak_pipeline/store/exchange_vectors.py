@@ -47,7 +47,8 @@ def set_exchange_embeddings(conn: psycopg.Connection, *, embedding_model: str,
     column = "context_embedding" if context else "embedding"
     with conn.cursor() as cur:
         cur.executemany(
-            f"UPDATE memories SET {column} = %s, {column}_model = %s WHERE id = %s",  # noqa: S608 - fixed names
-            [(np.asarray(v, dtype=np.float32), embedding_model, memory_id) for memory_id, v in vectors.items()],
+            f"UPDATE memories SET {column} = %(vector)s, {column}_model = %(model)s WHERE id = %(id)s",  # noqa: S608 - fixed names
+            [{"vector": np.asarray(v, dtype=np.float32), "model": embedding_model, "id": memory_id}
+             for memory_id, v in vectors.items()],
         )
     return len(vectors)

@@ -86,8 +86,8 @@ def _reactivate(conn: psycopg.Connection, distillation_ids: set[str]) -> None:
     if distillation_ids:
         conn.execute(
             """UPDATE distillations SET status = 'active', updated_at = now()
-               WHERE id = ANY(%s::uuid[]) AND status = 'merged' AND deleted_at IS NULL""",
-            (sorted(distillation_ids),),
+               WHERE id = ANY(%(distillation_ids)s::uuid[]) AND status = 'merged' AND deleted_at IS NULL""",
+            {"distillation_ids": sorted(distillation_ids)},
         )
 
 
@@ -123,22 +123,22 @@ def _restore_before(
     report: ForgetReport,
 ) -> None:
     """Drop a distillation's versions from ``first_tainted`` on and go back to the latest one left."""
-    conn.execute("SELECT 1 FROM distillations WHERE id = %s FOR UPDATE", (distillation_id,))
+    conn.execute("SELECT 1 FROM distillations WHERE id = %(distillation_id)s FOR UPDATE", {"distillation_id": distillation_id})
     # Later versions were consolidated from a tainted text, so they carry it too.
     removed = conn.execute(
         """SELECT version, merged_from FROM distillation_versions
-           WHERE distillation_id = %s AND version >= %s AND deleted_at IS NULL""",
-        (distillation_id, first_tainted),
+           WHERE distillation_id = %(distillation_id)s AND version >= %(first_tainted)s AND deleted_at IS NULL""",
+        {"distillation_id": distillation_id, "first_tainted": first_tainted},
     ).fetchall()
     if soft:
         conn.execute(
-            "UPDATE distillation_versions SET deleted_at = now() WHERE distillation_id = %s AND version >= %s",
-            (distillation_id, first_tainted),
+            "UPDATE distillation_versions SET deleted_at = now() WHERE distillation_id = %(distillation_id)s AND version >= %(first_tainted)s",
+            {"distillation_id": distillation_id, "first_tainted": first_tainted},
         )
     else:
         conn.execute(
-            "DELETE FROM distillation_versions WHERE distillation_id = %s AND version >= %s",
-            (distillation_id, first_tainted),
+            "DELETE FROM distillation_versions WHERE distillation_id = %(distillation_id)s AND version >= %(first_tainted)s",
+            {"distillation_id": distillation_id, "first_tainted": first_tainted},
         )
     report.versions_removed += len(removed)
     _reactivate(conn, {str(m) for _, merged in removed for m in merged} - forgotten)
@@ -169,16 +169,16 @@ def forget_memories(
     """
     report = ForgetReport(soft=soft)
     locked = conn.execute(
-        """SELECT id FROM memories WHERE id = ANY(%s::uuid[]) AND user_id = %s AND deleted_at IS NULL
+        """SELECT id FROM memories WHERE id = ANY(%(memory_ids)s::uuid[]) AND user_id = %(user_id)s AND deleted_at IS NULL
            ORDER BY id FOR UPDATE""",
-        ([str(i) for i in memory_ids], user_id),
+        {"memory_ids": [str(i) for i in memory_ids], "user_id": user_id},
     ).fetchall()
     report.memory_ids = [str(r[0]) for r in locked]
     if not report.memory_ids:
         return report
     per_memory = conn.execute(
-        """SELECT memory_id, array_agg(id) FROM distillations WHERE memory_id = ANY(%s::uuid[]) GROUP BY memory_id""",
-        (report.memory_ids,),
+        """SELECT memory_id, array_agg(id) FROM distillations WHERE memory_id = ANY(%(memory_ids)s::uuid[]) GROUP BY memory_id""",
+        {"memory_ids": report.memory_ids},
     ).fetchall()
     by_memory = {str(m): [str(d) for d in ds] for m, ds in per_memory}
     report.distillation_ids = sorted(d for ds in by_memory.values() for d in ds)
@@ -187,8 +187,8 @@ def forget_memories(
         _purge_merged_versions(conn, user_id, report.distillation_ids, soft, report)
         # Facts merged *into* a forgotten distillation were not forgotten: they become active again.
         absorbed = conn.execute(
-            "SELECT DISTINCT unnest(merged_from) FROM distillation_versions WHERE distillation_id = ANY(%s::uuid[])",
-            (report.distillation_ids,),
+            "SELECT DISTINCT unnest(merged_from) FROM distillation_versions WHERE distillation_id = ANY(%(distillation_ids)s::uuid[])",
+            {"distillation_ids": report.distillation_ids},
         ).fetchall()
         _reactivate(conn, {str(r[0]) for r in absorbed} - set(report.distillation_ids))
         conn.execute(
@@ -199,18 +199,18 @@ def forget_memories(
     report.warmth_undone = undo_turn_warmth(conn, user_id=user_id, memory_ids=report.memory_ids,
                                             keep_out=report.distillation_ids, actor=actor)
     if soft:
-        conn.execute("UPDATE memories SET deleted_at = now() WHERE id = ANY(%s::uuid[])", (report.memory_ids,))
+        conn.execute("UPDATE memories SET deleted_at = now() WHERE id = ANY(%(memory_ids)s::uuid[])", {"memory_ids": report.memory_ids})
         conn.execute(
-            "UPDATE distillations SET deleted_at = now() WHERE memory_id = ANY(%s::uuid[])",
-            (report.memory_ids,),
+            "UPDATE distillations SET deleted_at = now() WHERE memory_id = ANY(%(memory_ids)s::uuid[])",
+            {"memory_ids": report.memory_ids},
         )
         conn.execute(
-            "UPDATE distillation_versions SET deleted_at = now() WHERE distillation_id = ANY(%s::uuid[])",
-            (report.distillation_ids,),
+            "UPDATE distillation_versions SET deleted_at = now() WHERE distillation_id = ANY(%(distillation_ids)s::uuid[])",
+            {"distillation_ids": report.distillation_ids},
         )
-        conn.execute("UPDATE turns SET deleted_at = now() WHERE memory_id = ANY(%s::uuid[])", (report.memory_ids,))
+        conn.execute("UPDATE turns SET deleted_at = now() WHERE memory_id = ANY(%(memory_ids)s::uuid[])", {"memory_ids": report.memory_ids})
     else:
-        conn.execute("DELETE FROM memories WHERE id = ANY(%s::uuid[])", (report.memory_ids,))
+        conn.execute("DELETE FROM memories WHERE id = ANY(%(memory_ids)s::uuid[])", {"memory_ids": report.memory_ids})
     for memory_id in report.memory_ids:
         write_audit(conn, actor=actor, action="forget", target_type="memory", target_id=memory_id, user_id=user_id,
                     detail={"distillations": len(by_memory.get(memory_id, [])), "soft": soft,

@@ -11,10 +11,13 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Final
+from typing import Final, NamedTuple
 from uuid import UUID
 
 import psycopg
+from psycopg.rows import class_row
+
+from yak_pipeline.store.rows import one_value
 
 DEFAULT_TTL: Final = timedelta(minutes=10)
 
@@ -25,6 +28,13 @@ class ForgetToken:
 
     token: str
     expires_at: datetime
+
+
+class RedeemedToken(NamedTuple):
+    """A used-up token: whose memories it confirmed forgetting, and which."""
+
+    user_id: str
+    memory_ids: list[str]  # as text, as the forget that follows takes them
 
 
 def _hash(token: str) -> str:
@@ -39,23 +49,24 @@ def issue_forget_token(
         raise ValueError("a forget confirmation needs at least one memory id")
     conn.execute("DELETE FROM forget_confirmations WHERE expires_at <= now()")
     token = secrets.token_urlsafe(32)
-    expires_at = conn.execute(
+    expires_at = one_value(
+        conn,
         """INSERT INTO forget_confirmations (token_hash, user_id, memory_ids, expires_at)
-           VALUES (%s, %s, %s::uuid[], now() + %s) RETURNING expires_at""",
-        (_hash(token), user_id, sorted({str(m) for m in memory_ids}), ttl),
-    ).fetchone()[0]
+           VALUES (%(token_hash)s, %(user_id)s, %(memory_ids)s::uuid[], now() + %(ttl)s) RETURNING expires_at""",
+        {"token_hash": _hash(token), "user_id": user_id, "memory_ids": sorted({str(m) for m in memory_ids}),
+         "ttl": ttl},
+        datetime,
+    )
     return ForgetToken(token, expires_at)
 
 
-def redeem_forget_token(conn: psycopg.Connection, token: str, *, user_id: str | None) -> tuple[str, list[str]] | None:
-    """Use up a live token; returns ``(user_id, memory ids)``, or None when it is unknown, expired,
-    already used or (with ``user_id``) another user's."""
-    row = conn.execute(
-        """DELETE FROM forget_confirmations
-           WHERE token_hash = %(hash)s AND expires_at > now() AND (%(user)s::text IS NULL OR user_id = %(user)s)
-           RETURNING user_id, memory_ids""",
-        {"hash": _hash(token), "user": user_id},
-    ).fetchone()
-    if row is None:
-        return None
-    return row[0], [str(m) for m in row[1]]
+def redeem_forget_token(conn: psycopg.Connection, token: str, *, user_id: str | None) -> RedeemedToken | None:
+    """Use up a live token; None when it is unknown, expired, already used or (with ``user_id``)
+    another user's."""
+    with conn.cursor(row_factory=class_row(RedeemedToken)) as cur:
+        return cur.execute(
+            """DELETE FROM forget_confirmations
+               WHERE token_hash = %(hash)s AND expires_at > now() AND (%(user)s::text IS NULL OR user_id = %(user)s)
+               RETURNING user_id, memory_ids::text[] AS memory_ids""",
+            {"hash": _hash(token), "user": user_id},
+        ).fetchone()

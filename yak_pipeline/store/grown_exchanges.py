@@ -38,9 +38,9 @@ def memories_by_ref(conn: psycopg.Connection, user_id: str, refs: Sequence[str])
         return {}
     rows = conn.execute(
         """SELECT split_part(source_ref, '#', -1), id, content_sha256, deleted_at IS NOT NULL
-             FROM memories WHERE user_id = %s AND split_part(source_ref, '#', -1) = ANY(%s)
+             FROM memories WHERE user_id = %(user_id)s AND split_part(source_ref, '#', -1) = ANY(%(refs)s)
             ORDER BY created_at""",
-        (user_id, list(refs)),
+        {"user_id": user_id, "refs": list(refs)},
     ).fetchall()
     return {ref: StoredByRef(memory_id, digest, forgotten) for ref, memory_id, digest, forgotten in rows}
 
@@ -53,20 +53,20 @@ def grow_exchange(conn: psycopg.Connection, memory_id: UUID, *, user_id: str, co
     screened = screen_secrets(normalise_exchange_text(content), secrets)
     text = screened.text
     digest = content_sha256(text)
-    before = conn.execute("SELECT content FROM memories WHERE id = %s AND user_id = %s AND deleted_at IS NULL",
-                          (memory_id, user_id)).fetchone()
+    before = conn.execute("SELECT content FROM memories WHERE id = %(memory_id)s AND user_id = %(user_id)s AND deleted_at IS NULL",
+                          {"memory_id": memory_id, "user_id": user_id}).fetchone()
     if before is None:
         return False
-    taken = conn.execute("SELECT 1 FROM memories WHERE user_id = %s AND content_sha256 = %s AND id <> %s",
-                         (user_id, digest, memory_id)).fetchone()
+    taken = conn.execute("SELECT 1 FROM memories WHERE user_id = %(user_id)s AND content_sha256 = %(digest)s AND id <> %(memory_id)s",
+                         {"user_id": user_id, "digest": digest, "memory_id": memory_id}).fetchone()
     if taken is not None:
         return False
     conn.execute(
-        """UPDATE memories SET content = %s, content_sha256 = %s, status = 'pending', attempts = 0,
+        """UPDATE memories SET content = %(text)s, content_sha256 = %(digest)s, status = 'pending', attempts = 0,
                   last_error = NULL, embedding = NULL, embedding_model = NULL,
                   context_embedding = NULL, context_embedding_model = NULL
-            WHERE id = %s""",
-        (text, digest, memory_id),
+            WHERE id = %(memory_id)s""",
+        {"text": text, "digest": digest, "memory_id": memory_id},
     )
     write_audit(conn, actor=actor, action="grow", target_type="memory", target_id=memory_id, user_id=user_id,
                 detail={"previous_content": before[0], "previous_sha256": content_sha256(before[0])})

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
-from typing import Final, Generic, TypeVar
+from typing import Final, Generic, TypeVar, cast
 
 import psycopg
 
@@ -68,17 +68,17 @@ class _Legs(Generic[T]):
                                    and (self._error is not None or self._taken == len(self._legs)))
         if self._error is not None:
             raise self._error
-        return self._results  # type: ignore[return-value] - every slot is filled when none failed
+        return cast(list[T], self._results)  # every slot is filled when none failed
 
 
-def _help(legs: _Legs, spare: Spare) -> None:
+def _help(legs: _Legs[T], spare: Spare) -> None:
     """A helper thread: borrow the spare connection, run legs on it, give it back."""
     with nullcontext(spare) if isinstance(spare, psycopg.Connection) else spare() as conn:
         if conn is not None:
             legs.run_on(conn)
 
 
-def _log_helper_failure(done: Future) -> None:
+def _log_helper_failure(done: Future[None]) -> None:
     """Log a helper thread that failed outside its legs (a leg's own error is the recall's)."""
     # A helper's legs report their own errors; what is left is borrowing or giving back its
     # connection (the pool replaces a broken one), which no recall waits for.

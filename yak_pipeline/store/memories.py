@@ -5,21 +5,31 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 import numpy as np
 import psycopg
+from psycopg.rows import class_row
 
 from yak_pipeline.core.exchanges import content_sha256, normalise_exchange_text
 from yak_pipeline.core.secrets import SecretsPolicy, screen_secrets
 from yak_pipeline.core.types import MEMORY_SOURCES, validate_user_id
 from yak_pipeline.store.profile import write_fresh_profile_lines
-from yak_pipeline.store.rows import claim_pending_rows, list_live_rows, live_row
+from yak_pipeline.store.rows import PendingPartition, claim_pending_rows, list_live_rows, live_row, one_value
 from yak_pipeline.store.secret_redactions import record_redaction
 
-# What distilling a memory reads of it, under its lock (``store.locking.lock_live_row``).
-DISTIL_COLUMNS = ("id", "user_id", "content", "occurred_at", "attempts", "status")
+
+class MemoryToDistil(NamedTuple):
+    """What distilling a memory reads of it, under its lock (``store.locking.lock_live_row``)."""
+
+    id: UUID
+    user_id: str
+    content: str
+    occurred_at: datetime
+    attempts: int
+    status: str
+
 
 _MEMORY_COLUMNS = "id, user_id, content, occurred_at, created_at, source, source_ref, content_sha256, status, attempts, last_error"
 
@@ -84,10 +94,10 @@ def _record_stored(conn: psycopg.Connection, stored: Sequence[tuple[UUID, NewExc
     # One statement for all their audit rows (write_audit's row, each).
     conn.execute(
         """INSERT INTO audit_log (user_id, actor, action, target_type, target_id, detail)
-           SELECT user_id, %s, 'ingest', 'memory', target_id, jsonb_build_object('source', source)
-             FROM unnest(%s::text[], %s::text[], %s::text[]) AS t(user_id, target_id, source)""",
-        (actor, [new.user_id for _, new in stored], [str(memory_id) for memory_id, _ in stored],
-         [new.source for _, new in stored]))
+           SELECT user_id, %(actor)s, 'ingest', 'memory', target_id, jsonb_build_object('source', source)
+             FROM unnest(%(user_ids)s::text[], %(memory_ids)s::text[], %(sources)s::text[]) AS t(user_id, target_id, source)""",
+        {"actor": actor, "user_ids": [new.user_id for _, new in stored],
+         "memory_ids": [str(memory_id) for memory_id, _ in stored], "sources": [new.source for _, new in stored]})
     for memory_id, new in stored:
         record_redaction(conn, kinds=new.secret_kinds, actor=actor, user_id=new.user_id, target_type="memory",
                          target_id=memory_id)
@@ -137,13 +147,15 @@ def insert_memories(conn: psycopg.Connection, exchanges: Sequence[NewExchange], 
     inserted = conn.execute(
         """INSERT INTO memories (user_id, content, occurred_at, source, source_ref, content_sha256)
            SELECT user_id, content, occurred_at, source, source_ref, sha
-             FROM unnest(%s::text[], %s::text[], %s::timestamptz[], %s::text[], %s::text[], %s::text[])
+             FROM unnest(%(user_ids)s::text[], %(contents)s::text[], %(occurred_ats)s::timestamptz[],
+                         %(sources)s::text[], %(source_refs)s::text[], %(digests)s::text[])
                   WITH ORDINALITY AS t(user_id, content, occurred_at, source, source_ref, sha, position)
             ORDER BY position
            ON CONFLICT (user_id, content_sha256) DO NOTHING
            RETURNING id, user_id, content_sha256, created_at, occurred_at, status""",
-        ([e.user_id for e in exchanges], [e.content for e in exchanges], [e.occurred_at for e in exchanges],
-         [e.source for e in exchanges], [e.source_ref for e in exchanges], [e.content_sha256 for e in exchanges]),
+        {"user_ids": [e.user_id for e in exchanges], "contents": [e.content for e in exchanges],
+         "occurred_ats": [e.occurred_at for e in exchanges], "sources": [e.source for e in exchanges],
+         "source_refs": [e.source_ref for e in exchanges], "digests": [e.content_sha256 for e in exchanges]},
     ).fetchall()
     fresh = {(r[1], r[2]): r for r in inserted}
     # The first of equal exchanges is the one stored; the others, and those stored before, find it.
@@ -155,9 +167,9 @@ def insert_memories(conn: psycopg.Connection, exchanges: Sequence[NewExchange], 
     if missing:
         found = {(r[1], r[2]): r for r in conn.execute(
             """SELECT m.id, m.user_id, m.content_sha256, m.created_at, m.occurred_at, m.status
-                 FROM unnest(%s::text[], %s::text[]) AS k(user_id, sha)
+                 FROM unnest(%(user_ids)s::text[], %(digests)s::text[]) AS k(user_id, sha)
                  JOIN memories m ON m.user_id = k.user_id AND m.content_sha256 = k.sha""",
-            ([k[0] for k in missing], [k[1] for k in missing])).fetchall()}
+            {"user_ids": [k[0] for k in missing], "digests": [k[1] for k in missing]}).fetchall()}
     result = []
     for position, e in enumerate(exchanges):
         key = (e.user_id, e.content_sha256)
@@ -186,23 +198,10 @@ def list_memories(
                           order_by="occurred_at DESC, id", limit=limit, offset=offset)
 
 
-def raw_hit_rows(conn: psycopg.Connection, memory_ids: Sequence[UUID | str]) -> dict[str, tuple]:
-    """What a raw recall hit (an exchange recalled as the user's words) shows, by id:
-    ``(id, content, occurred_at)`` of each live exchange."""
-    if not memory_ids:
-        return {}
-    rows = conn.execute(
-        "SELECT id::text, content, occurred_at FROM memories WHERE id = ANY(%s::uuid[]) AND deleted_at IS NULL",
-        ([str(i) for i in memory_ids],),
-    ).fetchall()
-    return {r[0]: r for r in rows}
-
-
 def user_has_memories(conn: psycopg.Connection, user_id: str) -> bool:
     """Whether ``user_id`` has any live memory: Yak has no user registry, a user is their memories."""
-    row = conn.execute("SELECT EXISTS (SELECT 1 FROM memories WHERE user_id = %s AND deleted_at IS NULL)",
-                       (user_id,)).fetchone()
-    return bool(row[0])
+    return one_value(conn, "SELECT EXISTS (SELECT 1 FROM memories WHERE user_id = %(user_id)s AND deleted_at IS NULL)",
+                     {"user_id": user_id}, bool)
 
 
 def days_with_data(conn: psycopg.Connection, *, user_id: str | None = None, since: date | None = None,
@@ -231,10 +230,10 @@ def users_with_data(conn: psycopg.Connection, user_ids: Sequence[str]) -> set[st
     """Which of ``user_ids`` still have a live exchange or turn (one index probe each, so a sensor
     can ask every tick: a user without any has been forgotten)."""
     rows = conn.execute(
-        """SELECT u FROM unnest(%s::text[]) AS u
+        """SELECT u FROM unnest(%(user_ids)s::text[]) AS u
            WHERE EXISTS (SELECT 1 FROM memories m WHERE m.user_id = u AND m.deleted_at IS NULL)
               OR EXISTS (SELECT 1 FROM turns t WHERE t.user_id = u AND t.deleted_at IS NULL)""",
-        (list(user_ids),),
+        {"user_ids": list(user_ids)},
     ).fetchall()
     return {row[0] for row in rows}
 
@@ -254,8 +253,8 @@ def claim_pending_memories(
     return claim_pending_rows(conn, "memories", _MEMORY_COLUMNS, user_id=user_id, day=day, limit=limit)
 
 
-def pending_memory_partitions(conn: psycopg.Connection, *, drop_folder: bool | None = None) -> list[tuple[str, date, int, str]]:
-    """``(user_id, UTC day, count, signature)`` of partitions with memory work left, for the sensors and ``yak process``.
+def pending_memory_partitions(conn: psycopg.Connection, *, drop_folder: bool | None = None) -> list[PendingPartition]:
+    """The partitions with memory work left, for the sensors and ``yak process``.
 
     Work left is a pending memory, or an active distillation whose conflict or near-duplicate
     check never completed (a worker killed mid-partition, an LLM failure in those stages);
@@ -265,7 +264,8 @@ def pending_memory_partitions(conn: psycopg.Connection, *, drop_folder: bool | N
     It names the pending rows themselves: a creation time (to the second) did not tell a memory
     added just after a run from the one the run had finished.
     """
-    return conn.execute(
+    with conn.cursor(row_factory=class_row(PendingPartition)) as cur:
+        return cur.execute(
         """WITH pending AS (
                SELECT user_id, (occurred_at AT TIME ZONE 'UTC')::date AS day, count(*) AS n,
                       count(*) || '-' || left(md5(string_agg(id::text || ':' || attempts, ',' ORDER BY id)), 16) AS sig
@@ -282,18 +282,18 @@ def pending_memory_partitions(conn: psycopg.Connection, *, drop_folder: bool | N
                                  WHERE g.user_id = d.user_id AND g.day = (m.occurred_at AT TIME ZONE 'UTC')::date
                                    AND NOT g.passed)
                GROUP BY 1, 2)
-           SELECT user_id, day, coalesce(p.n, 0) + coalesce(u.n, 0),
-                  coalesce(p.sig, '0') || CASE WHEN u.n IS NULL THEN '' ELSE '-unchecked' || u.n END
+           SELECT user_id, day, coalesce(p.n, 0) + coalesce(u.n, 0) AS rows,
+                  coalesce(p.sig, '0') || CASE WHEN u.n IS NULL THEN '' ELSE '-unchecked' || u.n END AS signature
            FROM pending p FULL JOIN unchecked u USING (user_id, day)
            ORDER BY 2, 1""",
         {"drop": drop_folder},
-    ).fetchall()
+        ).fetchall()
 
 
 def users_of_memories(conn: psycopg.Connection, memory_ids: Sequence[UUID | str]) -> list[str]:
     """The users the given memories belong to, each once, in order."""
-    rows = conn.execute("SELECT DISTINCT user_id FROM memories WHERE id = ANY(%s::uuid[]) ORDER BY user_id",
-                        ([str(i) for i in memory_ids],)).fetchall()
+    rows = conn.execute("SELECT DISTINCT user_id FROM memories WHERE id = ANY(%(memory_ids)s::uuid[]) ORDER BY user_id",
+                        {"memory_ids": [str(i) for i in memory_ids]}).fetchall()
     return [r[0] for r in rows]
 
 
@@ -302,8 +302,8 @@ def context_to_embed(conn: psycopg.Connection, memory_id: UUID | str, *, embeddi
     context vector is missing or of another model; None when it has a current one."""
     row = conn.execute(
         """SELECT yak_exchange_context_text(id) FROM memories
-           WHERE id = %s AND (context_embedding IS NULL OR context_embedding_model IS DISTINCT FROM %s)""",
-        (str(memory_id), embedding_model),
+           WHERE id = %(memory_id)s AND (context_embedding IS NULL OR context_embedding_model IS DISTINCT FROM %(embedding_model)s)""",
+        {"memory_id": str(memory_id), "embedding_model": embedding_model},
     ).fetchone()
     return None if row is None else row[0]
 
@@ -334,18 +334,18 @@ def mark_memory_distilled(conn: psycopg.Connection, memory_id: UUID | str, *,
 def record_memory_error(conn: psycopg.Connection, memory_id: UUID | str, error: str, *, give_up: bool = False) -> None:
     """Record why distilling a memory failed; it stays ``pending`` (retried) unless ``give_up``."""
     conn.execute(
-        """UPDATE memories SET last_error = %s, attempts = attempts + 1,
-                  status = CASE WHEN %s THEN 'failed' ELSE status END
-           WHERE id = %s""",
-        (error[:2000], give_up, str(memory_id)),
+        """UPDATE memories SET last_error = %(error)s, attempts = attempts + 1,
+                  status = CASE WHEN %(give_up)s THEN 'failed' ELSE status END
+           WHERE id = %(memory_id)s""",
+        {"error": error[:2000], "give_up": give_up, "memory_id": str(memory_id)},
     )
 
 
 def reset_memories_to_pending(conn: psycopg.Connection, memory_ids: list[UUID | str]) -> int:
     """Send memories back to the distillation queue (re-distillation, retry of failed ones)."""
     cur = conn.execute(
-        "UPDATE memories SET status = 'pending', last_error = NULL WHERE id = ANY(%s::uuid[]) AND deleted_at IS NULL",
-        ([str(i) for i in memory_ids],),
+        "UPDATE memories SET status = 'pending', last_error = NULL WHERE id = ANY(%(memory_ids)s::uuid[]) AND deleted_at IS NULL",
+        {"memory_ids": [str(i) for i in memory_ids]},
     )
     return cur.rowcount
 
@@ -356,16 +356,16 @@ def rebuild_exchange_context(conn: psycopg.Connection, *, user_id: str | None = 
     The trigger keeps contexts right write by write; this is the repair for rows written with
     the trigger disabled (a bulk load) or by an older version.
     """
-    return int(conn.execute("SELECT yak_rebuild_exchange_context(%s)", (user_id,)).fetchone()[0])
+    return one_value(conn, "SELECT yak_rebuild_exchange_context(%(user_id)s)", {"user_id": user_id}, int)
 
 
 def partition_memory_stats(conn: psycopg.Connection, *, user_id: str, day: date) -> dict[str, Any]:
     """Counts of a user's day of exchanges by status and source, and rows whose hash does not match."""
     rows = conn.execute(
         """SELECT status, source, count(*) FROM memories
-           WHERE user_id = %s AND deleted_at IS NULL AND (occurred_at AT TIME ZONE 'UTC')::date = %s
+           WHERE user_id = %(user_id)s AND deleted_at IS NULL AND (occurred_at AT TIME ZONE 'UTC')::date = %(day)s
            GROUP BY 1, 2""",
-        (user_id, day),
+        {"user_id": user_id, "day": day},
     ).fetchall()
     stats: dict[str, Any] = {"rows": 0, "pending": 0, "distilled": 0, "failed": 0}
     for status, source, count in rows:
@@ -375,8 +375,8 @@ def partition_memory_stats(conn: psycopg.Connection, *, user_id: str, day: date)
     # Integrity: the stored hash must still be the hash of the stored text.
     contents = conn.execute(
         """SELECT content, content_sha256 FROM memories
-           WHERE user_id = %s AND deleted_at IS NULL AND (occurred_at AT TIME ZONE 'UTC')::date = %s""",
-        (user_id, day),
+           WHERE user_id = %(user_id)s AND deleted_at IS NULL AND (occurred_at AT TIME ZONE 'UTC')::date = %(day)s""",
+        {"user_id": user_id, "day": day},
     ).fetchall()
     stats["hash_mismatches"] = sum(1 for content, digest in contents if content_sha256(content) != digest)
     return stats

@@ -23,6 +23,7 @@ from yak_pipeline.store.database import connect
 from yak_pipeline.store.errors import PgvectorMissing, SchemaMismatch
 from yak_pipeline.store.memory_types import type_distillations
 from yak_pipeline.store.profile import rebuild_profile_lines
+from yak_pipeline.store.rows import one_value
 
 SQL_DIR: Traversable = files("yak_pipeline") / "sql"
 _MIGRATION_NAME = re.compile(r"^(\d{3})_[a-z0-9_]+\.sql$")
@@ -105,7 +106,7 @@ def _ensure_pgvector(conn: psycopg.Connection) -> None:
             "or unset YAK_DATABASE_URL to use the embedded server"
         )
     conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
-    installed = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()[0]
+    installed = one_value(conn, "SELECT extversion FROM pg_extension WHERE extname = 'vector'", None, str)
     if tuple(int(part) for part in installed.split(".")[:2]) < PGVECTOR_MIN_VERSION:
         raise PgvectorMissing(
             f"this database has pgvector {installed}; Yak needs {wanted}+ (iterative index scans): "
@@ -116,7 +117,7 @@ def _ensure_pgvector(conn: psycopg.Connection) -> None:
 
 def read_meta(conn: psycopg.Connection) -> dict[str, str]:
     """The ``yak_meta`` facts (empty before the first migration)."""
-    exists = conn.execute("SELECT to_regclass('yak_meta') IS NOT NULL").fetchone()[0]
+    exists = one_value(conn, "SELECT to_regclass('yak_meta') IS NOT NULL", None, bool)
     if not exists:
         return {}
     return dict(conn.execute("SELECT key, value FROM yak_meta").fetchall())
@@ -136,7 +137,7 @@ def check_embedding_compatibility(meta: dict[str, str], *, dimensions: int, mode
 
 def migration_states(conn: psycopg.Connection, sql_dir: Traversable = SQL_DIR) -> list[MigrationState]:
     """Every migration with its applied time, or None when pending."""
-    exists = conn.execute("SELECT to_regclass('schema_migrations') IS NOT NULL").fetchone()[0]
+    exists = one_value(conn, "SELECT to_regclass('schema_migrations') IS NOT NULL", None, bool)
     applied: dict[int, datetime] = {}
     if exists:
         applied = dict(conn.execute("SELECT version, applied_at FROM schema_migrations").fetchall())
@@ -150,7 +151,7 @@ def migrate(url: str, *, dimensions: int, model_name: str, sql_dir: Traversable 
     one leaves the earlier ones applied and itself not at all.
     """
     with connect(url, autocommit=True, vector=False) as conn:
-        conn.execute("SELECT pg_advisory_lock(%s)", (_MIGRATION_LOCK_KEY,))
+        conn.execute("SELECT pg_advisory_lock(%(key)s)", {"key": _MIGRATION_LOCK_KEY})
         try:
             _ensure_pgvector(conn)
             _ensure_bookkeeping(conn)
@@ -163,29 +164,29 @@ def migrate(url: str, *, dimensions: int, model_name: str, sql_dir: Traversable 
                 with conn.transaction():
                     conn.execute(migration.sql(dimensions))
                     conn.execute(
-                        "INSERT INTO schema_migrations (version, name) VALUES (%s, %s)",
-                        (migration.version, migration.name),
+                        "INSERT INTO schema_migrations (version, name) VALUES (%(version)s, %(name)s)",
+                        {"version": migration.version, "name": migration.name},
                     )
                     # A migration whose rows are read from the data by Python code, not SQL.
                     if migration.version in _FILLED_AFTER:
                         _FILLED_AFTER[migration.version](conn)
                     if migration.version == 1:
                         conn.execute(
-                            "INSERT INTO yak_meta (key, value) VALUES ('embedding_dim', %s), ('embedding_model', %s)",
-                            (str(dimensions), model_name),
+                            "INSERT INTO yak_meta (key, value) VALUES ('embedding_dim', %(dimensions)s), ('embedding_model', %(model_name)s)",
+                            {"dimensions": str(dimensions), "model_name": model_name},
                         )
                 applied.append(migration)
             return applied
         finally:
-            conn.execute("SELECT pg_advisory_unlock(%s)", (_MIGRATION_LOCK_KEY,))
+            conn.execute("SELECT pg_advisory_unlock(%(key)s)", {"key": _MIGRATION_LOCK_KEY})
 
 
 def table_counts(conn: psycopg.Connection) -> dict[str, int | None]:
     """Row counts of the DESIGN §3 tables (None for a table that does not exist yet)."""
     counts: dict[str, int | None] = {}
     for table in DATA_TABLES:
-        if conn.execute("SELECT to_regclass(%s) IS NOT NULL", (table,)).fetchone()[0]:
-            counts[table] = conn.execute(f"SELECT count(*) FROM {table}").fetchone()[0]  # noqa: S608 - fixed names
+        if one_value(conn, "SELECT to_regclass(%(table)s) IS NOT NULL", {"table": table}, bool):
+            counts[table] = one_value(conn, f"SELECT count(*) FROM {table}", None, int)  # noqa: S608 - fixed names
         else:
             counts[table] = None
     return counts
@@ -193,6 +194,6 @@ def table_counts(conn: psycopg.Connection) -> dict[str, int | None]:
 
 def server_versions(conn: psycopg.Connection) -> dict[str, str | None]:
     """The server's PostgreSQL version and its pgvector version (None when not installed)."""
-    postgresql = conn.execute("SHOW server_version").fetchone()[0].split(" ")[0]
+    postgresql = one_value(conn, "SHOW server_version", None, str).split(" ")[0]
     row = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'vector'").fetchone()
     return {"postgresql": postgresql, "pgvector": row[0] if row else None}

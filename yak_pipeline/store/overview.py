@@ -54,6 +54,7 @@ def user_counts(conn: psycopg.Connection, user_id: str) -> dict[str, int]:
                     WHERE d.user_id = %(u)s AND d.deleted_at IS NULL AND v.deleted_at IS NULL) AS versions""",
             {"u": user_id},
         ).fetchone()
+    assert row is not None, "a SELECT without FROM returns its row"
     return {k: int(v) for k, v in row.items()}
 
 

@@ -49,16 +49,16 @@ def _write_lines(conn: psycopg.Connection, exchanges: Sequence[tuple[UUID | str,
         ids = [str(memory_id) for memory_id, _, _ in exchanges]
         dropped = {(r[0], r[1]) for r in conn.execute(
             """SELECT memory_id::text, content FROM profile_lines
-                WHERE memory_id = ANY(%s::uuid[]) AND status = 'dropped'""", (ids,)).fetchall()}
-        conn.execute("DELETE FROM profile_lines WHERE memory_id = ANY(%s::uuid[])", (ids,))
-    rows = [(memory_id, user_id, s.kind, s.text, s.position,
-             "dropped" if (str(memory_id), s.text) in dropped else "active")
+                WHERE memory_id = ANY(%(ids)s::uuid[]) AND status = 'dropped'""", {"ids": ids}).fetchall()}
+        conn.execute("DELETE FROM profile_lines WHERE memory_id = ANY(%(ids)s::uuid[])", {"ids": ids})
+    rows = [{"memory_id": memory_id, "user_id": user_id, "kind": s.kind, "content": s.text, "position": s.position,
+             "status": "dropped" if (str(memory_id), s.text) in dropped else "active"}
             for (memory_id, user_id, _), statements in zip(exchanges, found) for s in statements]
     if rows:
         with conn.cursor() as cur:
             cur.executemany(
                 """INSERT INTO profile_lines (memory_id, user_id, kind, content, position, status)
-                   VALUES (%s, %s, %s, %s, %s, %s)""", rows)
+                   VALUES (%(memory_id)s, %(user_id)s, %(kind)s, %(content)s, %(position)s, %(status)s)""", rows)
     return [len(statements) for statements in found]
 
 
@@ -104,8 +104,8 @@ def get_profile_line(conn: psycopg.Connection, line_id: UUID | str, *, user_id: 
             """SELECT p.id::text AS id, p.memory_id::text AS memory_id, p.kind, p.content, p.status,
                       m.occurred_at AS said_at
                  FROM profile_lines p JOIN memories m ON m.id = p.memory_id
-                WHERE p.id = %s AND p.user_id = %s AND m.deleted_at IS NULL""",
-            (str(line_id), user_id)).fetchone()
+                WHERE p.id = %(line_id)s AND p.user_id = %(user_id)s AND m.deleted_at IS NULL""",
+            {"line_id": str(line_id), "user_id": user_id}).fetchone()
 
 
 def set_profile_line_status(conn: psycopg.Connection, line_ids: Sequence[UUID | str], *, user_id: str, status: str,
@@ -114,12 +114,12 @@ def set_profile_line_status(conn: psycopg.Connection, line_ids: Sequence[UUID | 
     if status not in PROFILE_LINE_STATUSES:
         raise ValueError(f"unknown profile line status {status!r}")
     rows = conn.execute(
-        """UPDATE profile_lines p SET status = %s, updated_at = now()
+        """UPDATE profile_lines p SET status = %(status)s, updated_at = now()
              FROM memories m
-            WHERE p.id = ANY(%s::uuid[]) AND p.user_id = %s AND m.id = p.memory_id AND m.deleted_at IS NULL
-              AND p.status <> %s
+            WHERE p.id = ANY(%(line_ids)s::uuid[]) AND p.user_id = %(user_id)s AND m.id = p.memory_id AND m.deleted_at IS NULL
+              AND p.status <> %(status)s
         RETURNING p.id::text""",
-        (status, [str(i) for i in line_ids], user_id, status)).fetchall()
+        {"status": status, "line_ids": [str(i) for i in line_ids], "user_id": user_id}).fetchall()
     changed = [r[0] for r in rows]
     for line_id in changed:
         write_audit(conn, actor=actor, action="profile_drop" if status == "dropped" else "profile_keep",

@@ -44,6 +44,7 @@ def queue_counts(conn: psycopg.Connection, *, user_id: str | None = None) -> Que
                 AND deleted_at IS NULL AND (%(user)s::text IS NULL OR user_id = %(user)s))""",
         {"user": user_id},
     ).fetchone()
+    assert row is not None, "a SELECT without FROM returns its row"
     return QueueCounts(*(int(v) for v in row))
 
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Final, Literal, NotRequired, TypedDict, Unpack
+from typing import Final, Literal, NamedTuple, NotRequired, TypedDict, Unpack, cast
 
 import numpy as np
 import psycopg
@@ -44,11 +44,12 @@ from yak_pipeline.core.exchanges import same_words, users_words
 from yak_pipeline.core.query_intent import asks_about_present
 from yak_pipeline.core.recall import Candidate, Leg, RankedMemory, RecallParams, rank_memories
 from yak_pipeline.core.relevance import RelevanceModel, RelevanceSignals
+from yak_pipeline.core.types import Tier
 from yak_pipeline.store.bm25 import bm25_search
 from yak_pipeline.store.leg_runner import Once, Spare, run_legs
 from yak_pipeline.store.recall_legs import LegHit
 from yak_pipeline.store.recallable_distillations import recallable_distillations
-from yak_pipeline.store.rows import uuid_array
+from yak_pipeline.store.rows import tuple_row_of, uuid_array
 from yak_pipeline.store.user_indexes import user_indexes
 from yak_pipeline.store.vector_legs import vector_search
 
@@ -84,6 +85,32 @@ FROM memories m
 WHERE m.id = ANY(%(ids)s::uuid[]) AND m.user_id = %(user)s AND m.deleted_at IS NULL
   AND (%(as_of)s::timestamptz IS NULL OR m.occurred_at <= %(as_of)s)
 """
+
+
+class _CandidateRow(NamedTuple):
+    """A row of :data:`_CANDIDATE_ROWS_SQL`."""
+
+    id: str
+    tier: Tier
+    warmth: float
+    user_weight: float
+    refreshed_at: datetime
+    cos_distillation: float
+    cos_exchange: float | None
+    superseded_by: str | None
+    cos_context: float | None
+
+
+class _RawRow(NamedTuple):
+    """A row of :data:`_RAW_ROWS_SQL`."""
+
+    id: str
+    occurred_at: datetime
+    content: str
+    cos_exchange: float | None
+    cos_context: float | None
+
+
 # What a raw exchange is scored as: no tier, warmth or weight of its own yet (a distillation
 # brings them), so the defaults a new distillation starts with (DESIGN §3).
 RAW_TIER: Final = "medium"
@@ -143,7 +170,7 @@ class CandidateQuery(TypedDict):
     echo: NotRequired[str]
 
 
-def _candidates(rows: Sequence[tuple], raw_rows: Sequence[tuple], held_by: Mapping[str, str], *,
+def _candidates(rows: Sequence[_CandidateRow], raw_rows: Sequence[_RawRow], held_by: Mapping[str, str], *,
                 d_text: Sequence[LegHit], d_vec: Sequence[LegHit], m_text: Sequence[LegHit],
                 m_vec: Sequence[LegHit], c_vec: Sequence[LegHit]) -> list[Candidate]:
     """Each candidate row (:data:`_CANDIDATE_ROWS_SQL`) with its signals and ranks from the legs' hits
@@ -151,19 +178,20 @@ def _candidates(rows: Sequence[tuple], raw_rows: Sequence[tuple], held_by: Mappi
     row (:data:`_RAW_ROWS_SQL`, an exchange no active distillation holds) as a raw candidate."""
     # An exchange's BM25 and cosine count for the distillation that holds it; a distillation
     # holding several (merges) keeps the best of each. A raw exchange stands for itself.
-    itself = {row[0]: row[0] for row in raw_rows}
+    itself = {row.id: row.id for row in raw_rows}
     targets = {**held_by, **itself}
     bm25_exchange = _best_per_distillation(m_text, targets)
     cos_exchange = _best_per_distillation(m_vec, targets)
     cos_context = _best_per_distillation(c_vec, targets)
     bm25_distillation = {h.id: h.score for h in d_text}
     # The row's own cosines, or an exchange leg's better one for another exchange it holds.
-    exchange_cos = {r[0]: _better(r[6], cos_exchange.get(r[0])) for r in rows}
-    context_cos = {r[0]: _better(r[8], cos_context.get(r[0])) for r in rows}
-    raw_cos = {r[0]: _better(r[2], cos_exchange.get(r[0])) for r in raw_rows}
-    raw_context_cos = {r[0]: _better(r[3], cos_context.get(r[0])) for r in raw_rows}
+    exchange_cos = {r.id: _better(r.cos_exchange, cos_exchange.get(r.id)) for r in rows}
+    context_cos = {r.id: _better(r.cos_context, cos_context.get(r.id)) for r in rows}
+    raw_cos = {r.id: _better(r.cos_exchange, cos_exchange.get(r.id)) for r in raw_rows}
+    raw_context_cos = {r.id: _better(r.cos_context, cos_context.get(r.id)) for r in raw_rows}
     # A raw exchange's own text is what a distillation would be: its cosine counts in both places.
-    best_cos_d = _best_of([*(float(r[5]) for r in rows), *raw_cos.values()], d_vec[0].score if d_vec else None)
+    best_cos_d = _best_of([*(float(r.cos_distillation) for r in rows), *raw_cos.values()],
+                          d_vec[0].score if d_vec else None)
     best_cos_x = _best_of([*exchange_cos.values(), *raw_cos.values()], m_vec[0].score if m_vec else None)
     best_cos_c = _best_of([*context_cos.values(), *raw_context_cos.values()], c_vec[0].score if c_vec else None)
     # An exchange not yet embedded (just stored) is read as close as the best known one
@@ -177,26 +205,29 @@ def _candidates(rows: Sequence[tuple], raw_rows: Sequence[tuple], held_by: Mappi
 
     # Each candidate's rank in every leg that proposed it, read once per leg.
     ranks: dict[str, dict[Leg, int]] = {}
-    for leg, ids in (("distillation_text", (h.id for h in d_text)), ("distillation_vector", (h.id for h in d_vec)),
+    legs: tuple[tuple[Leg, Iterable[str]], ...] = (("distillation_text", (h.id for h in d_text)), ("distillation_vector", (h.id for h in d_vec)),
                      ("exchange_text", (targets[h.id] for h in m_text if h.id in targets)),
                      ("exchange_vector", (targets[h.id] for h in m_vec if h.id in targets)),
-                     ("context_vector", (targets[h.id] for h in c_vec if h.id in targets))):
+                     ("context_vector", (targets[h.id] for h in c_vec if h.id in targets)))
+    for leg, ids in legs:
         for memory_id, rank in _rank_leg(ids).items():
             ranks.setdefault(memory_id, {})[leg] = rank
     candidates = []
     for row in rows:
-        distillation_id = row[0]
+        distillation_id = row.id
         signals = RelevanceSignals(
-            cos_distillation=float(row[5]), cos_exchange=exchange_cos[distillation_id],
+            cos_distillation=float(row.cos_distillation), cos_exchange=exchange_cos[distillation_id],
             bm25_distillation=bm25_distillation.get(distillation_id, 0.0),
             bm25_exchange=bm25_exchange.get(distillation_id, 0.0),
             best_cos_distillation=best_cos_d, best_cos_exchange=best_cos_x,
             best_bm25_distillation=best_bm25_d, best_bm25_exchange=best_bm25_x,
             cos_context=context_cos[distillation_id], best_cos_context=best_cos_c)
         candidates.append(Candidate(
-            id=distillation_id, tier=row[1], warmth=float(row[2]), user_weight=float(row[3]), refreshed_at=row[4],
-            signals=signals, ranks=ranks.get(distillation_id, {}), superseded_by=row[7]))
-    for memory_id, occurred_at, _, _ in raw_rows:
+            id=distillation_id, tier=row.tier, warmth=float(row.warmth), user_weight=float(row.user_weight),
+            refreshed_at=row.refreshed_at, signals=signals, ranks=ranks.get(distillation_id, {}),
+            superseded_by=row.superseded_by))
+    for raw_row in raw_rows:
+        memory_id, occurred_at = raw_row.id, raw_row.occurred_at
         own = raw_cos[memory_id]
         signals = RelevanceSignals(
             cos_distillation=stand_in if own is None else own, cos_exchange=own,
@@ -264,28 +295,36 @@ def recall_candidates(conn: psycopg.Connection, **ask: Unpack[CandidateQuery]) -
     proposed = {h.id for h in d_text + d_vec}
     row_args = {"q": vector(), "user": user_id, "model": embedding_model, "as_of": as_of, "context": use_context}
 
-    def rows_of(c: psycopg.Connection, ids: set[str]) -> list[tuple]:
-        return c.execute(_CANDIDATE_ROWS_SQL, {**row_args, "ids": uuid_array(sorted(ids))}).fetchall() if ids else []
+    def rows_of(c: psycopg.Connection, ids: set[str]) -> list[_CandidateRow]:
+        if not ids:
+            return []
+        with c.cursor(row_factory=tuple_row_of(_CandidateRow)) as cur:
+            return cur.execute(_CANDIDATE_ROWS_SQL, {**row_args, "ids": uuid_array(sorted(ids))}).fetchall()
 
-    def mapped(c: psycopg.Connection) -> tuple[dict[str, str], list[tuple], list[tuple]]:
+    def mapped(c: psycopg.Connection) -> tuple[dict[str, str], list[_CandidateRow], list[_RawRow]]:
         found = [h.id for h in m_text + m_vec + c_vec]
         held = recallable_distillations(c, user_id=user_id, memory_ids=found, embedding_model=embedding_model)
         # What no active distillation holds is recalled as the user's own words.
         raw = set(found) - held.keys() if params.raw_exchanges else set()
-        raw_rows = c.execute(_RAW_ROWS_SQL, {**row_args, "ids": uuid_array(sorted(raw))}).fetchall() if raw else []
+        raw_rows: list[_RawRow] = []
+        if raw:
+            with c.cursor(row_factory=tuple_row_of(_RawRow)) as cur:
+                raw_rows = cur.execute(_RAW_ROWS_SQL, {**row_args, "ids": uuid_array(sorted(raw))}).fetchall()
         return held, rows_of(c, set(held.values()) - proposed), raw_rows
 
-    (held_by, added_rows, raw_rows), proposed_rows = run_legs(
-        conn, [mapped, lambda c: rows_of(c, proposed)], ask.get("spare", ())[:1])  # type: ignore[list-item]
-    rows = sorted(proposed_rows + added_rows, key=lambda r: r[0])
+    # The two legs return different things: each is read back as what it returns, below.
+    first, second = run_legs(conn, [mapped, lambda c: rows_of(c, proposed)], ask.get("spare", ())[:1])
+    held_by, added_rows, raw_rows = cast(tuple[dict[str, str], list[_CandidateRow], list[_RawRow]], first)
+    proposed_rows = cast(list[_CandidateRow], second)
+    rows = sorted(proposed_rows + added_rows, key=lambda r: r.id)
     # An exchange whose words are the query's own (the same question asked before, its turn stored)
     # is no evidence of an answer: it would only stand out as the best match of its own text, and
     # make the query look answerable. It leaves every leg.
     asked = ask.get("echo") or query
-    echoes = {r[0] for r in raw_rows if same_words(users_words(r[2])[0], asked)}
+    echoes = {r.id for r in raw_rows if same_words(users_words(r.content)[0], asked)}
     if echoes:
         m_text, m_vec, c_vec = ([h for h in hits if h.id not in echoes] for hits in (m_text, m_vec, c_vec))
-    raw_rows = sorted(((r[0], r[1], r[3], r[4]) for r in raw_rows if r[0] not in echoes), key=lambda r: r[0])
+    raw_rows = sorted((r for r in raw_rows if r.id not in echoes), key=lambda r: r.id)
     if not rows and not raw_rows:
         # As of a past moment an exchange can be held by a distillation it was merged into later,
         # whose own exchange came after that moment: not a candidate then (found by hypothesis).

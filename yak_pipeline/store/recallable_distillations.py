@@ -31,11 +31,11 @@ def recallable_distillations(
     # index and intersected the two (10,000 entries: 2.4 ms of 3.6 at 100,000 rows).
     rows = conn.execute(
         """SELECT d.memory_id::text, d.id::text, d.status, d.embedding_model
-           FROM unnest(%s::uuid[]) AS wanted(memory_id)
+           FROM unnest(%(wanted)s::uuid[]) AS wanted(memory_id)
            JOIN distillations d ON d.memory_id = wanted.memory_id
-           WHERE d.user_id = %s AND d.deleted_at IS NULL AND d.status IN ('active', 'merged')
+           WHERE d.user_id = %(user_id)s AND d.deleted_at IS NULL AND d.status IN ('active', 'merged')
            ORDER BY d.created_at, d.id""",
-        (uuid_array(wanted), user_id),
+        {"wanted": uuid_array(wanted), "user_id": user_id},
     ).fetchall()
     result: dict[str, str] = {}
     # memory id -> the merged distillation it is waiting to resolve
@@ -56,11 +56,11 @@ def recallable_distillations(
         merged_ids = list(set(following.values()))
         targets = conn.execute(
             """SELECT DISTINCT ON (m.merged) m.merged::text, d.id::text, d.status, d.embedding_model
-               FROM unnest(%s::uuid[]) AS m(merged)
+               FROM unnest(%(merged_ids)s::uuid[]) AS m(merged)
                JOIN distillation_versions v ON v.merged_from @> ARRAY[m.merged] AND v.deleted_at IS NULL
-               JOIN distillations d ON d.id = v.distillation_id AND d.deleted_at IS NULL AND d.user_id = %s
+               JOIN distillations d ON d.id = v.distillation_id AND d.deleted_at IS NULL AND d.user_id = %(user_id)s
                ORDER BY m.merged, v.created_at DESC""",
-            (uuid_array(merged_ids), user_id),
+            {"merged_ids": uuid_array(merged_ids), "user_id": user_id},
         ).fetchall()
         target_of = {str(r[0]): (str(r[1]), r[2], r[3]) for r in targets}
         still: dict[str, str] = {}
@@ -84,16 +84,16 @@ def source_memories(conn: psycopg.Connection, *, distillation_ids: Iterable[str]
         return {}
     rows = conn.execute(
         """WITH RECURSIVE held(root, distillation_id, depth) AS (
-               SELECT d.id, d.id, 0 FROM distillations d WHERE d.id = ANY(%s::uuid[])
+               SELECT d.id, d.id, 0 FROM distillations d WHERE d.id = ANY(%(wanted)s::uuid[])
                UNION
                SELECT h.root, merged.id, h.depth + 1
                FROM held h
                JOIN distillation_versions v ON v.distillation_id = h.distillation_id AND v.deleted_at IS NULL
                CROSS JOIN LATERAL unnest(v.merged_from) AS merged(id)
-               WHERE h.depth < %s
+               WHERE h.depth < %(max_hops)s
            )
            SELECT h.root, d.memory_id FROM held h JOIN distillations d ON d.id = h.distillation_id""",
-        (wanted, _MAX_MERGE_HOPS),
+        {"wanted": wanted, "max_hops": _MAX_MERGE_HOPS},
     ).fetchall()
     result: dict[str, set[str]] = {d: set() for d in wanted}
     for root, memory_id in rows:
@@ -105,7 +105,7 @@ def active_distillation_ids(conn: psycopg.Connection, *, user_id: str, embedding
     """Every recall candidate of the user: active distillations of the active model."""
     rows = conn.execute(
         """SELECT id FROM distillations
-           WHERE user_id = %s AND status = 'active' AND deleted_at IS NULL AND embedding_model = %s""",
-        (user_id, embedding_model),
+           WHERE user_id = %(user_id)s AND status = 'active' AND deleted_at IS NULL AND embedding_model = %(embedding_model)s""",
+        {"user_id": user_id, "embedding_model": embedding_model},
     ).fetchall()
     return [str(r[0]) for r in rows]

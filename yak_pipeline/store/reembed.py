@@ -19,6 +19,7 @@ import psycopg
 from psycopg import sql
 
 from yak_pipeline.store.audit import write_audit
+from yak_pipeline.store.rows import one_value
 
 # pg_attribute.attstorage codes and their names in ALTER TABLE … SET STORAGE.
 _STORAGE = {"p": "PLAIN", "e": "EXTERNAL", "m": "MAIN", "x": "EXTENDED"}
@@ -111,20 +112,20 @@ def change_embedding_dimension(conn: psycopg.Connection, *, dimensions: int, mod
     columns = vector_columns(conn)
     tables = sorted({table for table, _ in columns})
     indexes = conn.execute(
-        "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema() AND tablename = ANY(%s) "
-        "AND indexdef ILIKE '%%USING hnsw%%' ORDER BY indexname", (tables,)).fetchall()
+        "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema() AND tablename = ANY(%(tables)s) "
+        "AND indexdef ILIKE '%%USING hnsw%%' ORDER BY indexname", {"tables": tables}).fetchall()
     for name, _ in indexes:
         conn.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(name)))
     checks = conn.execute(
         """SELECT c.conrelid::regclass::text, c.conname, pg_get_constraintdef(c.oid) FROM pg_constraint c
-           WHERE c.contype = 'c' AND c.conrelid::regclass::text = ANY(%s) AND pg_get_constraintdef(c.oid) ~ 'embedding'
-           ORDER BY 1, 2""", (tables,)).fetchall()
+           WHERE c.contype = 'c' AND c.conrelid::regclass::text = ANY(%(tables)s) AND pg_get_constraintdef(c.oid) ~ 'embedding'
+           ORDER BY 1, 2""", {"tables": tables}).fetchall()
     for table, name, _ in checks:
         conn.execute(sql.SQL("ALTER TABLE {} DROP CONSTRAINT {}").format(sql.Identifier(table), sql.Identifier(name)))
     for table, column in columns:
         # A new type resets the column's storage to the type's default; keep what sql/012 chose.
-        storage = conn.execute("SELECT attstorage FROM pg_attribute WHERE attrelid = %s::regclass AND attname = %s",
-                               (table, column)).fetchone()[0]
+        storage = one_value(conn, "SELECT attstorage FROM pg_attribute WHERE attrelid = %(table)s::regclass"
+                            " AND attname = %(column)s", {"table": table, "column": column}, str)
         conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN {} TYPE vector({}) USING NULL").format(
             sql.Identifier(table), sql.Identifier(column), sql.Literal(int(dimensions))))
         conn.execute(sql.SQL("ALTER TABLE {} ALTER COLUMN {} SET STORAGE {}").format(
@@ -136,14 +137,14 @@ def change_embedding_dimension(conn: psycopg.Connection, *, dimensions: int, mod
     for table, name, definition in checks:
         conn.execute(sql.SQL("ALTER TABLE {} ADD CONSTRAINT {} {} NOT VALID").format(
             sql.Identifier(table), sql.Identifier(name), sql.SQL(definition)))
-    conn.execute("UPDATE yak_meta SET value = %s WHERE key = 'embedding_dim'", (str(int(dimensions)),))
-    conn.execute("UPDATE yak_meta SET value = %s WHERE key = 'embedding_model'", (model_name,))
+    conn.execute("UPDATE yak_meta SET value = %(dimensions)s WHERE key = 'embedding_dim'", {"dimensions": str(int(dimensions))})
+    conn.execute("UPDATE yak_meta SET value = %(model_name)s WHERE key = 'embedding_model'", {"model_name": model_name})
     return [f"{table}.{column}" for table, column in columns]
 
 
 def set_active_embedding_model(conn: psycopg.Connection, model_name: str) -> None:
     """Record in ``yak_meta`` which model the database's vectors now come from."""
-    conn.execute("UPDATE yak_meta SET value = %s WHERE key = 'embedding_model'", (model_name,))
+    conn.execute("UPDATE yak_meta SET value = %(model_name)s WHERE key = 'embedding_model'", {"model_name": model_name})
 
 
 def validate_vector_checks(conn: psycopg.Connection) -> list[str]:

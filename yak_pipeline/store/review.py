@@ -6,11 +6,11 @@ Flagged means ``status = 'review'`` (confidence under 0.6: stored, never recalle
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 from uuid import UUID
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import class_row, dict_row
 
 from yak_pipeline.core.gates import ACTIVE_CONFIDENCE
 from yak_pipeline.store.audit import write_audit
@@ -40,22 +40,31 @@ def list_review_queue(
         ).fetchall()
 
 
-def _lock_for_review(conn: psycopg.Connection, distillation_id: UUID | str, user_id: str | None) -> tuple | None:
-    return conn.execute(
-        """SELECT user_id, status, needs_review, confidence FROM distillations
-           WHERE id = %(id)s AND deleted_at IS NULL AND (%(user)s::text IS NULL OR user_id = %(user)s)
-           FOR UPDATE""",
-        {"id": str(distillation_id), "user": user_id},
-    ).fetchone()
+class _UnderReview(NamedTuple):
+    """What a review decision reads of the distillation, under its lock."""
+
+    user_id: str
+    status: str
+    needs_review: bool
+    confidence: float
 
 
-def _lock_flagged(conn: psycopg.Connection, distillation_id: UUID | str, user_id: str | None) -> tuple | ReviewOutcome:
+def _lock_for_review(conn: psycopg.Connection, distillation_id: UUID | str, user_id: str | None) -> _UnderReview | None:
+    with conn.cursor(row_factory=class_row(_UnderReview)) as cur:
+        return cur.execute(
+            """SELECT user_id, status, needs_review, confidence FROM distillations
+               WHERE id = %(id)s AND deleted_at IS NULL AND (%(user)s::text IS NULL OR user_id = %(user)s)
+               FOR UPDATE""",
+            {"id": str(distillation_id), "user": user_id},
+        ).fetchone()
+
+
+def _lock_flagged(conn: psycopg.Connection, distillation_id: UUID | str, user_id: str | None) -> _UnderReview | ReviewOutcome:
     """The locked row of a distillation awaiting review, or why there is none (``not_found``, ``not_flagged``)."""
     row = _lock_for_review(conn, distillation_id, user_id)
     if row is None:
         return "not_found"
-    _, status, needs_review, _ = row
-    if status not in ("active", "review") or not (needs_review or status == "review"):
+    if row.status not in ("active", "review") or not (row.needs_review or row.status == "review"):
         return "not_flagged"
     return row
 
@@ -72,11 +81,11 @@ def approve_distillation(
     row = _lock_flagged(conn, distillation_id, user_id)
     if isinstance(row, str):
         return row
-    owner, status, _, confidence = row
+    owner, status, confidence = row.user_id, row.status, row.confidence
     conn.execute(
         """UPDATE distillations SET status = 'active', needs_review = false,
-                  confidence = greatest(confidence, %s), updated_at = now() WHERE id = %s""",
-        (ACTIVE_CONFIDENCE if status == "review" else 0.0, str(distillation_id)),
+                  confidence = greatest(confidence, %(confidence)s), updated_at = now() WHERE id = %(distillation_id)s""",
+        {"confidence": ACTIVE_CONFIDENCE if status == "review" else 0.0, "distillation_id": str(distillation_id)},
     )
     write_audit(conn, actor=actor, action="approve", target_type="distillation", target_id=distillation_id,
                 user_id=owner, detail={"previous_status": status, "confidence": confidence})
@@ -90,10 +99,10 @@ def reject_distillation(
     row = _lock_flagged(conn, distillation_id, user_id)
     if isinstance(row, str):
         return row
-    owner, status, _, _ = row
+    owner, status = row.user_id, row.status
     conn.execute(
-        "UPDATE distillations SET status = 'rejected', needs_review = false, updated_at = now() WHERE id = %s",
-        (str(distillation_id),),
+        "UPDATE distillations SET status = 'rejected', needs_review = false, updated_at = now() WHERE id = %(distillation_id)s",
+        {"distillation_id": str(distillation_id)},
     )
     write_audit(conn, actor=actor, action="reject", target_type="distillation", target_id=distillation_id,
                 user_id=owner, detail={"previous_status": status})

@@ -8,13 +8,14 @@ live schema, so a column added later must be placed in one of them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
+from typing import Final, NamedTuple
 
 import numpy as np
 import psycopg
 from psycopg import sql
 
 from yak_pipeline.core.exchanges import content_sha256
+from yak_pipeline.store.rows import one_value, tuple_row_of
 
 # (table, column): the text a person wrote or said, or that was made from it.
 USER_TEXT_COLUMNS: Final[tuple[tuple[str, str], ...]] = (
@@ -68,20 +69,28 @@ def schema_text_columns(conn: psycopg.Connection) -> set[tuple[str, str]]:
     return {(r[0], r[1]) for r in rows}
 
 
+class TextRow(NamedTuple):
+    """A row's id and the text of the column being scanned."""
+
+    id: str
+    text: str
+
+
 def text_batch(conn: psycopg.Connection, table: str, column: str, *, after: str | None,
-               limit: int) -> list[tuple[str, str]]:
-    """``(id, text)`` of up to ``limit`` rows of ``table`` with a non-empty ``column``, by id after ``after``."""
-    query = sql.SQL("SELECT id::text, {col} FROM {tbl} WHERE {col} IS NOT NULL AND {col} <> '' "
+               limit: int) -> list[TextRow]:
+    """Up to ``limit`` rows of ``table`` with a non-empty ``column``, by id after ``after``."""
+    query = sql.SQL("SELECT id::text AS id, {col} AS text FROM {tbl} WHERE {col} IS NOT NULL AND {col} <> '' "
                     "AND (%(after)s::text IS NULL OR id::text > %(after)s) ORDER BY id::text LIMIT %(limit)s").format(
         col=sql.Identifier(column), tbl=sql.Identifier(table))
-    return [(r[0], r[1]) for r in conn.execute(query, {"after": after, "limit": limit}).fetchall()]
+    with conn.cursor(row_factory=tuple_row_of(TextRow)) as cur:
+        return cur.execute(query, {"after": after, "limit": limit}).fetchall()
 
 
 def count_rows(conn: psycopg.Connection, table: str, column: str) -> int:
     """How many rows of ``table`` have a non-empty ``column`` (the progress total)."""
     query = sql.SQL("SELECT count(*) FROM {tbl} WHERE {col} IS NOT NULL AND {col} <> ''").format(
         col=sql.Identifier(column), tbl=sql.Identifier(table))
-    return int(conn.execute(query).fetchone()[0])
+    return one_value(conn, query, None, int)
 
 
 def rewrite_text(conn: psycopg.Connection, table: str, column: str, row_id: str, text: str,
@@ -97,32 +106,33 @@ def rewrite_text(conn: psycopg.Connection, table: str, column: str, row_id: str,
             try:
                 with conn.transaction():
                     conn.execute(
-                        """UPDATE memories SET content = %s, content_sha256 = %s, embedding = NULL,
+                        """UPDATE memories SET content = %(text)s, content_sha256 = %(content_sha256)s, embedding = NULL,
                                   embedding_model = NULL, context_embedding = NULL, context_embedding_model = NULL
-                           WHERE id = %s""", (text, content_sha256(text), row_id))
+                           WHERE id = %(row_id)s""", {"text": text, "content_sha256": content_sha256(text), "row_id": row_id})
             except psycopg.errors.UniqueViolation:
                 # The redacted text equals another exchange of the same user: keep the old hash
                 # (a key for re-ingesting, not text) rather than refuse to remove the secret.
                 conn.execute(
-                    """UPDATE memories SET content = %s, embedding = NULL, embedding_model = NULL,
-                              context_embedding = NULL, context_embedding_model = NULL WHERE id = %s""",
-                    (text, row_id))
+                    """UPDATE memories SET content = %(text)s, embedding = NULL, embedding_model = NULL,
+                              context_embedding = NULL, context_embedding_model = NULL WHERE id = %(row_id)s""",
+                    {"text": text, "row_id": row_id})
         return
     if (table, column) in (("distillations", "content"), ("distillation_versions", "content")) and embedding is not None:
-        query = sql.SQL("UPDATE {tbl} SET content = %s, embedding = %s WHERE id = %s").format(tbl=sql.Identifier(table))
-        conn.execute(query, (text, np.asarray(embedding, dtype=np.float32), row_id))
+        query = sql.SQL("UPDATE {tbl} SET content = %(text)s, embedding = %(embedding)s WHERE id = %(row_id)s").format(
+            tbl=sql.Identifier(table))
+        conn.execute(query, {"text": text, "embedding": np.asarray(embedding, dtype=np.float32), "row_id": row_id})
         return
-    query = sql.SQL("UPDATE {tbl} SET {col} = %s WHERE id = %s").format(
+    query = sql.SQL("UPDATE {tbl} SET {col} = %(text)s WHERE id = %(row_id)s").format(
         tbl=sql.Identifier(table), col=sql.Identifier(column))
-    conn.execute(query, (text, row_id))
+    conn.execute(query, {"text": text, "row_id": row_id})
 
 
 def row_user(conn: psycopg.Connection, table: str, row_id: str) -> str | None:
     """The user a row belongs to (a version's: its distillation's), for the audit row."""
     if table == "distillation_versions":
         row = conn.execute("SELECT d.user_id FROM distillation_versions v JOIN distillations d ON d.id = v.distillation_id "
-                           "WHERE v.id = %s", (row_id,)).fetchone()
+                           "WHERE v.id = %(row_id)s", {"row_id": row_id}).fetchone()
     else:
-        row = conn.execute(sql.SQL("SELECT user_id FROM {tbl} WHERE id = %s").format(tbl=sql.Identifier(table)),
-                           (row_id,)).fetchone()
+        row = conn.execute(sql.SQL("SELECT user_id FROM {tbl} WHERE id = %(row_id)s").format(tbl=sql.Identifier(table)),
+                           {"row_id": row_id}).fetchone()
     return None if row is None else row[0]

@@ -4,17 +4,27 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, date, datetime
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 import psycopg
+from psycopg.rows import class_row
 
 from yak_pipeline.core.secrets import redact_secrets
 from yak_pipeline.core.types import validate_user_id
-from yak_pipeline.store.rows import claim_pending_rows, live_row
+from yak_pipeline.store.rows import PendingPartition, claim_pending_rows, live_row, one_value
 
-# What evaluating a turn reads of it, under its lock (``store.locking.lock_live_row``).
-EVALUATE_COLUMNS = ("id", "user_id", "user_message", "assistant_message", "recalled_ids", "attempts")
+
+class TurnToEvaluate(NamedTuple):
+    """What evaluating a turn reads of it, under its lock (``store.locking.lock_live_row``)."""
+
+    id: UUID
+    user_id: str
+    user_message: str
+    assistant_message: str
+    recalled_ids: list[UUID]
+    attempts: int
+
 
 _COLUMNS = (
     "id, user_id, memory_id, user_message, assistant_message, recalled_ids, status, attempts, last_error, "
@@ -40,7 +50,8 @@ def insert_turn(
     user_message, assistant_message = redact_secrets(user_message).text, redact_secrets(assistant_message).text
     ids = [str(i) for i in recalled_ids]
     # Scope the recalled ids to the user in SQL so a turn can never touch another user's warmth.
-    row = conn.execute(
+    return one_value(
+        conn,
         """INSERT INTO turns (user_id, memory_id, user_message, assistant_message, recalled_ids, occurred_at)
            SELECT %(user)s, %(memory)s, %(um)s, %(am)s,
                   coalesce(array_agg(d.id ORDER BY d.id), '{}'), %(at)s
@@ -48,8 +59,8 @@ def insert_turn(
            RETURNING id""",
         {"user": user_id, "memory": None if memory_id is None else str(memory_id), "um": user_message,
          "am": assistant_message, "ids": ids, "at": occurred_at or datetime.now(UTC)},
-    ).fetchone()
-    return row[0]
+        UUID,
+    )
 
 
 def get_turn(conn: psycopg.Connection, turn_id: UUID | str, *, user_id: str | None = None) -> dict[str, Any] | None:
@@ -64,23 +75,25 @@ def claim_pending_turns(
     return claim_pending_rows(conn, "turns", _COLUMNS, user_id=user_id, day=day, limit=limit)
 
 
-def pending_turn_partitions(conn: psycopg.Connection) -> list[tuple[str, date, int, str]]:
-    """``(user_id, UTC day, count, signature)`` of pending turns, for the turns sensor (the
-    signature names the pending turns and their attempts, as ``pending_memory_partitions``' does)."""
-    return conn.execute(
-        """SELECT user_id, (occurred_at AT TIME ZONE 'UTC')::date, count(*),
-                  count(*) || '-' || left(md5(string_agg(id::text || ':' || attempts, ',' ORDER BY id)), 16)
-           FROM turns WHERE status = 'pending' AND deleted_at IS NULL GROUP BY 1, 2 ORDER BY 2, 1"""
-    ).fetchall()
+def pending_turn_partitions(conn: psycopg.Connection) -> list[PendingPartition]:
+    """The partitions with pending turns, for the turns sensor (the signature names the pending
+    turns and their attempts, as ``pending_memory_partitions``' does)."""
+    with conn.cursor(row_factory=class_row(PendingPartition)) as cur:
+        return cur.execute(
+            """SELECT user_id, (occurred_at AT TIME ZONE 'UTC')::date AS day, count(*) AS rows,
+                      count(*) || '-' || left(md5(string_agg(id::text || ':' || attempts, ',' ORDER BY id)), 16)
+                        AS signature
+               FROM turns WHERE status = 'pending' AND deleted_at IS NULL GROUP BY 1, 2 ORDER BY 2, 1"""
+        ).fetchall()
 
 
 def mark_turn(conn: psycopg.Connection, turn_id: UUID | str, *, status: str, error: str | None = None) -> None:
     """Record the outcome of evaluating a turn."""
     conn.execute(
-        """UPDATE turns SET status = %s, last_error = %s, attempts = attempts + 1,
-                  evaluated_at = CASE WHEN %s = 'evaluated' THEN now() ELSE evaluated_at END
-           WHERE id = %s""",
-        (status, None if error is None else error[:2000], status, str(turn_id)),
+        """UPDATE turns SET status = %(status)s, last_error = %(error)s, attempts = attempts + 1,
+                  evaluated_at = CASE WHEN %(status)s = 'evaluated' THEN now() ELSE evaluated_at END
+           WHERE id = %(turn_id)s""",
+        {"status": status, "error": None if error is None else error[:2000], "turn_id": str(turn_id)},
     )
 
 

@@ -66,9 +66,9 @@ def user_indexes(conn: psycopg.Connection, user_id: str) -> frozenset[VectorColu
     names = {user_index_name(table, column, user_id): (table, column) for table, column in VECTOR_COLUMNS}
     rows = conn.execute(
         """SELECT c.relname FROM pg_class c JOIN pg_index i ON i.indexrelid = c.oid
-           WHERE c.relname = ANY(%s) AND c.relnamespace = current_schema()::regnamespace
+           WHERE c.relname = ANY(%(names)s) AND c.relnamespace = current_schema()::regnamespace
              AND i.indisvalid AND i.indisready""",
-        (list(names),),
+        {"names": list(names)},
     ).fetchall()
     return frozenset(names[r[0]] for r in rows)
 
@@ -100,8 +100,8 @@ def ensure_user_indexes(
         prefix = f"{table}_{column}_u_"
         existing: dict[str, bool] = dict(conn.execute(
             """SELECT c.relname, i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
-               WHERE i.indrelid = %s::regclass AND left(c.relname, %s) = %s""",
-            (table, len(prefix), prefix)).fetchall())
+               WHERE i.indrelid = %(table)s::regclass AND left(c.relname, %(prefix_length)s) = %(prefix)s""",
+            {"table": table, "prefix_length": len(prefix), "prefix": prefix}).fetchall())
         wanted = {user_index_name(table, column, user): (user, n) for user, n in counts.items() if n >= min_rows}
         keep = {user_index_name(table, column, user) for user, n in counts.items() if n >= min_rows // 2}
         for name, valid in existing.items():

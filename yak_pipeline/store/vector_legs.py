@@ -19,13 +19,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import numpy as np
+import numpy.typing as npt
 import psycopg
 from psycopg import sql
 
 from yak_pipeline.store.recall_legs import LEG_WHERE, LegHit
+from yak_pipeline.store.rows import one_value
 from yak_pipeline.store.user_indexes import USER_INDEX_MIN_ROWS, user_indexes
 
 _MIN_FETCH: Final[int] = 40
@@ -55,8 +57,9 @@ def set_beam(conn: psycopg.Connection, ef_search: int, *, iterative: bool = True
     4.5 per leg (the same 50 rows in each of 450 legs, docs/BENCHMARKS.md §2f). When filters
     leave it short, the exact scan stands in (:func:`vector_search`).
     """
-    conn.execute("SELECT set_config('hnsw.ef_search', %s, true), set_config('hnsw.iterative_scan', %s, true)",
-                 (str(max(min(ef_search, MAX_EF_SEARCH), 1)), "strict_order" if iterative else "off"))
+    conn.execute("SELECT set_config('hnsw.ef_search', %(ef_search)s, true), set_config('hnsw.iterative_scan', %(iterative_scan)s, true)",
+                 {"ef_search": str(max(min(ef_search, MAX_EF_SEARCH), 1)),
+                  "iterative_scan": "strict_order" if iterative else "off"})
 
 
 def beam_for(rows_wanted: int) -> int:
@@ -72,7 +75,7 @@ def vector_search(
     *,
     table: Literal["memories", "distillations"],
     user_id: str,
-    query_embedding: Sequence[float],
+    query_embedding: Sequence[float] | npt.NDArray[np.float32],
     embedding_model: str,
     limit: int,
     exact: bool = False,
@@ -135,12 +138,12 @@ def vector_search(
     return [LegHit(id=str(r[0]), score=float(r[1])) for r in rows]
 
 
-def _has_more_rows_than(conn: psycopg.Connection, *, table: str, where: str, args: dict, rows: int) -> bool:
+def _has_more_rows_than(conn: psycopg.Connection, *, table: str, where: str, args: dict[str, Any], rows: int) -> bool:
     """Whether the user has more than ``rows`` candidate rows: reads at most ``rows + 1`` of them.
 
     A full count of a heavy user's rows cost 21 ms p50 at 10,000 rows, more than the index
     scan it decides about (docs/BENCHMARKS.md); this bounded one reads what the decision needs.
     """
-    found = conn.execute(f"SELECT count(*) FROM (SELECT 1 FROM {table} t WHERE {where} LIMIT %(cap)s) AS f",  # noqa: S608
-                         {**args, "cap": rows + 1}).fetchone()[0]
+    found = one_value(conn, f"SELECT count(*) FROM (SELECT 1 FROM {table} t WHERE {where} LIMIT %(cap)s) AS f",  # noqa: S608
+                      {**args, "cap": rows + 1}, int)
     return found > rows

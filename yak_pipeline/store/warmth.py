@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 from uuid import UUID
 
 import psycopg
@@ -61,14 +62,15 @@ def _record(
     evaluator: str | None,
 ) -> None:
     if change.after != change.before:
-        conn.execute("UPDATE distillations SET warmth = %s, updated_at = now() WHERE id = %s",
-                     (change.after, str(distillation_id)))
+        conn.execute("UPDATE distillations SET warmth = %(after)s, updated_at = now() WHERE id = %(distillation_id)s",
+                     {"after": change.after, "distillation_id": str(distillation_id)})
     conn.execute(
         """INSERT INTO warmth_events (distillation_id, turn_id, user_id, relevance_score, delta,
                                       warmth_before, warmth_after, reason, evaluator)
-           VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)""",
-        (str(distillation_id), None if turn_id is None else str(turn_id), user_id, relevance, change.delta,
-         change.before, change.after, reason, evaluator),
+           VALUES (%(distillation_id)s, %(turn_id)s, %(user_id)s, %(relevance)s, %(delta)s, %(before)s, %(after)s, %(reason)s, %(evaluator)s)""",
+        {"distillation_id": str(distillation_id), "turn_id": None if turn_id is None else str(turn_id),
+         "user_id": user_id, "relevance": relevance, "delta": change.delta, "before": change.before,
+         "after": change.after, "reason": reason, "evaluator": evaluator},
     )
 
 
@@ -125,19 +127,19 @@ def undo_turn_warmth(conn: psycopg.Connection, *, user_id: str, memory_ids: Sequ
         after = min(1.0, max(0.0, warmth - delta))
         if after == warmth:
             continue
-        conn.execute("SELECT 1 FROM distillations WHERE id = %s FOR UPDATE", (str(distillation_id),))
+        conn.execute("SELECT 1 FROM distillations WHERE id = %(distillation_id)s FOR UPDATE", {"distillation_id": str(distillation_id)})
         _record(conn, distillation_id, user_id, WarmthChange(before=warmth, delta=after - warmth, after=after), None,
                 "forgotten", None, actor)
         changed += 1
     return changed
 
 
-def warmth_history(conn: psycopg.Connection, distillation_id: UUID | str, *, limit: int = 50) -> list[dict]:
+def warmth_history(conn: psycopg.Connection, distillation_id: UUID | str, *, limit: int = 50) -> list[dict[str, Any]]:
     """A distillation's latest warmth events, newest first."""
     rows = conn.execute(
         """SELECT id, turn_id, relevance_score, delta, warmth_before, warmth_after, reason, evaluator, created_at
-           FROM warmth_events WHERE distillation_id = %s ORDER BY id DESC LIMIT %s""",
-        (str(distillation_id), limit),
+           FROM warmth_events WHERE distillation_id = %(distillation_id)s ORDER BY id DESC LIMIT %(limit)s""",
+        {"distillation_id": str(distillation_id), "limit": limit},
     ).fetchall()
     keys = ("id", "turn_id", "relevance_score", "delta", "warmth_before", "warmth_after", "reason", "evaluator",
             "created_at")
@@ -147,4 +149,4 @@ def warmth_history(conn: psycopg.Connection, distillation_id: UUID | str, *, lim
 def evaluated_distillations(conn: psycopg.Connection, turn_id: UUID | str) -> set[str]:
     """Ids of the distillations that already have a warmth event for this turn (each pair counts once)."""
     return {str(r[0]) for r in conn.execute(
-        "SELECT distillation_id FROM warmth_events WHERE turn_id = %s", (str(turn_id),)).fetchall()}
+        "SELECT distillation_id FROM warmth_events WHERE turn_id = %(turn_id)s", {"turn_id": str(turn_id)}).fetchall()}

@@ -194,7 +194,7 @@ def change_type(user_id: str, distillation_id: UUID, visitor: SignedIn, services
         user_id, distillation_id, visitor, csrf_token,
         lambda actor: set_memory_type(services.database, distillation_id, memory_type=memory_type, user_id=user_id,
                                       actor=actor),
-        lambda before: _change_note("type", before[0], memory_type))
+        lambda before: _change_note("type", before.memory_type, memory_type))
 
 
 @router.post("/review/{distillation_id}/{decision}")
