@@ -25,10 +25,7 @@ PACKAGE = Path(yak_pipeline.__file__).parent
 STORE = PACKAGE / "store"
 
 # Store modules not converted to named placeholders yet, and why.
-POSITIONAL_NOT_YET_CONVERTED = {
-    # Helper 4 of issue 36's round rewrites this module at the same time; converted with its rewrite.
-    "metrics.py",
-}
+POSITIONAL_NOT_YET_CONVERTED: set[str] = set()
 
 # Where the store inlines a value into SQL text (``sql.Literal``) rather than sending it as a
 # parameter, and why each must.

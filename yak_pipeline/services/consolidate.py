@@ -33,6 +33,7 @@ from yak_pipeline.llm.provider import LLMProvider
 from yak_pipeline.services.reports import StageReport
 from yak_pipeline.store.conflicts import conflicting_ids, record_conflict
 from yak_pipeline.store.consolidation_checks import (
+    CheckedDistillation,
     MergeTarget,
     lock_merge_target,
     lock_unchecked,
@@ -71,7 +72,7 @@ def _unchecked(db: Database, *, user_id: str, day: date | None, column: str, req
 
 @contextmanager
 def _claim(job: ConsolidateJob, distillation_id: str, column: str,
-           report: StageReport) -> Iterator[tuple[psycopg.Connection, tuple] | None]:
+           report: StageReport) -> Iterator[tuple[psycopg.Connection, CheckedDistillation] | None]:
     """A transaction holding the distillation's lock and its row, or None (counted as skipped) when
     it is gone, held by another worker or already checked by ``column``."""
     report.rows_in += 1

@@ -25,8 +25,9 @@ class CheckedDistillation(NamedTuple):
     id: UUID
     user_id: str
     content: str
-    embedding: Any  # a numpy vector (pgvector's loader), None before it is embedded
-    embedding_model: str | None
+    # An active distillation always has both (sql/001's check): a numpy vector (pgvector's loader).
+    embedding: Any
+    embedding_model: str
     created_at: datetime
     refreshed_at: datetime
 

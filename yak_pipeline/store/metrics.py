@@ -25,9 +25,11 @@ from yak_pipeline.core.metric_catalogue import METRICS_BY_NAME, MetricDefinition
 _FOLD_LOCK_KEY: Final = 0x59414B_4D54  # "YAK" "MT"
 
 Labels = Mapping[str, str]
+# A label set as a sorted tuple of pairs: hashable, one form for the same labels in any order.
+LabelsKey = tuple[tuple[str, str], ...]
 
 
-def _labels_key(labels: Labels | None) -> tuple[tuple[str, str], ...]:
+def _labels_key(labels: Labels | None) -> LabelsKey:
     return tuple(sorted((str(k), str(v)) for k, v in (labels or {}).items()))
 
 
@@ -52,7 +54,7 @@ class MetricEvent:
     kind: Literal["counter", "observation"]
     name: str
     value: float
-    labels: tuple[tuple[str, str], ...] = ()
+    labels: LabelsKey = ()
 
 
 def counter_event(name: str, amount: float = 1.0, labels: Labels | None = None) -> MetricEvent:
@@ -69,10 +71,11 @@ def observation_event(name: str, value: float, labels: Labels | None = None) -> 
 
 def append_metric_events(conn: psycopg.Connection, events: Iterable[MetricEvent]) -> int:
     """Append events in the caller's transaction (they count only if it commits); returns how many."""
-    rows = [(e.kind, e.name, Jsonb(dict(e.labels)), e.value) for e in events]
+    rows = [{"kind": e.kind, "name": e.name, "labels": Jsonb(dict(e.labels)), "value": e.value} for e in events]
     if rows:
         with conn.cursor() as cur:
-            cur.executemany("INSERT INTO metric_events (kind, name, labels, value) VALUES (%s, %s, %s, %s)", rows)
+            cur.executemany("INSERT INTO metric_events (kind, name, labels, value) "
+                            "VALUES (%(kind)s, %(name)s, %(labels)s, %(value)s)", rows)
     return len(rows)
 
 
@@ -95,10 +98,10 @@ def fold_metric_events(conn: psycopg.Connection) -> int:
 
     Rows of transactions still in flight are invisible here and folded by a later scrape.
     """
-    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_FOLD_LOCK_KEY,))
+    conn.execute("SELECT pg_advisory_xact_lock(%(key)s)", {"key": _FOLD_LOCK_KEY})
     rows = conn.execute("DELETE FROM metric_events RETURNING kind, name, labels, value").fetchall()
-    counters: dict[tuple[str, tuple], float] = {}
-    buckets: dict[tuple[str, tuple, float], int] = {}
+    counters: dict[tuple[str, LabelsKey], float] = {}
+    buckets: dict[tuple[str, LabelsKey, float], int] = {}
     for kind, name, labels, value in rows:
         key = _labels_key(labels)
         if kind == "counter":
@@ -113,15 +116,16 @@ def fold_metric_events(conn: psycopg.Connection) -> int:
     # Sorted, so concurrent writers of the totals always lock rows in one order.
     for (name, key), value in sorted(counters.items()):
         conn.execute(
-            """INSERT INTO metric_counters (name, labels, value) VALUES (%s, %s, %s)
+            """INSERT INTO metric_counters (name, labels, value) VALUES (%(name)s, %(labels)s, %(value)s)
                ON CONFLICT (name, labels) DO UPDATE SET value = metric_counters.value + EXCLUDED.value""",
-            (name, Jsonb(dict(key)), value),
+            {"name": name, "labels": Jsonb(dict(key)), "value": value},
         )
     for (name, key, le), count in sorted(buckets.items()):
         conn.execute(
-            """INSERT INTO metric_histogram_buckets (name, labels, le, count) VALUES (%s, %s, %s, %s)
+            """INSERT INTO metric_histogram_buckets (name, labels, le, count)
+               VALUES (%(name)s, %(labels)s, %(le)s, %(count)s)
                ON CONFLICT (name, labels, le) DO UPDATE SET count = metric_histogram_buckets.count + EXCLUDED.count""",
-            (name, Jsonb(dict(key)), le, count),
+            {"name": name, "labels": Jsonb(dict(key)), "le": le, "count": count},
         )
     return len(rows)
 
@@ -143,16 +147,17 @@ class HistogramTotals:
 class MetricTotals:
     """Every metric's value at one scrape."""
 
-    counters: dict[str, dict[tuple[tuple[str, str], ...], float]] = field(default_factory=dict)
-    histograms: dict[str, dict[tuple[tuple[str, str], ...], HistogramTotals]] = field(default_factory=dict)
+    counters: dict[str, dict[LabelsKey, float]] = field(default_factory=dict)
+    histograms: dict[str, dict[LabelsKey, HistogramTotals]] = field(default_factory=dict)
     queue_sizes: dict[str, int] = field(default_factory=dict)
 
 
-def _histograms(rows: list[tuple], sums: dict[tuple[str, tuple], float]) -> dict[str, dict[tuple, HistogramTotals]]:
-    per_series: dict[tuple[str, tuple], dict[float, int]] = {}
+def _histograms(rows: list[tuple[str, Labels, float, int]],
+                sums: dict[tuple[str, LabelsKey], float]) -> dict[str, dict[LabelsKey, HistogramTotals]]:
+    per_series: dict[tuple[str, LabelsKey], dict[float, int]] = {}
     for name, labels, le, count in rows:
         per_series.setdefault((name, _labels_key(labels)), {})[float(le)] = int(count)
-    result: dict[str, dict[tuple, HistogramTotals]] = {}
+    result: dict[str, dict[LabelsKey, HistogramTotals]] = {}
     for (name, key), stored in per_series.items():
         definition = METRICS_BY_NAME.get(name)
         if definition is None:
@@ -173,7 +178,7 @@ def read_metrics(conn: psycopg.Connection, *, queue_sizes: Mapping[str, int]) ->
     counter_rows = conn.execute("SELECT name, labels, value FROM metric_counters").fetchall()
     bucket_rows = conn.execute("SELECT name, labels, le, count FROM metric_histogram_buckets").fetchall()
     totals = MetricTotals(queue_sizes=dict(queue_sizes))
-    sums: dict[tuple[str, tuple], float] = {}
+    sums: dict[tuple[str, LabelsKey], float] = {}
     for name, labels, value in counter_rows:
         if name.endswith("_sum") and name.removesuffix("_sum") in METRICS_BY_NAME:
             sums[(name.removesuffix("_sum"), _labels_key(labels))] = float(value)
