@@ -41,7 +41,7 @@ import numpy as np
 import psycopg
 
 from yak_pipeline.core.exchanges import same_words, users_words
-from yak_pipeline.core.query_intent import asks_about_present
+from yak_pipeline.core.query_intent import asks_about_past, asks_about_present
 from yak_pipeline.core.recall import Candidate, Leg, RankedMemory, RecallParams, rank_memories
 from yak_pipeline.core.relevance import RelevanceModel, RelevanceSignals
 from yak_pipeline.store.bm25 import bm25_search
@@ -55,15 +55,16 @@ from yak_pipeline.store.vector_legs import vector_search
 # Ids come back as text throughout recall: a uuid object per row (about a thousand per recall),
 # made and then turned into a string, cost 1.5 ms of Python CPU per recall at 100,000 rows.
 # Per candidate: the score's inputs, the cosine to the distillation, to its own exchange and to
-# that exchange in its context (when ``context``), and the newer memory that replaced it (only
-# if that one had happened by ``as_of``).
+# that exchange in its context (when ``context``), the newer memory that replaced it (only
+# if that one had happened by ``as_of``), and its text (``core.recall``'s update reading).
 _CANDIDATE_ROWS_SQL: Final[str] = """
 SELECT d.id::text, d.tier, d.warmth, d.user_weight, d.refreshed_at,
        1 - (d.embedding <=> %(q)s) AS cos_distillation,
        CASE WHEN m.embedding_model = %(model)s THEN 1 - (m.embedding <=> %(q)s) END AS cos_exchange,
        CASE WHEN %(as_of)s::timestamptz IS NULL OR sm.occurred_at <= %(as_of)s THEN s.id::text END AS superseded_by,
        CASE WHEN %(context)s AND m.context_embedding_model = %(model)s
-            THEN 1 - (m.context_embedding <=> %(q)s) END AS cos_context
+            THEN 1 - (m.context_embedding <=> %(q)s) END AS cos_context,
+       d.content
 FROM distillations d
 JOIN memories m ON m.id = d.memory_id
 LEFT JOIN distillations s ON s.id = d.superseded_by AND s.status = 'active' AND s.deleted_at IS NULL
@@ -148,7 +149,8 @@ def _candidates(rows: Sequence[tuple], raw_rows: Sequence[tuple], held_by: Mappi
                 m_vec: Sequence[LegHit], c_vec: Sequence[LegHit]) -> list[Candidate]:
     """Each candidate row (:data:`_CANDIDATE_ROWS_SQL`) with its signals and ranks from the legs' hits
     (the exchange legs' through ``held_by``, the distillation holding each exchange), and each raw
-    row (:data:`_RAW_ROWS_SQL`, an exchange no active distillation holds) as a raw candidate."""
+    row (:data:`_RAW_ROWS_SQL`, an exchange no active distillation holds: id, time, cosines, the
+    user's words) as a raw candidate."""
     # An exchange's BM25 and cosine count for the distillation that holds it; a distillation
     # holding several (merges) keeps the best of each. A raw exchange stands for itself.
     itself = {row[0]: row[0] for row in raw_rows}
@@ -195,8 +197,8 @@ def _candidates(rows: Sequence[tuple], raw_rows: Sequence[tuple], held_by: Mappi
             cos_context=context_cos[distillation_id], best_cos_context=best_cos_c)
         candidates.append(Candidate(
             id=distillation_id, tier=row[1], warmth=float(row[2]), user_weight=float(row[3]), refreshed_at=row[4],
-            signals=signals, ranks=ranks.get(distillation_id, {}), superseded_by=row[7]))
-    for memory_id, occurred_at, _, _ in raw_rows:
+            signals=signals, ranks=ranks.get(distillation_id, {}), superseded_by=row[7], words=row[9]))
+    for memory_id, occurred_at, _, _, words in raw_rows:
         own = raw_cos[memory_id]
         signals = RelevanceSignals(
             cos_distillation=stand_in if own is None else own, cos_exchange=own,
@@ -206,7 +208,7 @@ def _candidates(rows: Sequence[tuple], raw_rows: Sequence[tuple], held_by: Mappi
             cos_context=raw_context_cos[memory_id], best_cos_context=best_cos_c, raw=True)
         candidates.append(Candidate(
             id=memory_id, tier=RAW_TIER, warmth=RAW_WARMTH, user_weight=RAW_USER_WEIGHT, refreshed_at=occurred_at,
-            signals=signals, ranks=ranks.get(memory_id, {}), kind="raw"))
+            signals=signals, ranks=ranks.get(memory_id, {}), kind="raw", words=words))
     return candidates
 
 
@@ -282,10 +284,12 @@ def recall_candidates(conn: psycopg.Connection, **ask: Unpack[CandidateQuery]) -
     # is no evidence of an answer: it would only stand out as the best match of its own text, and
     # make the query look answerable. It leaves every leg.
     asked = ask.get("echo") or query
-    echoes = {r[0] for r in raw_rows if same_words(users_words(r[2])[0], asked)}
+    said = {r[0]: users_words(r[2])[0] for r in raw_rows}
+    echoes = {memory_id for memory_id, words in said.items() if same_words(words, asked)}
     if echoes:
         m_text, m_vec, c_vec = ([h for h in hits if h.id not in echoes] for hits in (m_text, m_vec, c_vec))
-    raw_rows = sorted(((r[0], r[1], r[3], r[4]) for r in raw_rows if r[0] not in echoes), key=lambda r: r[0])
+    raw_rows = sorted(((r[0], r[1], r[3], r[4], said[r[0]]) for r in raw_rows if r[0] not in echoes),
+                      key=lambda r: r[0])
     if not rows and not raw_rows:
         # As of a past moment an exchange can be held by a distillation it was merged into later,
         # whose own exchange came after that moment: not a candidate then (found by hypothesis).
@@ -310,4 +314,4 @@ def recall(conn: psycopg.Connection, *, model: RelevanceModel, now: datetime | N
         return []
     now = as_of or now or datetime.now(UTC)
     return rank_memories(recall_candidates(conn, **ask), model=model, params=params, now=now,
-                         about_present=asks_about_present(ask["query"]))
+                         about_present=asks_about_present(ask["query"]), about_past=asks_about_past(ask["query"]))
