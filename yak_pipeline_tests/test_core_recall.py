@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from yak_pipeline.core.query_intent import asks_about_present
 from yak_pipeline.core.recall import (
     PRESENT_WINDOW,
+    UPDATE_WINDOW,
     Candidate,
     RankedMemory,
     RecallParams,
@@ -30,6 +31,7 @@ from yak_pipeline.core.relevance import (
 )
 from yak_pipeline.core.scoring import TIER_GRAVITY
 from yak_pipeline.core.types import TIERS
+from yak_pipeline.core.updates import announces_update
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 # relevance = sigmoid(10 × cos_distillation): a candidate's relevance is set through its cosine.
@@ -54,13 +56,13 @@ def _signals(cos: float = 0.5, *, cos_x: float | None = None, bm25_d: float = 0.
 
 def _candidate(id: str, *, relevance: float | None = None, tier: str = "medium", warmth: float = 0.0,
                user_weight: float = 1.0, age_days: float = 0.0, superseded_by: str | None = None,
-               signals: RelevanceSignals | None = None) -> Candidate:
+               signals: RelevanceSignals | None = None, words: str = "") -> Candidate:
     """A candidate; ``relevance`` (under :data:`STEEP`) is set through the distillation cosine."""
     if signals is None:
         signals = _signals(_logit(relevance) / 10.0 if relevance is not None else 0.5)
     return Candidate(id=id, tier=tier, warmth=warmth, user_weight=user_weight,  # type: ignore[arg-type]
                      refreshed_at=NOW - timedelta(days=age_days), signals=signals,
-                     ranks={"distillation_vector": 1}, superseded_by=superseded_by)
+                     ranks={"distillation_vector": 1}, superseded_by=superseded_by, words=words)
 
 
 def _constant(relevance: float) -> RelevanceModel:
@@ -200,6 +202,52 @@ def test_questions_about_the_present_are_read_from_their_words() -> None:
     for question in ("Where did I grow up?", "When did I move to Porto?", "How long have I had my current job?",
                      "What year did I start at the current school?", "What is my dog called?"):
         assert not asks_about_present(question), question
+
+
+def test_a_memory_announcing_a_new_value_moves_ahead_of_older_ones_near_the_top() -> None:
+    # The older statement ranks first by score; the newer one says the value changed.
+    candidates = [
+        _candidate("old", relevance=0.99, age_days=30, words="User's repository has 150 commits on main."),
+        _candidate("other", relevance=0.98, age_days=40, words="User tagged release v1.0.0."),
+        _candidate("new", relevance=0.97, age_days=3,
+                   words="The commits merged into the main branch have now reached 165."),
+        _candidate("far", relevance=0.96, age_days=1, words="User's coverage recently improved to 78%."),
+    ]
+    params = RecallParams(threshold=0.0, limit=4, decay_enabled=False)
+    ranked = rank_memories(candidates, model=STEEP, params=params, now=NOW)
+    assert UPDATE_WINDOW == 3
+    # "new" moves above both older memories; "far" (4th) is outside the window and stays.
+    assert [m.id for m in ranked] == ["new", "old", "other", "far"]
+    assert [m.update_first for m in ranked] == [True, False, False, False]
+    assert ranked[0].explain(NOW)["update_first"] is True
+    assert "put ahead of older memories: it says the value changed" in ranked[0].reasons(NOW)
+    # A question about the past wants the old value: the score's order stands; so with the reading off.
+    assert [m.id for m in rank_memories(candidates, model=STEEP, params=params, now=NOW, about_past=True)] == [
+        "old", "other", "new", "far"]
+    assert [m.id for m in rank_memories(candidates, model=STEEP, params=replace(params, updates_first=False),
+                                        now=NOW)] == ["old", "other", "new", "far"]
+
+
+def test_an_update_never_moves_above_a_newer_memory_or_another_update() -> None:
+    candidates = [
+        _candidate("newer", relevance=0.99, age_days=1, words="User likes tea."),
+        _candidate("also", relevance=0.98, age_days=50, words="The deadline has now moved to May."),
+        _candidate("update", relevance=0.97, age_days=5, words="The new deadline is June 2."),
+    ]
+    ranked = rank_memories(candidates, model=STEEP, params=RecallParams(threshold=0.0, limit=3, decay_enabled=False),
+                           now=NOW)
+    assert [m.id for m in ranked] == ["newer", "also", "update"]
+    assert not any(m.update_first for m in ranked)
+
+
+def test_a_new_value_is_read_from_the_words_that_announce_it() -> None:
+    for text in ("the number of commits has now reached 165", "my coverage recently improved to 78%",
+                 "I need to meet the new deadline of April 5", "the quota was increased to 1,200 calls",
+                 "the mentees I've worked with has increased to 7", "my weekly target was updated to 1,350 words"):
+        assert announces_update(text), text
+    for text in ("I have 150 commits on main", "I want to improve my test coverage", "I moved the chair",
+                 "a new idea for the app", "what is the deadline?"):
+        assert not announces_update(text), text
 
 
 def test_explain_carries_every_factor_of_the_score() -> None:

@@ -241,14 +241,14 @@ def test_each_conversation_is_ranked_only_by_a_model_that_did_not_see_it(setting
     assert in_sample is not None and trained_on[in_sample.version] == keys
     cross_validated = [(key, version) for key, version in ranked_by if version in fold_versions]
     # 3 questions per conversation (2 answerable, 1 never-said), each ranked once per cross-validated
-    # Yak method (the default and "Yak, no query parts").
-    assert {key for key, _ in cross_validated} == keys and len(cross_validated) == 24
+    # Yak method (the default, "Yak, no query parts" and "Yak, no update reading").
+    assert {key for key, _ in cross_validated} == keys and len(cross_validated) == 36
     for key, version in cross_validated:
         assert key not in trained_on[version], (key, version)
     assert {version for key, version in ranked_by if version == in_sample.version}
     section = report["files"]["two"]
     assert set(section["methods"]) == {"BM25", "dense", "Yak", "Yak (in-sample)", "Yak (shipped model)",
-                                       "Yak, no query parts"}
+                                       "Yak, no query parts", "Yak, no update reading"}
     assert section["methods"]["Yak"]["overall"]["n"] == 4 and section["methods"]["Yak"]["abstention_n"] == 2
 
 

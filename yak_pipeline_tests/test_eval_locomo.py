@@ -163,7 +163,7 @@ def test_a_whole_run_ingests_through_the_pipeline_and_scores_three_methods(setti
     assert report["data"] == ["synthetic"] and list(report["files"]) == ["synthetic"]
     section = report["files"]["synthetic"]
     assert list(section["methods"]) == ["BM25", "dense", "Yak", "Yak (in-sample)", "Yak (shipped model)",
-                                        "Yak, no query parts"]
+                                        "Yak, no query parts", "Yak, no update reading"]
     assert section["questions"]["scored"] == 5 and section["turns"] == 9
     # Two people talking (no assistant): one exchange per turn, as before.
     assert section["exchanges"] == 9 and section["paired_conversations"] == 0
@@ -271,7 +271,8 @@ def test_the_llm_judge_is_scored_as_its_own_method(settings: Settings, openai_se
     assert report["distiller"] == "llm"  # the configured endpoint distils when none is named
     section = report["files"]["synthetic"]
     assert list(section["methods"]) == ["BM25", "dense", "Yak", "Yak (in-sample)", "Yak (shipped model)",
-                                        "Yak, no query parts", "Yak + LLM judge"] and section["ablations"] == {}
+                                        "Yak, no query parts", "Yak, no update reading",
+                                        "Yak + LLM judge"] and section["ablations"] == {}
     judged, default = section["methods"]["Yak + LLM judge"], section["methods"]["Yak"]
     assert judged["kind"] == "yak_judged" and judged["overall"]["n"] == default["overall"]["n"] == 5
     # Only the kitten question keeps its evidence (the judge dropped every other memory).
@@ -327,7 +328,8 @@ def test_cli_prints_json_and_writes_the_files(tmp_path: Path, settings: Settings
     # One conversation: no cross-validation, and no in-sample fit (no negatives for the
     # answerability): "Yak" is the shipped model's, and the report says so.
     assert report["conversations"] == 1 and set(section["methods"]) == {"BM25", "dense", "Yak", "Yak (shipped model)",
-                                                                          "Yak, no query parts"}
+                                                                          "Yak, no query parts",
+                                                                          "Yak, no update reading"}
     assert report["cross_validation"]["folds"] == 0 and "no cross-validation" in report["evaluation"]
     assert report["notes"] and "could not be fitted" in report["notes"][0]
     assert "recall@5" in section["methods"]["Yak"]["by_category"]["4"]

@@ -34,7 +34,11 @@ For each candidate:
    answer; the latest of them is the current value, and a model reading the block meets it
    first (each line also carries its date, and a superseded one says so). Measured on the
    paraphrase file's knowledge updates: docs/RECALL.md;
-6. last, a superseded memory listed above the memory that replaced it moves to just after it
+6. unless the question asks about the past, a memory among the first :data:`UPDATE_WINDOW` whose
+   words announce a new value ("has now reached 165", "the new deadline"; ``core.updates``) moves
+   ahead of the older memories above it that announce none (:func:`updates_first`): a change is
+   often said without the old value, so the conflict check never pairs them;
+7. last, a superseded memory listed above the memory that replaced it moves to just after it
    (:func:`current_before_superseded`): the current fact always leads.
 """
 
@@ -49,6 +53,7 @@ from typing import Final, Literal
 from yak_pipeline.core.relevance import RelevanceModel, RelevanceSignals, relevance_features
 from yak_pipeline.core.scoring import DEFAULT_CORE_MULTIPLIER, GATE_EPSILON, decay_factor, gravity, passes_tier_gate
 from yak_pipeline.core.types import TIERS, Tier
+from yak_pipeline.core.updates import announces_update
 
 # What a recalled memory is: a distillation (the LLM's refinement of an exchange, gated by its
 # confidence), or an exchange no active distillation holds, recalled as the user's own words
@@ -64,6 +69,9 @@ _SECONDS_PER_DAY: Final[float] = 86_400.0
 # block's default size (``RecallParams.limit``), so the block a model reads starts with the
 # current value while the memories below it keep the score's order.
 PRESENT_WINDOW: Final[int] = 5
+# How many of the best memories the update reading reorders (step 6): a memory announcing a new
+# value further down is not moved above the answer the score found (docs/RECALL.md).
+UPDATE_WINDOW: Final[int] = 3
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,8 @@ class RecallParams:
     gate: bool = True
     # A question about the present gets its first PRESENT_WINDOW memories newest first (step 5).
     present_newest_first: bool = True
+    # A memory announcing a new value moves ahead of older ones near the top (step 6).
+    updates_first: bool = True
     # Exchanges no active distillation holds are candidates too, as the user's own words (kind
     # "raw"); False: distillations only (the offline warmth judge, ablations).
     raw_exchanges: bool = True
@@ -124,6 +134,8 @@ class Candidate:
     ranks: Mapping[Leg, int] = field(default_factory=dict)
     superseded_by: str | None = None
     kind: MemoryKind = "distilled"
+    # What the update reading reads (step 6): a distillation's text, a raw exchange's user side.
+    words: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in MEMORY_KINDS:
@@ -166,6 +178,8 @@ class RankedMemory:
     # True when this memory's place was set by recency (a question about the present, step 5).
     newest_first: bool = False
     kind: MemoryKind = "distilled"
+    # True when this memory moved ahead of older ones because its words announce a new value (step 6).
+    update_first: bool = False
 
     @property
     def similarity(self) -> float:
@@ -205,6 +219,8 @@ class RankedMemory:
             why.append("a newer memory replaced it")
         if self.newest_first:
             why.append("put first as the newest, since the question asks about now")
+        if self.update_first:
+            why.append("put ahead of older memories: it says the value changed")
         return why
 
     def explain(self, now: datetime | None = None) -> dict[str, object]:
@@ -224,6 +240,7 @@ class RankedMemory:
             "gravity": self.gravity,
             "superseded_by": self.superseded_by,
             "newest_first": self.newest_first,
+            "update_first": self.update_first,
         }
 
 
@@ -261,6 +278,24 @@ def newest_first(ranked: list[RankedMemory], window: int = PRESENT_WINDOW) -> li
     return [replace(m, newest_first=True) for m in head] + ranked[window:]
 
 
+def updates_first(ranked: list[RankedMemory], announcing: set[str], window: int = UPDATE_WINDOW) -> list[RankedMemory]:
+    """The first ``window`` memories with each one in ``announcing`` (ids of memories whose words
+    announce a new value) moved just above the first memory ahead of it that is older and announces
+    nothing; the rest as they were. Memories that both announce, or both do not, keep their order."""
+    head: list[RankedMemory] = []
+    for memory in ranked[:window]:
+        if memory.id not in announcing:
+            head.append(memory)
+            continue
+        older = next((i for i, m in enumerate(head)
+                      if m.id not in announcing and m.refreshed_at < memory.refreshed_at), None)
+        if older is None:
+            head.append(memory)
+        else:
+            head.insert(older, replace(memory, update_first=True))
+    return head + ranked[window:]
+
+
 def current_before_superseded(ranked: list[RankedMemory]) -> list[RankedMemory]:
     """``ranked`` with every superseded memory moved just after the memory that replaced it, when
     that one is listed below it: an outdated fact never leads the one that replaced it (a chain
@@ -289,12 +324,13 @@ def current_before_superseded(ranked: list[RankedMemory]) -> list[RankedMemory]:
 
 def rank_memories(
     candidates: Iterable[Candidate], *, model: RelevanceModel, params: RecallParams, now: datetime,
-    about_present: bool = False,
+    about_present: bool = False, about_past: bool = False,
 ) -> list[RankedMemory]:
     """The reference recall: relevance, tier gate, score, and the best ``params.limit`` (module docstring).
 
     ``about_present`` (``core.query_intent.asks_about_present`` of the query) puts the first
     :data:`PRESENT_WINDOW` of them newest first, unless ``params.present_newest_first`` is off.
+    ``about_past`` (``core.query_intent.asks_about_past``) keeps the update reading (step 6) out.
     """
     if now.tzinfo is None or now.utcoffset() is None:
         raise ValueError("now must be timezone-aware")
@@ -336,6 +372,11 @@ def rank_memories(
         for score, relevance, c, features, standing, answerability, decay, weight in scored[:params.limit]
     ]
     ranked = newest_first(ranked) if about_present and params.present_newest_first else ranked
+    if params.updates_first and not about_past:
+        # Read only for the few memories it may move: a raw exchange's words can be long.
+        top = {m.id for m in ranked[:UPDATE_WINDOW]}
+        announcing = {c.id for _, _, c, *_ in scored[:params.limit] if c.id in top and announces_update(c.words)}
+        ranked = updates_first(ranked, announcing) if announcing else ranked
     return current_before_superseded(ranked)
 
 

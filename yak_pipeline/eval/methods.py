@@ -19,6 +19,7 @@ YAK = "Yak"
 YAK_IN_SAMPLE = "Yak (in-sample)"
 YAK_SHIPPED = "Yak (shipped model)"
 YAK_NO_QUERY_PARTS = "Yak, no query parts"
+YAK_NO_UPDATE_READING = "Yak, no update reading"
 YAK_JUDGED = "Yak + LLM judge"
 
 
@@ -52,6 +53,9 @@ def build_methods(settings: Settings, options: EvalOptions) -> list[Method]:
         Method(YAK_NO_QUERY_PARTS, "yak", replace(base, query_parts=False), model="cross_validated",
                note="the default recall, cross-validated, without recalling for each thing a question lists "
                     "(YAK_RECALL_QUERY_PARTS=false)"),
+        Method(YAK_NO_UPDATE_READING, "yak", replace(base, updates_first=False), model="cross_validated",
+               note="the default recall, cross-validated, without moving a memory that announces a new value "
+                    "ahead of older ones (core.updates)"),
     ]
     if options.llm_judge:
         methods.append(Method(YAK_JUDGED, "yak_judged", base,

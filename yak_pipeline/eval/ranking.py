@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from yak_pipeline.core.query_intent import asks_about_present
+from yak_pipeline.core.query_intent import asks_about_past, asks_about_present
 from yak_pipeline.core.recall import RankedMemory, RecallParams, interleave, rank_memories
 from yak_pipeline.core.relevance import RelevanceModel
 from yak_pipeline.embeddings import Embedder
@@ -29,9 +29,10 @@ from yak_pipeline.store.recall import recall
 def _rank(asked: AskedQuestion, model: RelevanceModel, params: RecallParams) -> list[RankedMemory]:
     """Yak's ranking of the collected candidates with ``model`` (what ``services.recall.search_memories``
     does: ``store.recall.recall`` of the question, and of each thing it lists, interleaved)."""
-    about_present = asks_about_present(asked.question.question)
+    question = asked.question.question
+    about_present, about_past = asks_about_present(question), asks_about_past(question)
     rankings = [rank_memories(candidates, model=model, params=params, now=asked.conversation.now,
-                              about_present=about_present)
+                              about_present=about_present, about_past=about_past)
                 for candidates in [asked.candidates, *(asked.part_candidates if params.query_parts else [])]]
     return rankings[0] if len(rankings) == 1 else interleave(rankings, params.limit)
 

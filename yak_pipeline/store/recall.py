@@ -41,7 +41,7 @@ import numpy as np
 import psycopg
 
 from yak_pipeline.core.exchanges import same_words, users_words
-from yak_pipeline.core.query_intent import asks_about_present
+from yak_pipeline.core.query_intent import asks_about_past, asks_about_present
 from yak_pipeline.core.recall import Candidate, Leg, RankedMemory, RecallParams, rank_memories
 from yak_pipeline.core.relevance import RelevanceModel, RelevanceSignals
 from yak_pipeline.core.types import Tier
@@ -56,15 +56,16 @@ from yak_pipeline.store.vector_legs import vector_search
 # Ids come back as text throughout recall: a uuid object per row (about a thousand per recall),
 # made and then turned into a string, cost 1.5 ms of Python CPU per recall at 100,000 rows.
 # Per candidate: the score's inputs, the cosine to the distillation, to its own exchange and to
-# that exchange in its context (when ``context``), and the newer memory that replaced it (only
-# if that one had happened by ``as_of``).
+# that exchange in its context (when ``context``), the newer memory that replaced it (only
+# if that one had happened by ``as_of``), and its text (``core.recall``'s update reading).
 _CANDIDATE_ROWS_SQL: Final[str] = """
 SELECT d.id::text, d.tier, d.warmth, d.user_weight, d.refreshed_at,
        1 - (d.embedding <=> %(q)s) AS cos_distillation,
        CASE WHEN m.embedding_model = %(model)s THEN 1 - (m.embedding <=> %(q)s) END AS cos_exchange,
        CASE WHEN %(as_of)s::timestamptz IS NULL OR sm.occurred_at <= %(as_of)s THEN s.id::text END AS superseded_by,
        CASE WHEN %(context)s AND m.context_embedding_model = %(model)s
-            THEN 1 - (m.context_embedding <=> %(q)s) END AS cos_context
+            THEN 1 - (m.context_embedding <=> %(q)s) END AS cos_context,
+       d.content
 FROM distillations d
 JOIN memories m ON m.id = d.memory_id
 LEFT JOIN distillations s ON s.id = d.superseded_by AND s.status = 'active' AND s.deleted_at IS NULL
@@ -99,6 +100,7 @@ class _CandidateRow(NamedTuple):
     cos_exchange: float | None
     superseded_by: str | None
     cos_context: float | None
+    content: str
 
 
 class _RawRow(NamedTuple):
@@ -175,7 +177,8 @@ def _candidates(rows: Sequence[_CandidateRow], raw_rows: Sequence[_RawRow], held
                 m_vec: Sequence[LegHit], c_vec: Sequence[LegHit]) -> list[Candidate]:
     """Each candidate row (:data:`_CANDIDATE_ROWS_SQL`) with its signals and ranks from the legs' hits
     (the exchange legs' through ``held_by``, the distillation holding each exchange), and each raw
-    row (:data:`_RAW_ROWS_SQL`, an exchange no active distillation holds) as a raw candidate."""
+    row (:data:`_RAW_ROWS_SQL`, an exchange no active distillation holds) as a raw candidate, each
+    with the words the update reading reads (a distillation's text, an exchange's user side)."""
     # An exchange's BM25 and cosine count for the distillation that holds it; a distillation
     # holding several (merges) keeps the best of each. A raw exchange stands for itself.
     itself = {row.id: row.id for row in raw_rows}
@@ -225,7 +228,7 @@ def _candidates(rows: Sequence[_CandidateRow], raw_rows: Sequence[_RawRow], held
         candidates.append(Candidate(
             id=distillation_id, tier=row.tier, warmth=float(row.warmth), user_weight=float(row.user_weight),
             refreshed_at=row.refreshed_at, signals=signals, ranks=ranks.get(distillation_id, {}),
-            superseded_by=row.superseded_by))
+            superseded_by=row.superseded_by, words=row.content))
     for raw_row in raw_rows:
         memory_id, occurred_at = raw_row.id, raw_row.occurred_at
         own = raw_cos[memory_id]
@@ -237,7 +240,7 @@ def _candidates(rows: Sequence[_CandidateRow], raw_rows: Sequence[_RawRow], held
             cos_context=raw_context_cos[memory_id], best_cos_context=best_cos_c, raw=True)
         candidates.append(Candidate(
             id=memory_id, tier=RAW_TIER, warmth=RAW_WARMTH, user_weight=RAW_USER_WEIGHT, refreshed_at=occurred_at,
-            signals=signals, ranks=ranks.get(memory_id, {}), kind="raw"))
+            signals=signals, ranks=ranks.get(memory_id, {}), kind="raw", words=users_words(raw_row.content)[0]))
     return candidates
 
 
@@ -349,4 +352,4 @@ def recall(conn: psycopg.Connection, *, model: RelevanceModel, now: datetime | N
         return []
     now = as_of or now or datetime.now(UTC)
     return rank_memories(recall_candidates(conn, **ask), model=model, params=params, now=now,
-                         about_present=asks_about_present(ask["query"]))
+                         about_present=asks_about_present(ask["query"]), about_past=asks_about_past(ask["query"]))
