@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
@@ -22,6 +22,10 @@ StructuredOutput = Literal["auto", "json_schema", "json_object_schema", "json_ob
 def _unset_secret(description: str) -> Any:  # noqa: ANN401 - what pydantic's Field returns
     """A secret setting, unset by default: pydantic hides its value in every dump and repr."""
     return Field(default=None, description=description)
+
+
+# A token budget of a part of the memory block (0: none; 100,000 is far past any prompt).
+TokenBudget = Annotated[int, Field(ge=0, le=100_000)]
 
 
 class SettingsError(ValueError):
@@ -119,16 +123,16 @@ class Settings(BaseSettings):
         default=2.0, ge=0, le=100,
         description="The memory block holds only the recalled memories whose odds are within this gap of the best one's (on the standing's logit scale: 1 is a factor of 2.7); large values keep every memory up to the limit.",
     )
-    recall_block_tokens: int = Field(
-        default=600, ge=0, le=100_000,
+    recall_block_tokens: TokenBudget = Field(
+        default=600,
         description="Token budget of the memory block's lines (estimated at 4 characters a token; the first memory always goes in, cut to fit; 0: no budget).",
     )
     recall_gather_limit: int = Field(
         default=10, ge=0, le=100,
         description="Most memories in the block for a question that gathers (\"how many times …\", \"in what order …\", \"summarise …\"): every relevant one up to this, newest first, within the block's token budget (0: such questions get the usual block).",
     )
-    profile_tokens: int = Field(
-        default=300, ge=0, le=100_000,
+    profile_tokens: TokenBudget = Field(
+        default=300,
         description="Token budget of the profile part of the memory block: the user's standing instructions and preferences, sent with every prompt (instructions first, newest first; 0: no profile).",
     )
     recall_query_parts: bool = Field(

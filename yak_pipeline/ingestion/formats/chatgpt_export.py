@@ -23,7 +23,6 @@ from typing import Final
 
 from yak_pipeline.ingestion.formats.exchange_records import (
     ConversationExchanges,
-    ExchangeRecord,
     RecordError,
     build_exchange_record,
     conversation_part,
@@ -84,10 +83,7 @@ def chatgpt_exchanges(conversation: object, *, user_id: str, item: int,
         built = build_exchange_record(user_id, turn.prompt, "\n\n".join(turn.replies), when, line=item,
                                       ref=f"chatgpt:{conversation_id}:{turn.prompt_id}",
                                       max_record_chars=max_record_chars)
-        if isinstance(built, ExchangeRecord):
-            result.records.append(built)
-        else:
-            result.rejected.append(built)
+        result.add(built)
     return result
 
 

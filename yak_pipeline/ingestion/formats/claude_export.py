@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from yak_pipeline.ingestion.formats.exchange_records import (
     ConversationExchanges,
-    ExchangeRecord,
     RecordError,
     build_exchange_record,
     conversation_part,
@@ -69,10 +68,7 @@ def _close(result: ConversationExchanges, prompt: tuple[dict, str] | None, repli
     built = build_exchange_record(user_id, text, "\n\n".join(replies), when, line=item,
                                   ref=f"claude:{conversation_id}:{message.get('uuid', '')}",
                                   max_record_chars=max_record_chars)
-    if isinstance(built, ExchangeRecord):
-        result.records.append(built)
-    else:
-        result.rejected.append(built)
+    result.add(built)
 
 
 def _branch(conversation: dict, messages: list) -> list[dict]:

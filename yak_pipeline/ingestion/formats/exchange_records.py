@@ -69,6 +69,13 @@ class ConversationExchanges:
     rejected: list[RejectedRecord]
     skipped: int
 
+    def add(self, built: ExchangeRecord | RejectedRecord) -> None:
+        """Keep what :func:`build_exchange_record` made of one exchange: a record, or its rejection."""
+        if isinstance(built, ExchangeRecord):
+            self.records.append(built)
+        else:
+            self.rejected.append(built)
+
 
 @dataclass
 class FileRecords:
