@@ -231,7 +231,7 @@ def test_the_nightly_recall_index_job_builds_them_concurrently(conn: psycopg.Con
     conn.commit()
     result = recall_index_job.execute_in_process(
         instance=dg.DagsterInstance.ephemeral(),
-        resources={"postgres": PostgresResource(database_url=settings.database_url)},
+        resources={"postgres": PostgresResource.from_settings(settings)},
         run_config={"ops": {"maintain_recall_indexes_op": {"config": {"min_rows": 50}}}})
     assert result.success
     assert sorted(result.output_for_node("maintain_recall_indexes_op")) == sorted(
