@@ -39,10 +39,12 @@ class CliParts:
         quick = quick_client_settings()
         if quick is not None:
             return cls(quick, read_settings)
-        settings = read_settings()
-        key = settings.admin_api_key
-        return cls(ClientSettings(home=settings.home, api_url=settings.api_url,
-                                  admin_api_key=None if key is None else key.get_secret_value()), read_settings)
+        return cls(_client_of(read_settings()), read_settings)
+
+    @classmethod
+    def of(cls, settings: Settings) -> CliParts:
+        """The parts of a command run with ``settings`` (the tests' explicit ones: ``obj=`` of ``invoke``)."""
+        return cls(_client_of(settings), lambda: settings)
 
     @property
     def settings(self) -> Settings:
@@ -57,6 +59,13 @@ class CliParts:
 
             self._parts = build_parts(self.settings)
         return self._parts
+
+
+def _client_of(settings: Settings) -> ClientSettings:
+    """What a command needs to find and talk to a running server, from the full settings."""
+    key = settings.admin_api_key
+    return ClientSettings(home=settings.home, api_url=settings.api_url,
+                          admin_api_key=None if key is None else key.get_secret_value())
 
 
 def cli_parts(ctx: typer.Context) -> CliParts:
