@@ -177,3 +177,8 @@ def process_parts() -> YakParts:
     """The parts for this process's ``YAK_*`` environment: what an entry point without its own
     settings uses (``uvicorn yak_pipeline.api.app:create_app --factory``)."""
     return build_parts(get_settings())
+
+
+def parts_of(given: YakParts | Settings) -> YakParts:
+    """``given`` if it is parts already, else the parts built from those settings."""
+    return given if isinstance(given, YakParts) else build_parts(given)
