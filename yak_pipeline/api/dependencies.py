@@ -50,9 +50,12 @@ class ApiServices:
     """
 
     def __init__(self, parts: YakParts | Settings, **given: Unpack[ServiceParts]) -> None:
-        if not isinstance(parts, YakParts):
-            parts = build_parts(parts, database=given.get("database"), embedder=given.get("embedder"),
-                                llm=given.get("llm"), alerter=given.get("alerter"))
+        built = {name: given.get(name) for name in ("database", "embedder", "llm", "alerter")}
+        if isinstance(parts, YakParts):
+            if any(part is not None for part in built.values()):
+                raise ValueError("give the database, embedder, LLM and alerter to build_parts, not beside YakParts")
+        else:
+            parts = build_parts(parts, **built)
         self.parts = parts
         self.settings = parts.settings
         admin = self.settings.admin_api_key.get_secret_value() if self.settings.admin_api_key is not None else None

@@ -115,12 +115,10 @@ def _count_materializations(tally: _ProcessTally, result, counted: frozenset[str
     return materialized
 
 
-def _run_partitions(found: Discovery, instance, tally: _ProcessTally, *, progress: bool) -> None:  # noqa: ANN001
-    """Every planned run, in turn, into ``tally``. A run of several days whose quality check fails
-    runs again day by day, so that the days that pass go on and the failing ones are named."""
-    from yak_pipeline.definitions import defs
-
-    resources = defs.resources
+def _run_partitions(found: Discovery, instance, tally: _ProcessTally, resources: dict, *,  # noqa: ANN001
+                    progress: bool) -> None:
+    """Every planned run, in turn, into ``tally``, with ``resources``. A run of several days whose quality
+    check fails runs again day by day, so that the days that pass go on and the failing ones are named."""
     work = _planned_runs(found)
     index = 0
     while index < len(work):
@@ -165,6 +163,7 @@ def run_pending_work(parts: YakParts, *, user_id: str | None, day: date | None,
     the run's ``yak/drop_files`` tag); files holding nothing to store are finished by the discovery.
     """
     from yak_pipeline.defs.partitions import add_missing_partitions
+    from yak_pipeline.defs.resources import default_resources
     from yak_pipeline.embeddings.usage import documents_embedded
     from yak_pipeline.services.discovery import discover_work
     from yak_pipeline.services.recall_indexes import describe_build, maintain_recall_indexes
@@ -178,7 +177,9 @@ def run_pending_work(parts: YakParts, *, user_id: str | None, day: date | None,
     sync_partitions_with_data(instance, db, keep=drop_users)
     add_missing_partitions(instance, found.drop_files)  # users whose exchanges are still in drop files
     tally = _ProcessTally(files=[vars(f) for f in found.claimed.files])
-    _run_partitions(found, instance, tally, progress=progress)
+    # The code location's resources, built from this command's settings (not the ones read when
+    # definitions.py was first imported in this process).
+    _run_partitions(found, instance, tally, default_resources(settings), progress=progress)
     # A user who grew past the line gets their own recall indexes now, not at the nightly run.
     announce = (lambda *build: console.print(f"{describe_build(*build)} …")) if progress else None
     indexes = maintain_recall_indexes(db, on_build=announce) if tally.partitions else []
