@@ -25,6 +25,10 @@ from yak_pipeline.defs.resources import default_resources  # noqa: E402
 from yak_pipeline.defs.scores.assets import conflict_scores, distillation_versions, warmth  # noqa: E402
 from yak_pipeline.settings import get_settings  # noqa: E402
 
+# The code location is an entry point: the one place on the Dagster side that reads the settings.
+# The schedules' time zone and every resource's fields come from them, when Dagster loads it.
+SETTINGS = get_settings()
+
 ASSETS = [raw_exchanges, distillations, conflict_scores, distillation_versions, warmth]
 CHECKS = [distillation_quality]
 
@@ -33,9 +37,6 @@ defs = dg.Definitions(
     asset_checks=CHECKS,
     jobs=[memory_job, warmth_job, recall_index_job],
     sensors=[drop_folder_sensor, api_inbox_sensor, turns_sensor, run_failure_alert_sensor],
-    # The code location is an entry point: the one place on the Dagster side that reads the settings
-    # for what must be fixed when the definitions are built (resources read theirs per run).
-    schedules=[nightly_warmth_schedule(get_settings().timezone),
-               nightly_recall_index_schedule(get_settings().timezone)],
-    resources=default_resources(),
+    schedules=[nightly_warmth_schedule(SETTINGS.timezone), nightly_recall_index_schedule(SETTINGS.timezone)],
+    resources=default_resources(SETTINGS),
 )

@@ -22,7 +22,7 @@ from yak_pipeline.defs.exchanges.assets import raw_exchanges
 from yak_pipeline.defs.partitions import add_missing_partitions, day_tags, users_partitions
 from yak_pipeline.defs.resources import AlertsResource, EmbedderResource, LLMResource, PostgresResource
 from yak_pipeline.defs.scores.assets import conflict_scores, distillation_versions
-from yak_pipeline.settings import Settings, get_settings
+from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.memories import insert_memory
 
@@ -36,25 +36,27 @@ DAY = date(2026, 3, 14)
 NEXT_DAY = date(2026, 3, 15)
 
 
-def llm_resource(base_url: str | None, *, timeout_seconds: float = 2.0, max_retries: int = 0,
+def llm_resource(settings: Settings, base_url: str | None, *, timeout_seconds: float = 2.0, max_retries: int = 0,
                  concurrency: int = 1) -> LLMResource:
-    """The LLM resource: the loopback server at ``base_url``, or the rules provider when None.
+    """The LLM resource for ``settings``: the loopback server at ``base_url``, or the rules provider when None.
 
     No retries and a short timeout by default, so failure tests take milliseconds, not minutes.
     """
-    return LLMResource(base_url=base_url, model="fake-model", api_key="test-key" if base_url else None,
-                       timeout_seconds=timeout_seconds, max_retries=max_retries, concurrency=concurrency)
+    return LLMResource.from_settings(settings, base_url=base_url, model="fake-model",
+                                     api_key="test-key" if base_url else None, timeout_seconds=timeout_seconds,
+                                     max_retries=max_retries, concurrency=concurrency)
 
 
 def pipeline_resources(settings: Settings, *, llm_base_url: str | None = None, error_webhook: str | None = None,
                        **llm_options: Any) -> dict[str, dg.ConfigurableResource]:
-    """Every resource the assets need, configured explicitly for the test's database."""
-    postgres = PostgresResource(database_url=settings.database_url)
+    """Every resource the assets need, built from the test's settings (its database, home and
+    drop folder, the hashing embedder), with the LLM at ``llm_base_url``."""
+    postgres = PostgresResource.from_settings(settings)
     return {
         "postgres": postgres,
-        "llm": llm_resource(llm_base_url, **llm_options),
-        "embedder": EmbedderResource(kind="hashing", dimensions=384),
-        "alerts": AlertsResource(postgres=postgres, error_webhook=error_webhook),
+        "llm": llm_resource(settings, llm_base_url, **llm_options),
+        "embedder": EmbedderResource.from_settings(settings),
+        "alerts": AlertsResource.from_settings(settings, postgres, error_webhook=error_webhook),
     }
 
 
@@ -125,27 +127,17 @@ def fetch_one(db: Database, sql: str, params: Sequence[Any] | dict | None = None
 
 
 @pytest.fixture
-def drop_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """``YAK_DROP_DIR``, which the drop-folder sensor reads from the process settings."""
-    folder = tmp_path / "drop"
-    folder.mkdir()
-    monkeypatch.setenv("YAK_DROP_DIR", str(folder))
-    get_settings.cache_clear()
+def drop_dir(settings: Settings) -> Path:
+    """The drop folder of the test's settings, which resources built from them read."""
+    folder = settings.resolved_drop_dir
+    folder.mkdir(parents=True, exist_ok=True)
     return folder
 
 
 @pytest.fixture
-def pipeline_env(monkeypatch: pytest.MonkeyPatch, settings: Settings) -> Iterator[Settings]:
-    """The process settings the resources fall back to name the hashing embedder.
-
-    ``PostgresResource`` opens its pool with the process settings' embedder (to check the
-    database's vector size), and has no embedder field of its own, so the environment must name
-    the embedder the tests use. Everything else (database URL, LLM endpoint) the tests pass to
-    the resources explicitly. The process-wide pool the resources open is closed before the
-    test's database is dropped.
-    """
-    monkeypatch.setenv("YAK_EMBEDDER", "hashing")
-    get_settings.cache_clear()
+def pipeline_env(settings: Settings) -> Iterator[Settings]:
+    """The test's settings; the process-wide pool the resources open on its database is closed
+    before the database is dropped."""
     yield settings
     from yak_pipeline.wiring import _SHARED, _SHARED_LOCK
 
@@ -153,4 +145,3 @@ def pipeline_env(monkeypatch: pytest.MonkeyPatch, settings: Settings) -> Iterato
         pool = _SHARED.pop(settings.database_url or "", None)
     if pool is not None:
         pool.close()
-    get_settings.cache_clear()

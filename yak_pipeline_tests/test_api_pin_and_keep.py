@@ -8,7 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from yak_pipeline.cli.main import app as yak
-from yak_pipeline.settings import get_settings
+from yak_pipeline.cli.parts import CliParts
+from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
 from yak_pipeline_tests.api_fixtures import Seeded, admin, api_settings, app, client_with, seeded  # noqa: F401
 
@@ -71,18 +72,20 @@ def test_keep_both_confirms_both(app, seeded: Seeded, database: Database) -> Non
         i["id"] for i in alice.get("/api/review").json()}
 
 
-def test_cli_pin_and_keep(db_url: str, monkeypatch: pytest.MonkeyPatch, seeded: Seeded, database: Database) -> None:
-    monkeypatch.setenv("YAK_DATABASE_URL", db_url)
-    monkeypatch.setenv("YAK_EMBEDDER", "hashing")
-    get_settings.cache_clear()
+def test_cli_pin_and_keep(settings: Settings, seeded: Seeded, database: Database) -> None:
     runner = CliRunner()
-    pinned = runner.invoke(yak, ["distill", "pin", seeded.bob.distillation_id, "--json"])
+
+    def invoke(args: list[str]):  # noqa: ANN202 - click's Result
+        # A fresh command's parts each time, as each `yak` process would have.
+        return runner.invoke(yak, args, obj=CliParts.of(settings))
+
+    pinned = invoke(["distill", "pin", seeded.bob.distillation_id, "--json"])
     assert pinned.exit_code == 0, pinned.stderr
     assert json.loads(pinned.stdout)["user_weight"] == 2.0
-    unpinned = runner.invoke(yak, ["distill", "pin", seeded.bob.distillation_id, "--weight", "1"])
+    unpinned = invoke(["distill", "pin", seeded.bob.distillation_id, "--weight", "1"])
     assert unpinned.exit_code == 0 and "unpinned: this memory counts as much as any other in recall" in unpinned.stdout
-    kept = runner.invoke(yak, ["conflicts", "keep", seeded.bob.conflict_id, "both"])
+    kept = invoke(["conflicts", "keep", seeded.bob.conflict_id, "both"])
     assert kept.exit_code == 0 and "resolved (kept both)" in kept.stdout
-    again = runner.invoke(yak, ["conflicts", "keep", seeded.bob.conflict_id, "both"])
+    again = invoke(["conflicts", "keep", seeded.bob.conflict_id, "both"])
     assert again.exit_code == 1 and "no open conflict" in again.stderr
-    assert runner.invoke(yak, ["conflicts", "keep", seeded.bob.conflict_id, "c"]).exit_code == 2
+    assert invoke(["conflicts", "keep", seeded.bob.conflict_id, "c"]).exit_code == 2

@@ -18,7 +18,8 @@ from pathlib import Path
 import annotated_types
 import pytest
 
-from yak_pipeline.cli.config import CHECKS, ClientSettings, client_settings, quick_client_settings, surely_valid
+from yak_pipeline.cli.config import CHECKS, ClientSettings, quick_client_settings, surely_valid
+from yak_pipeline.cli.parts import CliParts
 from yak_pipeline.settings import Settings, SettingsError, get_settings, load_settings
 
 # Validators that narrow a text field, and the check that stands for each in CHECKS.
@@ -93,7 +94,7 @@ def test_a_value_pydantic_takes_but_the_quick_check_is_not_sure_of_is_read_by_py
     assert quick_client_settings() is None
     get_settings.cache_clear()
     try:
-        assert client_settings() == ClientSettings(home=tmp_path, api_url=None, admin_api_key="k-123")
+        assert CliParts.start(get_settings).client == ClientSettings(home=tmp_path, api_url=None, admin_api_key="k-123")
     finally:
         get_settings.cache_clear()
 

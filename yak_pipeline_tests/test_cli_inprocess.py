@@ -9,25 +9,23 @@ import pytest
 from typer.testing import CliRunner
 
 from yak_pipeline.cli.main import app as yak
+from yak_pipeline.cli.parts import CliParts
 from yak_pipeline.embeddings.hashing import HashingEmbedder
 from yak_pipeline.ingestion.drop_folder import claim_file, ensure_drop_dirs
 from yak_pipeline.llm import RulesProvider
 from yak_pipeline.services.distill import DistillJob, distill_memories
-from yak_pipeline.settings import get_settings
+from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
 from yak_pipeline_tests.api_fixtures import Seeded, seeded  # noqa: F401
 
 
 @pytest.fixture
-def run(db_url: str, monkeypatch: pytest.MonkeyPatch):  # noqa: ANN201
-    """Run ``yak ARGS`` in this process against the test database; returns the click Result."""
-    monkeypatch.setenv("YAK_DATABASE_URL", db_url)
-    monkeypatch.setenv("YAK_EMBEDDER", "hashing")
-    get_settings.cache_clear()
+def run(settings: Settings):  # noqa: ANN201
+    """Run ``yak ARGS`` in this process with the test's settings (its database); returns the click Result."""
     runner = CliRunner()
 
     def invoke(*args: str, input: str | None = None):  # noqa: A002, ANN202
-        return runner.invoke(yak, list(args), input=input)
+        return runner.invoke(yak, list(args), input=input, obj=CliParts.of(settings))
 
     return invoke
 
@@ -153,8 +151,9 @@ def test_operations_commands(run, seeded: Seeded) -> None:  # noqa: ANN001
     assert raw.exit_code == 0 and "# TYPE yak_queue_size gauge" in raw.stdout
 
 
-def test_queue_status_shows_the_drop_folders_quarantine_with_reasons(run, seeded: Seeded) -> None:  # noqa: ANN001
-    drop = get_settings().resolved_drop_dir
+def test_queue_status_shows_the_drop_folders_quarantine_with_reasons(run, seeded: Seeded,  # noqa: ANN001
+                                                                     settings: Settings) -> None:
+    drop = settings.resolved_drop_dir
     ensure_drop_dirs(drop)
     good = json.dumps({"user_id": "alice", "user": "Hi", "assistant": "Hello"})
     (drop / "chat.jsonl").write_text("\n".join([good, "not json", json.dumps({"user_id": "a|b", "content": "x"})]))

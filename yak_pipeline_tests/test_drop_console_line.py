@@ -50,7 +50,7 @@ def test_a_file_whose_only_record_is_rejected_gets_its_reason_on_the_console(
         settings: Settings, drop_dir: Path, capfd: pytest.CaptureFixture[str]) -> None:
     _drop(drop_dir, "broken.jsonl", _record("eve|x", "I own a boat."))
     context = dg.build_sensor_context(instance=new_instance(),
-                                      resources={"postgres": PostgresResource(database_url=settings.database_url)})
+                                      resources={"postgres": PostgresResource.from_settings(settings)})
     capfd.readouterr()
 
     result = drop_folder_sensor(context)

@@ -20,7 +20,7 @@ from yak_loopback.openai_server import FakeOpenAIServer
 from yak_pipeline.defs.distillations.assets import distillations
 from yak_pipeline.defs.partitions import add_missing_partitions, day_tags, runs_by_user
 from yak_pipeline.defs.scores.assets import conflict_scores, distillation_versions, warmth
-from yak_pipeline.settings import Settings, get_settings
+from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.partition_gates import partition_gate_passed
 from yak_pipeline.store.turns import insert_turn
@@ -528,8 +528,7 @@ def test_nightly_pass_evaluates_recalled_memories_a_failed_turn_left_out(
 
 
 def test_prompt_version_backfill_writes_new_versions_and_keeps_the_old_text(
-        settings: Settings, database: Database, openai_server: FakeOpenAIServer,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        settings: Settings, database: Database, openai_server: FakeOpenAIServer) -> None:
     days = (DAY, NEXT_DAY)
     memories = [add_exchange(database, "alice", "I live in Berlin.", DAY),
                 add_exchange(database, "alice", "I work as a nurse.", NEXT_DAY)]
@@ -539,8 +538,9 @@ def test_prompt_version_backfill_writes_new_versions_and_keeps_the_old_text(
         assert run_partition(instance, resources, "alice", day).success
     before = dict(fetch_all(database, "SELECT memory_id::text, id::text FROM distillations"))
 
-    monkeypatch.setenv("YAK_PROMPT_VERSION", "v2")
-    get_settings.cache_clear()
+    # A prompt change: the resources of the next runs are built from settings naming the new version.
+    resources = pipeline_resources(settings.model_copy(update={"prompt_version": "v2"}),
+                                   llm_base_url=openai_server.base_url)
     openai_server.script(Reply.json({"content": "User lives in Berlin, Germany.", "confidence": 0.95, "tier": "core", "type": "fact"}),
                          Reply.json({"content": "User is a nurse.", "confidence": 0.9, "tier": "core", "type": "fact"}))
     backfill = [run_partition(instance, resources, "alice", day) for day in days]  # a backfill over two days
@@ -560,8 +560,8 @@ def test_prompt_version_backfill_writes_new_versions_and_keeps_the_old_text(
 
     # Up to date now: the same version re-distils nothing, and a run told not to backfill leaves v2 rows alone.
     assert materialization_metadata(run_partition(instance, resources, "alice", DAY), "distillations")["rows_in"] == 0
-    monkeypatch.setenv("YAK_PROMPT_VERSION", "v3")
-    get_settings.cache_clear()
+    resources = pipeline_resources(settings.model_copy(update={"prompt_version": "v3"}),
+                                   llm_base_url=openai_server.base_url)
     no_backfill = run_partition(instance, resources, "alice", DAY, assets=[distillations],
                                 run_config={"ops": {"distillations": {"config": {"redistill_outdated": False}}}})
     assert materialization_metadata(no_backfill, "distillations")["rows_in"] == 0

@@ -16,7 +16,7 @@ import pytest
 from yak_pipeline.defs.automation.sensors import drop_folder_sensor
 from yak_pipeline.defs.partitions import DAYS_TAG, users_partitions, window_tags
 from yak_pipeline.defs.resources import PostgresResource
-from yak_pipeline.settings import Settings, get_settings
+from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.memories import days_with_data
 from yak_pipeline_tests.pipeline_helpers import (
@@ -48,7 +48,7 @@ def test_the_examples_leave_no_partition_that_cannot_hold_data(settings: Setting
     # process-wide definitions-load context pointing at it after it is gone.
     instance = new_instance()
     context = dg.build_sensor_context(
-        instance=instance, resources={"postgres": PostgresResource(database_url=settings.database_url)})
+        instance=instance, resources={"postgres": PostgresResource.from_settings(settings)})
     tick = drop_folder_sensor(context)
     for request in tick.dynamic_partitions_requests:
         instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
@@ -73,7 +73,7 @@ def test_the_examples_leave_no_partition_that_cannot_hold_data(settings: Setting
 
 
 def test_backfilling_one_users_date_range_redistils_those_days_only(
-        settings: Settings, database: Database, monkeypatch: pytest.MonkeyPatch) -> None:
+        settings: Settings, database: Database) -> None:
     days = [date(2026, 3, 10), date(2026, 3, 14), date(2026, 3, 15), date(2026, 3, 20)]
     for index, when in enumerate(days):
         add_exchange(database, "alice", f"I visited museum number {index}.", when)
@@ -84,8 +84,8 @@ def test_backfilling_one_users_date_range_redistils_those_days_only(
         assert run_partition(instance, resources, user, when).success
     assert {row[0] for row in fetch_all(database, "SELECT prompt_version FROM distillations")} == {"v1"}
 
-    monkeypatch.setenv("YAK_PROMPT_VERSION", "v2")  # a prompt change: the case a backfill is for
-    get_settings.cache_clear()
+    # A prompt change, the case a backfill is for: the resources are built from settings naming it.
+    resources = pipeline_resources(settings.model_copy(update={"prompt_version": "v2"}))
     # A backfill of alice's partition with the window as its tags (what the UI's backfill dialog sets).
     backfill = dg.materialize(MEMORY_ASSETS, resources=resources, instance=instance, partition_key="alice",
                               tags=window_tags(date(2026, 3, 14), date(2026, 3, 15)))

@@ -56,7 +56,7 @@ def _tick(sensor: dg.SensorDefinition, instance: dg.DagsterInstance, settings: S
           cursor: str | None = None, **resources: object) -> dg.SensorResult:
     """One evaluation of ``sensor``, as the daemon would run it."""
     context = dg.build_sensor_context(instance=instance, cursor=cursor,
-                                      resources={"postgres": PostgresResource(database_url=settings.database_url),
+                                      resources={"postgres": PostgresResource.from_settings(settings),
                                                  **resources})
     result = sensor(context)
     assert isinstance(result, dg.SensorResult)
@@ -186,7 +186,7 @@ def test_the_raw_exchanges_of_a_partition_store_the_files_its_run_names(
     _drop(drop_dir, "a.jsonl", _line("alice", "I live in Berlin.", "2026-03-14") + "\n")
     _drop(drop_dir, "b.jsonl", _line("bob", "I like tea.", "2026-03-15") + "\n")
     instance = new_instance("alice")
-    run = run_partition(instance, {"postgres": PostgresResource(database_url=settings.database_url)}, "alice", DAY,
+    run = run_partition(instance, {"postgres": PostgresResource.from_settings(settings)}, "alice", DAY,
                         assets=[raw_exchanges], tags={DROP_FILES_TAG: json.dumps(["a.jsonl"])})
     assert run.success
     meta = materialization_metadata(run, "raw_exchanges")
@@ -400,11 +400,11 @@ def test_run_failure_sensor_sends_one_alert_naming_the_run(settings: Settings, d
     add_missing_partitions(instance, [("alice", DAY)])
     # A run whose database is unreachable fails for real.
     failed = dg.materialize([raw_exchanges], partition_key="alice", tags=day_tags([DAY]), instance=instance,
-                            resources={"postgres": PostgresResource(database_url="postgresql://yak@127.0.0.1:1/none")},
+                            resources={"postgres": PostgresResource.from_settings(settings, database_url="postgresql://yak@127.0.0.1:1/none")},
                             raise_on_error=False)
     assert not failed.success
     webhook = f"http://127.0.0.1:{openai_server.port}/hooks/yak"
-    alerts = AlertsResource(postgres=PostgresResource(database_url=settings.database_url), error_webhook=webhook)
+    alerts = AlertsResource.from_settings(settings, error_webhook=webhook)
     # A context manager: the alerts resource nests the postgres one, which Dagster opens as a generator.
     with dg.build_run_status_sensor_context(
         sensor_name=run_failure_alert_sensor.name, dagster_event=failed.get_run_failure_event(),

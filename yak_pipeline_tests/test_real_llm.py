@@ -71,8 +71,9 @@ def local_llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalLLM]:
 def _resources(settings: Settings, server: LocalLLM, *, max_retries: int) -> dict:
     """The pipeline's resources with the LLM pointed at the real server."""
     resources = pipeline_resources(settings)
-    resources["llm"] = LLMResource(base_url=server.base_url, model=server.model, timeout_seconds=REQUEST_TIMEOUT_SECONDS,
-                                   max_retries=max_retries, concurrency=1)
+    resources["llm"] = LLMResource.from_settings(settings, base_url=server.base_url, model=server.model,
+                                                 timeout_seconds=REQUEST_TIMEOUT_SECONDS, max_retries=max_retries,
+                                                 concurrency=1)
     return resources
 
 

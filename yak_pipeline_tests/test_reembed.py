@@ -6,13 +6,13 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
-import pytest
 from typer.testing import CliRunner
 
 from yak_pipeline.cli.main import app
+from yak_pipeline.cli.parts import CliParts
 from yak_pipeline.embeddings.hashing import HashingEmbedder
 from yak_pipeline.services.exchange_embeddings import embed_pending_exchanges
-from yak_pipeline.settings import get_settings
+from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.distillations import add_version
 from yak_pipeline.store.migrations import read_meta
@@ -48,20 +48,20 @@ def _dimensions(database: Database, table: str, column: str) -> set[int]:
 
 
 def test_re_embed_all_resizes_the_columns_and_makes_every_vector_again(
-        database: Database, db_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+        database: Database, settings: Settings) -> None:
     ids = _seed(database)
     new = HashingEmbedder(256)
-    monkeypatch.setenv("YAK_DATABASE_URL", db_url)
-    monkeypatch.setenv("YAK_EMBEDDER", "hashing")
-    monkeypatch.setenv("YAK_EMBED_DIMENSIONS", "256")
-    get_settings.cache_clear()
+    settings = settings.model_copy(update={"embed_dimensions": 256})  # the new embedder's size
     cli = CliRunner()
 
+    def invoke(args: list[str]):  # noqa: ANN202 - click's Result
+        return cli.invoke(app, args, obj=CliParts.of(settings))  # a fresh command's parts, as a new process's
+
     # Before: the configured embedder does not fit the database, and every command says how to fix it.
-    refused = cli.invoke(app, ["memory", "list", "--user", "ivy"])
+    refused = invoke(["memory", "list", "--user", "ivy"])
     assert refused.exit_code != 0 and "yak distill re-embed --all" in refused.output
 
-    done = cli.invoke(app, ["distill", "re-embed", "--all", "--json"])
+    done = invoke(["distill", "re-embed", "--all", "--json"])
     assert done.exit_code == 0, done.output
     report = json.loads(done.stdout)
     assert report["embedding_model"] == "feature-hashing-256"
@@ -97,23 +97,20 @@ def test_re_embed_all_resizes_the_columns_and_makes_every_vector_again(
         assert _dimensions(database, table, column) == {256}
 
     # Everything is done: a second run has nothing left, and other commands work again.
-    again = cli.invoke(app, ["distill", "re-embed", "--all", "--json"])
+    again = invoke(["distill", "re-embed", "--all", "--json"])
     assert again.exit_code == 0, again.output
     assert json.loads(again.stdout)["resized"] == [] and json.loads(again.stdout)["distillations"] == 0
-    listed = cli.invoke(app, ["memory", "list", "--user", "ivy", "--json"])
+    listed = invoke(["memory", "list", "--user", "ivy", "--json"])
     assert listed.exit_code == 0, listed.output
 
 
-def test_re_embed_all_with_the_same_size_keeps_the_columns(database: Database, db_url: str,
-                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+def test_re_embed_all_with_the_same_size_keeps_the_columns(database: Database,
+                                                           settings: Settings) -> None:
     _seed(database)
     with database.connection() as conn:  # as if the vectors came from another 384-d model
         conn.execute("UPDATE distillations SET embedding_model = 'older-model-384'")
         conn.execute("UPDATE memories SET embedding_model = 'older-model-384', context_embedding_model = NULL")
-    monkeypatch.setenv("YAK_DATABASE_URL", db_url)
-    monkeypatch.setenv("YAK_EMBEDDER", "hashing")
-    get_settings.cache_clear()
-    done = CliRunner().invoke(app, ["distill", "re-embed", "--all", "--json"])
+    done = CliRunner().invoke(app, ["distill", "re-embed", "--all", "--json"], obj=CliParts.of(settings))
     assert done.exit_code == 0, done.output
     report = json.loads(done.stdout)
     assert report["resized"] == [] and (report["distillations"], report["exchanges"], report["contexts"]) == (3, 3, 3)

@@ -38,7 +38,7 @@ MAX_RECORD_CHARS = 200_000  # the parser's limit on one record
 
 def _tick(instance: dg.DagsterInstance, settings: Settings) -> dg.SensorResult:
     context = dg.build_sensor_context(instance=instance,
-                                      resources={"postgres": PostgresResource(database_url=settings.database_url)})
+                                      resources={"postgres": PostgresResource.from_settings(settings)})
     result = drop_folder_sensor(context)  # must never raise, whatever the files hold
     assert isinstance(result, dg.SensorResult)
     return result

@@ -23,7 +23,7 @@ import pytest
 from yak_loopback.openai_replies import Reply
 from yak_loopback.openai_server import FakeOpenAIServer
 from yak_pipeline.defs.resources import AlertsResource
-from yak_pipeline.settings import Settings, get_settings
+from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
 from yak_pipeline_tests.pipeline_helpers import (
     DAY,
@@ -59,16 +59,13 @@ def private_pg() -> Iterator[PrivatePostgres]:
 
 
 @pytest.fixture
-def private_db(private_pg: PrivatePostgres, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+def private_db(private_pg: PrivatePostgres) -> Iterator[str]:
     """A fresh migrated database on the private server; the server is running again afterwards."""
-    monkeypatch.setenv("YAK_EMBEDDER", "hashing")  # what the resources' shared pool checks the schema against
-    get_settings.cache_clear()
     url = private_pg.create_database(f"yak_{uuid.uuid4().hex[:10]}")
     yield url
     if not private_pg.running:
         private_pg.start()
     forget_shared_pool(url)
-    get_settings.cache_clear()
 
 
 @pytest.fixture
@@ -92,8 +89,9 @@ def test_database_lost_mid_run_fails_the_run_cleanly_alerts_once_and_the_rerun_c
         # Slow answers, so the run is still distilling when the database goes away.
         server.script(*[Reply.delay(0.15)] * n)
         resources = pipeline_resources(settings, llm_base_url=server.base_url, concurrency=2)
-        resources["alerts"] = AlertsResource(postgres=resources["postgres"], error_webhook=webhook.url("/hook/error"),
-                                             critical_webhook=webhook.url("/hook/critical"))
+        resources["alerts"] = AlertsResource.from_settings(settings, resources["postgres"],
+                                                           error_webhook=webhook.url("/hook/error"),
+                                                           critical_webhook=webhook.url("/hook/critical"))
         instance = new_instance("alice")
         outcome: dict[str, dg.ExecuteInProcessResult] = {}
         worker = threading.Thread(target=lambda: outcome.setdefault(

@@ -68,8 +68,8 @@ def _resources(settings: Settings, server: FakeOpenAIServer, webhook: WebhookRec
                **llm: Any) -> dict[str, dg.ConfigurableResource]:
     llm = {"max_retries": MAX_RETRIES, "concurrency": 4, **llm}
     resources = pipeline_resources(settings, llm_base_url=server.base_url, **llm)
-    resources["alerts"] = AlertsResource(postgres=resources["postgres"], error_webhook=webhook.url("/hook/error"),
-                                         dedup_seconds=dedup_seconds)
+    resources["alerts"] = AlertsResource.from_settings(settings, resources["postgres"],
+                                                       error_webhook=webhook.url("/hook/error"), dedup_seconds=dedup_seconds)
     return resources
 
 

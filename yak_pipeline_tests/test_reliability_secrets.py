@@ -128,7 +128,7 @@ def test_no_secret_reaches_pipeline_logs_alerts_errors_or_dagster_run_storage(
 
                 add_missing_partitions(instance, [("alice", DAY)])
 
-                result = dg.materialize(MEMORY_ASSETS, resources=default_resources(), instance=instance,
+                result = dg.materialize(MEMORY_ASSETS, resources=default_resources(get_settings()), instance=instance,
                                         partition_key="alice", tags=day_tags([DAY]), raise_on_error=False)
                 records = instance.get_records_for_run(result.run_id).records
                 stored_events = "\n".join(repr(r.event_log_entry) for r in records)

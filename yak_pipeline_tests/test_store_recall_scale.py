@@ -231,7 +231,7 @@ def test_the_nightly_recall_index_job_builds_them_concurrently(conn: psycopg.Con
     conn.commit()
     result = recall_index_job.execute_in_process(
         instance=dg.DagsterInstance.ephemeral(),
-        resources={"postgres": PostgresResource(database_url=settings.database_url)},
+        resources={"postgres": PostgresResource.from_settings(settings)},
         run_config={"ops": {"maintain_recall_indexes_op": {"config": {"min_rows": 50}}}})
     assert result.success
     assert sorted(result.output_for_node("maintain_recall_indexes_op")) == sorted(
@@ -300,20 +300,17 @@ def test_ties_break_on_id_in_every_leg_and_in_the_ranking(conn: psycopg.Connecti
         assert len({r.score for r in got}) == 1
 
 
-def test_yak_db_index_embeds_the_backlog_and_repairs_contexts(database, db_url, monkeypatch) -> None:
+def test_yak_db_index_embeds_the_backlog_and_repairs_contexts(database, settings) -> None:
     from typer.testing import CliRunner
 
     from yak_pipeline.cli.main import app
-    from yak_pipeline.settings import get_settings
+    from yak_pipeline.cli.parts import CliParts
 
     with database.connection() as conn:
         _seed(conn, "fay", 31, 30)
         _seed(conn, "gus", 32, 5)
-    monkeypatch.setenv("YAK_DATABASE_URL", db_url)
-    monkeypatch.setenv("YAK_EMBEDDER", "hashing")  # what the test database was migrated for
-    get_settings.cache_clear()
     cli = CliRunner()
-    built = cli.invoke(app, ["db", "index", "--json"])
+    built = cli.invoke(app, ["db", "index", "--json"], obj=CliParts.of(settings))
     assert built.exit_code == 0, built.output
     # The seeded exchanges had no vectors yet: the command embeds that backlog, alone and in context.
     with database.connection() as conn:
@@ -323,12 +320,12 @@ def test_yak_db_index_embeds_the_backlog_and_repairs_contexts(database, db_url, 
     # 35 exchanges: nobody is heavy enough for indexes of their own (store.user_indexes).
     assert json.loads(built.stdout) == {"contexts_rebuilt": None, "exchanges_embedded": live,
                                         "contexts_embedded": live, "recall_indexes_built": []} and live == 35
-    again = cli.invoke(app, ["db", "index"])
+    again = cli.invoke(app, ["db", "index"], obj=CliParts.of(settings))
     assert again.exit_code == 0 and "embedded 0 exchanges and 0 exchange contexts; built 0" in again.output
     # The repair of exchange contexts (sql/006) recomputes every live exchange's.
     with database.connection() as conn:
         conn.execute("UPDATE memories SET context_tsv = NULL")
-    repaired = cli.invoke(app, ["db", "index", "--rebuild-context", "--json"])
+    repaired = cli.invoke(app, ["db", "index", "--rebuild-context", "--json"], obj=CliParts.of(settings))
     assert repaired.exit_code == 0, repaired.output
     # Every context changed (from nothing), so every context vector is made again.
     assert json.loads(repaired.stdout) == {"contexts_rebuilt": live, "exchanges_embedded": 0,

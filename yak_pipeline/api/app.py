@@ -28,8 +28,9 @@ from yak_pipeline.api.request_metrics import RequestMetricsMiddleware
 from yak_pipeline.api.routes import ROUTERS, health, proxy
 from yak_pipeline.api.ui import install_web_page
 from yak_pipeline.embeddings import Embedder
-from yak_pipeline.settings import Settings, get_settings
+from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
+from yak_pipeline.wiring import YakParts, process_parts
 
 logger = logging.getLogger("yak.api")
 
@@ -60,20 +61,22 @@ async def _lifespan(app: FastAPI) -> AsyncIterator[None]:
 
 
 def create_app(
-    settings: Settings | None = None,
+    settings: YakParts | Settings | None = None,
     *,
     routers: tuple[APIRouter, ...] = ROUTERS,
     web_page: bool = True,
     **parts: Unpack[ServiceParts],
 ) -> FastAPI:
-    """The API for ``settings`` (default: the environment's), memory proxy included.
+    """The API on ``settings``' parts (:class:`~yak_pipeline.wiring.YakParts`, or built from the
+    settings given; default: the environment's, for ``uvicorn … create_app --factory``), memory
+    proxy included.
 
     ``parts`` (:class:`~yak_pipeline.api.dependencies.ServiceParts`: database, embedder, LLM,
     alerter, extra admin keys, ``served``) are used as given; those not given are built from
     settings on first use. ``routers`` narrows what is served; ``web_page=False`` leaves out the
     page at ``/ui``.
     """
-    settings = settings or get_settings()
+    settings = settings if settings is not None else process_parts()
     # /docs and /redoc load Swagger UI and ReDoc from Yak, not from a CDN: they work offline.
     app = FastAPIOffline(title="Yak", version=__version__, description=DESCRIPTION, lifespan=_lifespan,
                          static_url="/docs-static")
@@ -92,7 +95,7 @@ def create_app(
     return app
 
 
-def create_proxy_app(settings: Settings | None = None, *, database: Database | None = None,
+def create_proxy_app(settings: YakParts | Settings | None = None, *, database: Database | None = None,
                      embedder: Embedder | None = None) -> FastAPI:
     """The memory proxy alone (``/v1`` and ``/health``), for ``yak proxy``; it loads the document model
     in the background as it starts (``MemoryProxy.warm_documents_in_background``)."""

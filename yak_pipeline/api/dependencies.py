@@ -1,4 +1,4 @@
-"""What routes are handed: the app's parts (database, embedder, LLM, alerter) and the caller.
+"""What routes are handed: the app's parts (database, embedder, LLM, alerter; :class:`~yak_pipeline.wiring.YakParts`) and the caller.
 
 Parts are built on first use, not at start-up, so the server starts (and ``/health`` answers)
 while the database is down; a request that needs it then gets a 503 instead of a crash.
@@ -6,7 +6,6 @@ while the database is down; a request that needs it then gets a 503 instead of a
 
 from __future__ import annotations
 
-import threading
 from typing import Annotated, TypedDict, Unpack
 
 from fastapi import Depends, Request, Security
@@ -15,14 +14,13 @@ from fastapi.security import APIKeyHeader
 from yak_pipeline.alerts import Alerter
 from yak_pipeline.api.auth import READ_ONLY_POSTS, Principal, authenticate
 from yak_pipeline.api.metrics import MetricsBuffer
-from yak_pipeline.embeddings import Embedder, get_embedder
-from yak_pipeline.llm import get_llm_provider
+from yak_pipeline.embeddings import Embedder
 from yak_pipeline.llm.provider import LLMProvider
 from yak_pipeline.services.proxy import MemoryProxy
-from yak_pipeline.services.recall_judge import LLMRecallJudge, recall_judge
+from yak_pipeline.services.recall_judge import LLMRecallJudge
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
-from yak_pipeline.wiring import build_alerter, shared_database
+from yak_pipeline.wiring import YakParts, build_parts
 
 
 class ServiceParts(TypedDict, total=False):
@@ -44,53 +42,51 @@ class ServiceParts(TypedDict, total=False):
 
 
 class ApiServices:
-    """The parts one app uses; any given explicitly (tests, the in-process CLI) are used as is."""
+    """What one app's routes use: a view of the app's :class:`~yak_pipeline.wiring.YakParts`, with the
+    app's own admin keys, request metrics and memory proxy.
 
-    def __init__(self, settings: Settings, **parts: Unpack[ServiceParts]) -> None:
-        self.settings = settings
-        self._database = parts.get("database")
-        self._embedder = parts.get("embedder")
-        self._llm = parts.get("llm")
-        self._alerter = parts.get("alerter")
-        self._alerter_has_database = self._alerter is not None
-        self._lock = threading.Lock()
-        admin = settings.admin_api_key.get_secret_value() if settings.admin_api_key is not None else None
-        self.admin_keys: tuple[str, ...] = tuple(k for k in (admin, *parts.get("extra_admin_keys", ())) if k)
-        self.metrics = MetricsBuffer(observe_latency=parts.get("served", True))
+    Given :class:`~yak_pipeline.settings.Settings` instead of parts, the parts are built from them
+    (:func:`~yak_pipeline.wiring.build_parts`) with the database, embedder, LLM and alerter given.
+    """
+
+    def __init__(self, parts: YakParts | Settings, **given: Unpack[ServiceParts]) -> None:
+        built = {name: given.get(name) for name in ("database", "embedder", "llm", "alerter")}
+        if isinstance(parts, YakParts):
+            if any(part is not None for part in built.values()):
+                raise ValueError("give the database, embedder, LLM and alerter to build_parts, not beside YakParts")
+        else:
+            parts = build_parts(parts, **built)
+        self.parts = parts
+        self.settings = parts.settings
+        admin = self.settings.admin_api_key.get_secret_value() if self.settings.admin_api_key is not None else None
+        self.admin_keys: tuple[str, ...] = tuple(k for k in (admin, *given.get("extra_admin_keys", ())) if k)
+        self.metrics = MetricsBuffer(observe_latency=given.get("served", True))
         self._proxy: MemoryProxy | None = None
 
     @property
     def database(self) -> Database:
         """The migrated connection pool; raises ``DatabaseUnavailable`` while the server is down."""
-        if self._database is None:
-            with self._lock:
-                if self._database is None:
-                    self._database = shared_database(self.settings)
-        return self._database
+        return self.parts.database
 
     @property
     def database_if_open(self) -> Database | None:
         """The pool if it was opened already (never tries to connect)."""
-        return self._database
+        return self.parts.database_if_open
 
     @property
     def embedder(self) -> Embedder:
         """The configured embedder (the local model loads on first use)."""
-        if self._embedder is None:
-            self._embedder = get_embedder(self.settings)
-        return self._embedder
+        return self.parts.embedder
 
     @property
     def llm(self) -> LLMProvider:
         """The configured LLM provider (the rules stand-in without an endpoint)."""
-        if self._llm is None:
-            self._llm = get_llm_provider(self.settings)
-        return self._llm
+        return self.parts.llm
 
     @property
     def recall_judge(self) -> LLMRecallJudge | None:
         """The LLM's second opinion on recalled memories, when ``YAK_RECALL_LLM_JUDGE`` is on with an LLM endpoint."""
-        return recall_judge(self.settings, lambda: self.llm)
+        return self.parts.judge
 
     @property
     def proxy(self) -> MemoryProxy:
@@ -108,11 +104,7 @@ class ApiServices:
     @property
     def alerter(self) -> Alerter:
         """The alerter; its de-duplication spans processes once the database has been reached."""
-        with self._lock:
-            if self._alerter is None or (not self._alerter_has_database and self._database is not None):
-                self._alerter = build_alerter(self.settings, self._database)
-                self._alerter_has_database = self._database is not None
-            return self._alerter
+        return self.parts.alerter
 
 
 def get_services(request: Request) -> ApiServices:

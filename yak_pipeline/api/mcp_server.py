@@ -45,7 +45,7 @@ from yak_pipeline.llm.errors import one_line
 from yak_pipeline.services.forget import ForgetOutcome, confirm_forget, run_forget_command
 from yak_pipeline.services.memories import list_memories, store_memory
 from yak_pipeline.services.memory_export import memory_markdown
-from yak_pipeline.services.recall import recall_params, relevance_model, search_memories
+from yak_pipeline.services.recall import search_memories
 from yak_pipeline.store.errors import DatabaseUnavailable
 
 logger = logging.getLogger("yak.mcp")
@@ -100,10 +100,10 @@ class YakMemoryTools:
 
     def search(self, user_id: str, query: str, limit: int, threshold: float, explain: bool) -> dict[str, Any]:
         """The user's best memories for ``query`` (the recall engine of ``/api/distillations/search``)."""
-        settings, embedder = self.services.settings, self.services.embedder
-        hits = search_memories(self.services.database, embedder, user_id=user_id, query=query,
-                               params=recall_params(settings, threshold=threshold, limit=limit),
-                               model=relevance_model(settings, embedder), judge=self.services.recall_judge)
+        parts = self.services.parts
+        hits = search_memories(parts.database, parts.embedder, user_id=user_id, query=query,
+                               params=parts.recall_params(threshold=threshold, limit=limit),
+                               model=parts.relevance_model, judge=parts.judge)
         return _plain({"memories": [{
             "id": h.id, "kind": h.kind, "memory_id": h.memory_id, "content": h.content, "tier": h.tier,
             # A distilled memory's type (and an event's day); a raw one (the user's words) has none.

@@ -34,8 +34,9 @@ from urllib.parse import urlencode, urlsplit
 
 import typer
 
-from yak_pipeline.cli.config import ClientSettings, client_settings, get_settings
+from yak_pipeline.cli.config import ClientSettings
 from yak_pipeline.cli.errors import FAILURE_EXIT, USAGE_EXIT, fail
+from yak_pipeline.cli.parts import CliParts, cli_parts
 
 if TYPE_CHECKING:
     import httpx
@@ -202,10 +203,11 @@ class _Server:
 class ApiClient:
     """Sends requests to a remote server or to the in-process app (see the module docstring)."""
 
-    def __init__(self, *, remote: str | None, api_key: str | None) -> None:
+    def __init__(self, parts: CliParts, *, remote: str | None, api_key: str | None) -> None:
         # A server found on its own (not named by --remote) may have gone: then run in-process.
+        self._parts = parts
         self._fallback = remote is None
-        remote = remote or configured_server(client_settings())
+        remote = remote or configured_server(parts.client)
         self._remote = remote.rstrip("/") if remote else None
         self._api_key = api_key
         self._server: _Server | None = None
@@ -221,11 +223,10 @@ class ApiClient:
         local_admin = self._open_in_process()
         self._key = self._api_key or local_admin
 
-    @staticmethod
-    def _stored_admin_key() -> str | None:
+    def _stored_admin_key(self) -> str | None:
         """The admin key of this configuration: ``YAK_ADMIN_API_KEY`` when set (``yak serve`` then
         writes no key file), else the file ``yak serve`` wrote on first start."""
-        settings = client_settings()
+        settings = self._parts.client
         if settings.admin_api_key is not None:
             return settings.admin_api_key
         path = admin_key_file(settings)
@@ -235,12 +236,14 @@ class ApiClient:
         import secrets  # here, not at the top: hashlib, hmac and random cost every command a few ms
 
         from yak_pipeline.api.app import create_app
-        from yak_pipeline.wiring import open_database
+        from yak_pipeline.wiring import build_parts, open_database
 
-        settings = get_settings()
+        settings = self._parts.settings
         local_admin = secrets.token_urlsafe(32)
+        # Its own small pool, closed with the command (the process-wide one would outlive it).
         self._database = open_database(settings, max_size=4)
-        self._app = create_app(settings, database=self._database, extra_admin_keys=(local_admin,), served=False)
+        self._app = create_app(build_parts(settings, database=self._database), extra_admin_keys=(local_admin,),
+                               served=False)
         return local_admin
 
     async def _asgi_request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
@@ -292,9 +295,10 @@ class ApiClient:
 
 
 @contextmanager
-def api_client(remote: str | None, api_key: str | None) -> Iterator[ApiClient]:
-    """An :class:`ApiClient` for one command; a refusal becomes ``error: …`` and exit code 1."""
-    client = ApiClient(remote=remote, api_key=api_key)
+def api_client(ctx: typer.Context, remote: str | None, api_key: str | None) -> Iterator[ApiClient]:
+    """An :class:`ApiClient` for one command (its parts from ``ctx``); a refusal becomes ``error: …``
+    and exit code 1."""
+    client = ApiClient(cli_parts(ctx), remote=remote, api_key=api_key)
     try:
         yield client
     except ApiError as exc:
@@ -303,10 +307,10 @@ def api_client(remote: str | None, api_key: str | None) -> Iterator[ApiClient]:
         client.close()
 
 
-def call_api(remote: str | None, api_key: str | None, method: str, path: str, *, json_body: Any = None,
-             params: dict | None = None) -> Any:
+def call_api(ctx: typer.Context, remote: str | None, api_key: str | None, method: str, path: str, *,
+             json_body: Any = None, params: dict | None = None) -> Any:
     """One request in one call, for commands that make one."""
-    with api_client(remote, api_key) as client:
+    with api_client(ctx, remote, api_key) as client:
         return client.request(method, path, json_body=json_body, params=params)
 
 

@@ -33,14 +33,17 @@ class ApiCall:
     params: dict | None = None
 
 
-def call_and_print(call: ApiCall, *, remote: str | None, api_key: str | None, as_json: bool) -> None:
+def call_and_print(ctx: typer.Context, call: ApiCall, *, remote: str | None, api_key: str | None,
+                   as_json: bool) -> None:
     """Send ``call`` and print its answer: JSON for scripts, else ``call.render``."""
-    data = call_api(remote, api_key, call.method, call.path, json_body=call.json_body, params=call.params)
+    data = call_api(ctx, remote, api_key, call.method, call.path, json_body=call.json_body, params=call.params)
     emit(data, as_json, call.render)
 
 
-# The options every API command has, after its own (the order `--help` has always shown).
+# The options every API command has, after its own (the order `--help` has always shown), and the
+# Typer context the root callback put the command's parts in (not an option: Typer fills it in).
 _SHELL_OPTIONS = (
+    inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context),
     inspect.Parameter("remote", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=RemoteOption),
     inspect.Parameter("api_key", inspect.Parameter.KEYWORD_ONLY, default=None, annotation=ApiKeyOption),
     inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, default=False, annotation=JsonOption),
@@ -58,9 +61,9 @@ def api_command(app: typer.Typer, name: str) -> Callable[[Callable[..., ApiCall]
         own = inspect.signature(build, eval_str=True)
 
         @functools.wraps(build)
-        def command(*args: Any, remote: str | None = None, api_key: str | None = None, as_json: bool = False,
-                    **kwargs: Any) -> None:
-            call_and_print(build(*args, **kwargs), remote=remote, api_key=api_key, as_json=as_json)
+        def command(*args: Any, ctx: typer.Context, remote: str | None = None, api_key: str | None = None,
+                    as_json: bool = False, **kwargs: Any) -> None:
+            call_and_print(ctx, build(*args, **kwargs), remote=remote, api_key=api_key, as_json=as_json)
 
         # Typer reads a command's options from its signature: the function's, plus the shell's.
         parameters = [*own.parameters.values(), *_SHELL_OPTIONS]

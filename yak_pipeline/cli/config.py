@@ -6,8 +6,8 @@ that only talks to a server needs three of the settings — ``YAK_HOME`` (where 
 recorded itself and its key), ``YAK_API_URL`` and ``YAK_ADMIN_API_KEY`` — and no pydantic to
 read them. So:
 
-- :func:`get_settings` is :func:`yak_pipeline.settings.get_settings`, imported when first called;
-  the commands that open the database or run the pipeline call it as before.
+- the full settings are read by the root callback (:mod:`.parts`) when a command first asks for
+  them: the commands that open the database or run the pipeline.
 - :func:`quick_client_settings` reads those three from the environment without pydantic, when
   every ``YAK_*`` variable set is one pydantic surely accepts (:data:`CHECKS` knows each field's
   type and bounds; a test holds it to :class:`yak_pipeline.settings.Settings`). Anything it is not
@@ -22,10 +22,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
-
-if TYPE_CHECKING:
-    from yak_pipeline.settings import Settings
+from typing import Final
 
 PREFIX: Final = "YAK_"
 DEFAULT_HOME: Final = "./.yak"  # Settings.home's default
@@ -94,13 +91,6 @@ _DECIMAL: Final = re.compile(r"-?[0-9]{1,18}(\.[0-9]{1,18})?")
 _BOOLEANS: Final = frozenset({"0", "off", "f", "false", "n", "no", "1", "on", "t", "true", "y", "yes"})
 
 
-def get_settings() -> Settings:
-    """The process-wide settings (:func:`yak_pipeline.settings.get_settings`), pydantic imported now."""
-    from yak_pipeline.settings import get_settings as read_settings
-
-    return read_settings()
-
-
 def _within(number: float, gt: float | None, ge: float | None, le: float | None) -> bool:
     return (gt is None or number > gt) and (ge is None or number >= ge) and (le is None or number <= le)
 
@@ -159,27 +149,3 @@ def quick_client_settings(environ: Mapping[str, str] | None = None) -> ClientSet
         values[name] = value
     return ClientSettings(home=Path(values.get("home", DEFAULT_HOME)), api_url=values.get("api_url"),
                           admin_api_key=values.get("admin_api_key"))
-
-
-def client_settings() -> ClientSettings:
-    """The client's settings: read quickly when the environment is surely valid, else by pydantic.
-
-    Raises :class:`yak_pipeline.settings.SettingsError` for an invalid value, as
-    :func:`get_settings` does.
-    """
-    quick = quick_client_settings()
-    if quick is not None:
-        return quick
-    settings = get_settings()
-    key = settings.admin_api_key
-    return ClientSettings(home=settings.home, api_url=settings.api_url,
-                          admin_api_key=None if key is None else key.get_secret_value())
-
-
-def check_settings() -> None:
-    """Fail on a bad ``YAK_*`` value (:class:`~yak_pipeline.settings.SettingsError`) before any work.
-
-    Without pydantic when every value is surely valid; else by reading the full settings.
-    """
-    if quick_client_settings() is None:
-        get_settings()

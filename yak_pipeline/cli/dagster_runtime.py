@@ -12,7 +12,6 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from yak_pipeline.cli.config import get_settings
 from yak_pipeline.cli.render import make_console
 
 if TYPE_CHECKING:
@@ -124,8 +123,11 @@ def serve_code_location(host: str, port: int) -> None:
     from dagster._cli.api import grpc_command
     from dagster._grpc import server as grpc_server
 
+    from yak_pipeline.wiring import process_parts
+
+    # A process of its own (`yak up` starts it), configured by the environment `yak up` gave it.
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(run_worker_preload(get_settings()))
+    context.set_forkserver_preload(run_worker_preload(process_parts().settings))
     original_init = grpc_server.DagsterApiServer.__init__
 
     def _init(self, *args, **kwargs) -> None:  # noqa: ANN001, ANN002, ANN003

@@ -6,8 +6,8 @@ import json
 
 import typer
 
-from yak_pipeline.cli.config import get_settings
 from yak_pipeline.cli.errors import USAGE_EXIT, fail, friendly_errors
+from yak_pipeline.cli.parts import cli_parts
 from yak_pipeline.cli.render import make_console
 
 # The store (psycopg, the migrations) and rich's tables are imported inside each command: every
@@ -23,13 +23,14 @@ JsonOption = typer.Option(False, "--json", help="Print JSON for scripts instead 
 @app.command("url")
 @friendly_errors
 def url_command(
+    ctx: typer.Context,
     show_password: bool = typer.Option(False, "--show-password", help="Print the password instead of ***."),
     dagster: bool = typer.Option(False, "--dagster", help="Print the URL of Dagster's storage (YAK_DAGSTER_PG_URL)."),
 ) -> None:
     """Print the database URL in use (starting the embedded server if it is the one in use)."""
     from yak_pipeline.store.database import dagster_storage_url, redact_url, resolve_database_url
 
-    url = resolve_database_url(get_settings())
+    url = resolve_database_url(cli_parts(ctx).settings)
     if dagster:
         url = dagster_storage_url(url)
     print(url if show_password else redact_url(url))
@@ -37,11 +38,11 @@ def url_command(
 
 @app.command("migrate")
 @friendly_errors
-def migrate_command(as_json: bool = JsonOption) -> None:
+def migrate_command(ctx: typer.Context, as_json: bool = JsonOption) -> None:
     """Apply pending ``sql/`` migrations in order; running it again applies nothing."""
     from yak_pipeline.wiring import migrate_database
 
-    applied = migrate_database(get_settings())
+    applied = migrate_database(cli_parts(ctx).settings)
     if as_json:
         print(json.dumps({"applied": applied}))
     elif applied:
@@ -53,14 +54,14 @@ def migrate_command(as_json: bool = JsonOption) -> None:
 
 @app.command("status")
 @friendly_errors
-def status_command(as_json: bool = JsonOption) -> None:
+def status_command(ctx: typer.Context, as_json: bool = JsonOption) -> None:
     """Show applied and pending migrations, the embedding the database holds, and row counts."""
     from rich.table import Table
 
     from yak_pipeline.store.database import connect, redact_url, resolve_database_url
     from yak_pipeline.store.migrations import migration_states, read_meta, server_versions, table_counts
 
-    settings = get_settings()
+    settings = cli_parts(ctx).settings
     url = resolve_database_url(settings)
     with connect(url, vector=False) as conn:
         states = migration_states(conn)
@@ -98,6 +99,7 @@ def status_command(as_json: bool = JsonOption) -> None:
 @app.command("index")
 @friendly_errors
 def index_command(
+    ctx: typer.Context,
     rebuild_context: bool = typer.Option(False, "--rebuild-context",
                                          help="Also recompute every exchange's conversation context for hybrid recall."),
     as_json: bool = JsonOption,
@@ -112,20 +114,19 @@ def index_command(
     Last, as the nightly recall_index_job does, BM25's statistics are folded (sql/014) and every
     user with many memories gets their own HNSW indexes (store.user_indexes).
     """
-    from yak_pipeline.embeddings import get_embedder
     from yak_pipeline.services.exchange_embeddings import embed_pending_contexts, embed_pending_exchanges
     from yak_pipeline.services.memories import rebuild_exchange_context
     from yak_pipeline.services.recall_indexes import describe_build, maintain_recall_indexes
     from yak_pipeline.wiring import open_database
 
-    settings = get_settings()
-    db = open_database(settings)
+    parts = cli_parts(ctx).parts
+    db = open_database(parts.settings)
     contexts = None
     progress = make_console(stderr=True)
     try:
         if rebuild_context:
             contexts = rebuild_exchange_context(db)
-        embedder = get_embedder(settings)
+        embedder = parts.embedder
         exchanges = embed_pending_exchanges(db, embedder, contexts=False,
                                             on_progress=lambda n: progress.print(f"embedded {n} exchanges …"))
         in_context = embed_pending_contexts(
@@ -146,6 +147,7 @@ def index_command(
 @app.command("scan-secrets")
 @friendly_errors
 def scan_secrets_command(
+    ctx: typer.Context,
     dry_run: bool = typer.Option(False, "--dry-run", help="Only count the secrets found; change nothing."),
     as_json: bool = JsonOption,
 ) -> None:
@@ -158,15 +160,14 @@ def scan_secrets_command(
     and running it again finds the rest. The audit log records each redaction by kind, never
     the secret.
     """
-    from yak_pipeline.embeddings import get_embedder
     from yak_pipeline.services.secret_scan import scan_secrets
     from yak_pipeline.wiring import open_database
 
-    settings = get_settings()
-    db = open_database(settings)
+    parts = cli_parts(ctx).parts
+    db = open_database(parts.settings)
     progress = make_console(stderr=True)
     try:
-        report = scan_secrets(db, None if dry_run else get_embedder(settings), dry_run=dry_run,
+        report = scan_secrets(db, None if dry_run else parts.embedder, dry_run=dry_run,
                               on_progress=lambda name, read, total: progress.print(f"{name}: {read}/{total} rows read …"))
     finally:
         db.close()
@@ -183,7 +184,7 @@ def scan_secrets_command(
 
 @app.command("upgrade")
 @friendly_errors
-def upgrade_command(as_json: bool = JsonOption) -> None:
+def upgrade_command(ctx: typer.Context, as_json: bool = JsonOption) -> None:
     """Carry an earlier Yak's embedded PostgreSQL 16 data over to PostgreSQL 18, every row checked.
 
     Every database in ``$YAK_HOME/pgdata`` is dumped and restored into a new directory and each
@@ -195,7 +196,7 @@ def upgrade_command(as_json: bool = JsonOption) -> None:
 
     from yak_pipeline.store.embedded_upgrade import upgrade_embedded_data
 
-    settings = get_settings()
+    settings = cli_parts(ctx).settings
     if settings.database_url:
         raise fail("YAK_DATABASE_URL is set: Yak does not manage that server; upgrade it with pg_upgrade "
                    "or pg_dump / pg_restore", USAGE_EXIT)
@@ -214,11 +215,11 @@ def upgrade_command(as_json: bool = JsonOption) -> None:
 
 @app.command("stop")
 @friendly_errors
-def stop_command(as_json: bool = JsonOption) -> None:
+def stop_command(ctx: typer.Context, as_json: bool = JsonOption) -> None:
     """Stop the embedded PostgreSQL server (nothing to do with an external YAK_DATABASE_URL)."""
     from yak_pipeline.store.embedded import stop_embedded_server
 
-    settings = get_settings()
+    settings = cli_parts(ctx).settings
     if settings.database_url:
         message, stopped = "YAK_DATABASE_URL is set: Yak does not manage that server", False
     else:
@@ -232,8 +233,8 @@ def stop_command(as_json: bool = JsonOption) -> None:
 
 @app.command("running")
 @friendly_errors
-def running_command() -> None:
+def running_command(ctx: typer.Context) -> None:
     """Exit 0 if the embedded server is running, 1 if not (for scripts)."""
     from yak_pipeline.store.embedded import embedded_server_running
 
-    raise typer.Exit(0 if embedded_server_running(get_settings().pgdata_dir) else 1)
+    raise typer.Exit(0 if embedded_server_running(cli_parts(ctx).settings.pgdata_dir) else 1)

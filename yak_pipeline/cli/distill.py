@@ -10,6 +10,7 @@ import typer
 from yak_pipeline.cli.api_client import ApiKeyOption, JsonOption, RemoteOption, emit, parse_id
 from yak_pipeline.cli.api_command import ApiCall, api_command, call_and_print
 from yak_pipeline.cli.errors import friendly_errors
+from yak_pipeline.cli.parts import cli_parts
 from yak_pipeline.cli.render import make_console, print_page, short, table, type_label
 from yak_pipeline.core.wording import weight_note
 
@@ -121,6 +122,7 @@ def merge_command(
 @app.command("re-embed")
 @friendly_errors
 def reembed_command(
+    ctx: typer.Context,
     distillation_id: Annotated[str | None, typer.Argument(help="Distillation id (or --all).")] = None,
     all_: Annotated[bool, typer.Option("--all", help="Carry the whole database over to the configured "
                                        "embedder: every distillation, exchange and context, with progress.")] = False,
@@ -138,19 +140,17 @@ def reembed_command(
     if distillation_id is not None:
         call = ApiCall("POST", _path(distillation_id, "/re-embed"),
                        lambda d: console.print(f"re-embedded {d['id']} with {d['embedding_model']}"))
-        call_and_print(call, remote=remote, api_key=api_key, as_json=as_json)
+        call_and_print(ctx, call, remote=remote, api_key=api_key, as_json=as_json)
         return
     if remote:
         raise typer.BadParameter("--all runs on the configured database, not through --remote")
-    from yak_pipeline.embeddings import get_embedder
     from yak_pipeline.recall_models import RelevanceModelMissing, load_relevance_model
     from yak_pipeline.services.reembed import reembed_database, resize_for_embedder
-    from yak_pipeline.settings import get_settings
     from yak_pipeline.store.database import resolve_database_url
     from yak_pipeline.wiring import open_database
 
-    settings = get_settings()
-    embedder = get_embedder(settings)
+    parts = cli_parts(ctx).parts
+    settings, embedder = parts.settings, parts.embedder
     progress = make_console(stderr=True)
     url = resolve_database_url(settings)
     resized = resize_for_embedder(url, embedder)

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from yak_pipeline.cli.config import get_settings
 from yak_pipeline.cli.errors import USAGE_EXIT, fail, friendly_errors
+from yak_pipeline.cli.parts import cli_parts
 
 if TYPE_CHECKING:  # imported by the commands: every `yak` command imports this module
     from rich.console import Console
@@ -56,9 +56,9 @@ def _load(data: list[Path], limit_conversations: int | None) -> list[tuple[str, 
         raise fail(str(exc), USAGE_EXIT) from None
 
 
-def _distiller_settings(stack: ExitStack, distiller: str | None, local_llm: bool, console: Console):
+def _distiller_settings(settings: Settings, stack: ExitStack, distiller: str | None, local_llm: bool,
+                        console: Console):
     """The settings to run with and the distiller name (``local`` starts the packaged model in ``stack``)."""
-    settings = get_settings()
     if local_llm:
         if distiller not in (None, "local"):
             raise fail("--local-llm is --distiller local; give one of them", USAGE_EXIT)
@@ -73,15 +73,16 @@ def _distiller_settings(stack: ExitStack, distiller: str | None, local_llm: bool
 
 
 @contextmanager
-def _eval_run(distiller: str | None, local_llm: bool, interrupted: str) -> Iterator[tuple[Settings, str | None, Progress]]:
-    """One `yak eval` run: the settings, the chosen distiller (``local`` starts the packaged model
+def _eval_run(settings: Settings, distiller: str | None, local_llm: bool,
+              interrupted: str) -> Iterator[tuple[Settings, str | None, Progress]]:
+    """One `yak eval` run on ``settings``: the settings to run with, the chosen distiller (``local`` starts the packaged model
     for the run) and a progress sink printing on stderr. Ctrl-C in the run ends the command with
     exit code 130 and ``interrupted`` on stderr instead of a traceback."""
     from rich.console import Console
 
     console = Console(stderr=True)
     with ExitStack() as stack:
-        settings, chosen = _distiller_settings(stack, distiller, local_llm, console)
+        settings, chosen = _distiller_settings(settings, stack, distiller, local_llm, console)
         try:
             yield settings, chosen, lambda line: console.print(line, highlight=False, markup=False)
         except KeyboardInterrupt:
@@ -92,6 +93,7 @@ def _eval_run(distiller: str | None, local_llm: bool, interrupted: str) -> Itera
 @app.command("locomo")
 @friendly_errors
 def locomo_command(
+    ctx: typer.Context,
     data: list[Path] = typer.Option(..., "--data", help="A LoCoMo-format JSON file, e.g. data/locomo10.json of github.com/snap-research/locomo (no data ships with Yak); repeat --data for more files (each reported on its own, cross-validated together)."),
     k: str = typer.Option("1,5,10", "--k", help="Cut-offs for Recall@k, Hit@k and nDCG@k, comma-separated."),
     limit_conversations: int | None = typer.Option(None, "--limit-conversations", help="Only the first N conversations of each file."),
@@ -127,7 +129,7 @@ def locomo_command(
     if folds < 2:
         raise fail("--folds must be at least 2", USAGE_EXIT)
     datasets = _load(data, limit_conversations)
-    with _eval_run(distiller, local_llm, "interrupted: the evaluation databases were dropped") as (
+    with _eval_run(cli_parts(ctx).settings, distiller, local_llm, "interrupted: the evaluation databases were dropped") as (
             settings, chosen, progress):
         if llm_judge and not settings.llm_base_url:
             raise fail("--llm-judge needs an LLM: set YAK_LLM_BASE_URL or add --distiller local", USAGE_EXIT)
@@ -146,6 +148,7 @@ def locomo_command(
 @app.command("calibrate")
 @friendly_errors
 def calibrate_command(
+    ctx: typer.Context,
     data: list[Path] = typer.Option(..., "--data", help="LoCoMo-format JSON files to fit on (repeat --data for each)."),
     out: Path | None = typer.Option(None, "--out", help="Where to write the model JSON; default $YAK_HOME/recall_models/<embedder>.json."),
     as_json: bool = typer.Option(False, "--json", help="Print the fitted model as JSON on stdout."),
@@ -167,7 +170,7 @@ def calibrate_command(
     if folds < 2:
         raise fail("--folds must be at least 2", USAGE_EXIT)
     datasets = _load(data, None)
-    with _eval_run(distiller, False, "interrupted: nothing was written") as (settings, chosen, progress):
+    with _eval_run(cli_parts(ctx).settings, distiller, False, "interrupted: nothing was written") as (settings, chosen, progress):
         model, report = calibrate(settings, datasets, folds=folds, distiller=chosen, progress=progress)
     target = out or user_models_dir(Path(settings.home)) / model_file_name(model.embedding_model)
     target.parent.mkdir(parents=True, exist_ok=True)

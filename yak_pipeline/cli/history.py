@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from yak_pipeline.cli.config import get_settings
 from yak_pipeline.cli.errors import FAILURE_EXIT, USAGE_EXIT, fail, friendly_errors
+from yak_pipeline.cli.parts import cli_parts
 from yak_pipeline.cli.render import make_console, table
 from yak_pipeline.core.types import validate_user_id
 
@@ -47,6 +47,7 @@ def _progress(enabled: bool) -> Progress:
 
 
 def import_command(
+    ctx: typer.Context,
     files: Annotated[list[Path], typer.Argument(
         help="History files: a ChatGPT or Claude.ai data export (conversations.json or the export's .zip), "
              "Claude Code session transcripts (.jsonl), or Yak drop files (.jsonl, .json, .md).")],
@@ -74,7 +75,8 @@ def import_command(
 
     if user is not None:
         validate_user_id(user)
-    settings = get_settings()
+    parts = cli_parts(ctx).parts
+    settings = parts.settings
     db = open_database(settings)
     results = []
     try:
@@ -98,7 +100,7 @@ def import_command(
                 # before distillation has run. The embedder takes minutes where storing took seconds,
                 # so they are made in the background unless asked for now (batches commit either way).
                 if wait:
-                    totals["embedded"] = _embed_imported(db, settings, totals["users"], bars)
+                    totals["embedded"] = _embed_imported(db, parts.embedder, totals["users"], bars)
                 else:
                     from yak_pipeline.cli import import_vectors
 
@@ -116,12 +118,10 @@ def import_command(
         raise typer.Exit(FAILURE_EXIT)
 
 
-def _embed_imported(db, settings, users: list[str], bars: Progress) -> int:  # noqa: ANN001 - Database, Settings
+def _embed_imported(db, embedder, users: list[str], bars: Progress) -> int:  # noqa: ANN001 - Database, Embedder
     """Embed the imported users' exchanges that have no vector yet, with a progress bar; how many."""
-    from yak_pipeline.embeddings import get_embedder
     from yak_pipeline.services.exchange_embeddings import embed_pending_exchanges
 
-    embedder = get_embedder(settings)
     task = bars.add_task("embedding for recall", total=None)
     done = 0
     for user_id in users:
@@ -176,6 +176,7 @@ def _print_import(report: dict) -> None:
 
 
 def export_command(
+    ctx: typer.Context,
     user: Annotated[str | None, typer.Option("--user", help="Whose memory to export.")] = None,
     all_users: Annotated[bool, typer.Option("--all-users", help="Every user (jsonl only).")] = False,
     fmt: Annotated[ExportFormat, typer.Option(
@@ -196,7 +197,7 @@ def export_command(
         raise fail("give --user U or --all-users", USAGE_EXIT)
     if fmt is ExportFormat.jsonl and as_json and output is None:
         raise fail("with --json the summary goes to stdout: give --output FILE for the backup", USAGE_EXIT)
-    db = open_database(get_settings())
+    db = open_database(cli_parts(ctx).settings)
     try:
         if fmt is ExportFormat.md:
             _export_markdown(db, user, output, as_json)
@@ -260,6 +261,7 @@ def _atomic_file(path: Path) -> Iterator:
 
 
 def restore_command(
+    ctx: typer.Context,
     file: Annotated[Path, typer.Argument(help="A backup written by `yak export --format jsonl`.")],
     as_json: JsonOption = False,
 ) -> None:
@@ -275,7 +277,7 @@ def restore_command(
         with file.open(encoding="utf-8", errors="strict") as handle:
             yield from handle
 
-    db = open_database(get_settings())
+    db = open_database(cli_parts(ctx).settings)
     try:
         with _progress(not as_json) as bars:
             task = bars.add_task("restore", total=None)

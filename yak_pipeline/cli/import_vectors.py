@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from yak_pipeline.settings import Settings, get_settings
+from yak_pipeline.settings import Settings
 
 
 def log_path(settings: Settings) -> Path:
@@ -44,12 +44,15 @@ def start(settings: Settings, users: Sequence[str]) -> int:
 
 
 def main(users: Sequence[str]) -> int:
-    """Embed the users' exchanges that still lack their vectors; 0 when all are done."""
-    from yak_pipeline.embeddings import get_embedder
-    from yak_pipeline.services.exchange_embeddings import embed_pending_exchanges
-    from yak_pipeline.wiring import open_database
+    """Embed the users' exchanges that still lack their vectors; 0 when all are done.
 
-    settings = get_settings()
+    A process of its own (:func:`start`), not a ``yak`` command: its parts are this process's
+    environment's (:func:`yak_pipeline.wiring.process_parts`)."""
+    from yak_pipeline.services.exchange_embeddings import embed_pending_exchanges
+    from yak_pipeline.wiring import open_database, process_parts
+
+    parts = process_parts()
+    settings = parts.settings
     began = time.monotonic()
 
     def say(line: str) -> None:
@@ -57,7 +60,7 @@ def main(users: Sequence[str]) -> int:
 
     db = open_database(settings)
     try:
-        embedder = get_embedder(settings)
+        embedder = parts.embedder
         for user_id in users:
             say(f"{user_id}: embedding the exchanges without vectors")
             done = embed_pending_exchanges(db, embedder, user_id=user_id,

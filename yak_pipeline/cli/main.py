@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -17,8 +18,11 @@ from yak_pipeline.cli import eval as eval_cli
 from yak_pipeline.cli import memory as memory_cli
 from yak_pipeline.cli import profile as profile_cli
 from yak_pipeline.cli import warmth as warmth_cli
-from yak_pipeline.cli.config import check_settings, get_settings
 from yak_pipeline.cli.errors import USAGE_EXIT, fail
+from yak_pipeline.cli.parts import CliParts, cli_parts
+
+if TYPE_CHECKING:
+    from yak_pipeline.settings import Settings
 
 app = typer.Typer(
     name="yak",
@@ -41,13 +45,24 @@ app.add_typer(profile_cli.app, name="profile")
 
 
 @app.callback()
-def _validate_settings() -> None:
-    """Check the settings once up front so a bad YAK_* value is one line, exit 2, before any work.
+def root(ctx: typer.Context) -> None:
+    """Hand every command its settings and parts (``ctx.obj``, :class:`.parts.CliParts`), read and
+    built when it first asks; check the settings once up front, so a bad YAK_* value is one line,
+    exit 2, before any work.
 
-    Without pydantic when every YAK_* value is surely valid (:func:`.config.check_settings`).
+    The CLI's one reader of the settings. Without pydantic when every YAK_* value is surely valid
+    (:func:`.config.quick_client_settings`): a command that only talks to a server never imports it.
     """
+
+    def read_settings() -> Settings:
+        from yak_pipeline.settings import get_settings
+
+        return get_settings()
+
+    if isinstance(ctx.obj, CliParts):
+        return  # given by the caller (tests run commands with explicit settings)
     try:
-        check_settings()
+        ctx.obj = CliParts.start(read_settings)
     except Exception as exc:
         from yak_pipeline.settings import SettingsError  # imported already when it was raised
 
@@ -58,6 +73,7 @@ def _validate_settings() -> None:
 
 @app.command("settings")
 def settings_command(
+    ctx: typer.Context,
     markdown: bool = typer.Option(False, "--markdown", help="Print the README's table of variables."),
     as_json: bool = typer.Option(False, "--json", help="Print the effective settings as JSON (secrets hidden)."),
 ) -> None:
@@ -67,7 +83,7 @@ def settings_command(
     if markdown:
         print(settings_table_markdown())
         return
-    effective = json.loads(get_settings().model_dump_json())
+    effective = json.loads(cli_parts(ctx).settings.model_dump_json())
     if as_json:
         print(json.dumps(effective))
         return

@@ -18,8 +18,8 @@ from yak_pipeline.cli.api_client import (
     parse_id,
 )
 from yak_pipeline.cli.api_command import ApiCall, api_command
-from yak_pipeline.cli.config import get_settings
 from yak_pipeline.cli.errors import FAILURE_EXIT, USAGE_EXIT, fail, friendly_errors
+from yak_pipeline.cli.parts import cli_parts
 from yak_pipeline.cli.render import make_console, short, table
 from yak_pipeline.core.forget import ForgetCommandError, parse_forget_command
 from yak_pipeline.core.wording import plural
@@ -45,18 +45,18 @@ def metrics_as_json(text: str) -> dict:
             for family in text_string_to_metric_families(text)}
 
 
-def metrics_command(remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False) -> None:
+def metrics_command(ctx: typer.Context, remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False) -> None:
     """Print the Prometheus metrics (raw text; --json parses them)."""
-    text = call_api(remote, api_key, "GET", "/metrics")
+    text = call_api(ctx, remote, api_key, "GET", "/metrics")
     if as_json:
         emit(metrics_as_json(text), True, print)
     else:
         print(text, end="")
 
 
-def health_command(remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False) -> None:
+def health_command(ctx: typer.Context, remote: RemoteOption = None, api_key: ApiKeyOption = None, as_json: JsonOption = False) -> None:
     """Check that the API reaches its database, embedder and LLM; exit 1 when it does not."""
-    with api_client(remote, api_key) as client:
+    with api_client(ctx, remote, api_key) as client:
         try:
             report = client.request("GET", "/health")
         except ApiError as exc:
@@ -119,6 +119,7 @@ def _is_plain_argument(command: str, context_id: str | None) -> bool:
 
 
 def forget_command(
+    ctx: typer.Context,
     command: Annotated[str | None, typer.Argument(help="'/forget <id or phrase>', 'delete memory: <id>' or "
                                                        "'forget this memory' (with --context-id).")] = None,
     user: Annotated[str | None, typer.Option("--user", help="Whose memories.")] = None,
@@ -138,7 +139,7 @@ def forget_command(
     if command is not None and _is_plain_argument(command, context_id):
         # `yak forget <id>` / `yak forget "some phrase"`: the command is implied by the verb.
         command = f"/forget {command}"
-    with api_client(remote, api_key) as client:
+    with api_client(ctx, remote, api_key) as client:
         if confirm is not None:
             result = client.request("POST", "/api/forget/confirm",
                                     json_body={"token": confirm, "user_id": user, "soft": soft})
@@ -255,6 +256,7 @@ def conflicts_keep_command(
 @keys_app.command("create")
 @friendly_errors
 def keys_create_command(
+    ctx: typer.Context,
     user: Annotated[str | None, typer.Option("--user", help="Scope the key to this user id.")] = None,
     admin: Annotated[bool, typer.Option("--admin", help="An admin key (every user).")] = False,
     label: Annotated[str | None, typer.Option("--label", help="A note on what the key is for.")] = None,
@@ -265,7 +267,7 @@ def keys_create_command(
     search only (the API, the memory proxy, MCP and the web page refuse its writes and forgets)."""
     if admin == (user is not None):
         raise fail("give either --user USER or --admin", USAGE_EXIT)
-    data = call_api(remote, api_key, "POST", "/api/keys",
+    data = call_api(ctx, remote, api_key, "POST", "/api/keys",
                     json_body={"user_id": user, "admin": admin, "label": label, "read_only": read_only})
     if as_json:
         emit(data, True, print)
@@ -278,10 +280,10 @@ def keys_create_command(
 
 @keys_app.command("show-admin")
 @friendly_errors
-def keys_show_admin_command(as_json: JsonOption = False) -> None:
+def keys_show_admin_command(ctx: typer.Context, as_json: JsonOption = False) -> None:
     """Print the admin key `yak serve` (or `yak up`) created on its first start, from the key file
     in $YAK_HOME, e.g. KEY=$(yak keys show-admin); --json also names the file."""
-    path = admin_key_file(get_settings())
+    path = admin_key_file(cli_parts(ctx).client)
     try:
         key = path.read_text().strip()
     except FileNotFoundError:

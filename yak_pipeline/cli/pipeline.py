@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from yak_pipeline.cli.config import get_settings
 from yak_pipeline.cli.dagster_runtime import (
     DAEMON_LOG_LEVEL,
     SHIPPED,
@@ -27,6 +26,7 @@ from yak_pipeline.cli.dagster_runtime import (
     write_workspace,
 )
 from yak_pipeline.cli.errors import USAGE_EXIT, fail, friendly_errors
+from yak_pipeline.cli.parts import cli_parts
 from yak_pipeline.cli.render import make_console
 from yak_pipeline.core.types import validate_user_id
 from yak_pipeline.ports import free_port
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from yak_pipeline.llm.local_server import LocalLLM
     from yak_pipeline.services.discovery import Discovery
     from yak_pipeline.settings import Settings
+    from yak_pipeline.wiring import YakParts
 
 console = make_console(stderr=True)
 
@@ -114,12 +115,10 @@ def _count_materializations(tally: _ProcessTally, result, counted: frozenset[str
     return materialized
 
 
-def _run_partitions(found: Discovery, instance, tally: _ProcessTally, *, progress: bool) -> None:  # noqa: ANN001
-    """Every planned run, in turn, into ``tally``. A run of several days whose quality check fails
-    runs again day by day, so that the days that pass go on and the failing ones are named."""
-    from yak_pipeline.definitions import defs
-
-    resources = defs.resources
+def _run_partitions(found: Discovery, instance, tally: _ProcessTally, resources: dict, *,  # noqa: ANN001
+                    progress: bool) -> None:
+    """Every planned run, in turn, into ``tally``, with ``resources``. A run of several days whose quality
+    check fails runs again day by day, so that the days that pass go on and the failing ones are named."""
     work = _planned_runs(found)
     index = 0
     while index < len(work):
@@ -151,7 +150,7 @@ def _run_partitions(found: Discovery, instance, tally: _ProcessTally, *, progres
                           f"{state} ({time.monotonic() - started:.1f}s)")
 
 
-def run_pending_work(settings: Settings, *, user_id: str | None, day: date | None,
+def run_pending_work(parts: YakParts, *, user_id: str | None, day: date | None,
                      progress: bool = True) -> dict:
     """Materialize every partition with ready drop files, pending memories or turns, in-process.
 
@@ -164,20 +163,23 @@ def run_pending_work(settings: Settings, *, user_id: str | None, day: date | Non
     the run's ``yak/drop_files`` tag); files holding nothing to store are finished by the discovery.
     """
     from yak_pipeline.defs.partitions import add_missing_partitions
+    from yak_pipeline.defs.resources import default_resources
     from yak_pipeline.embeddings.usage import documents_embedded
     from yak_pipeline.services.discovery import discover_work
     from yak_pipeline.services.recall_indexes import describe_build, maintain_recall_indexes
-    from yak_pipeline.wiring import shared_database
 
+    settings = parts.settings
     embedded_before = documents_embedded()
-    db = shared_database(settings)
+    db = parts.database
     found = discover_work(db, drop_dir=settings.resolved_drop_dir, user_id=user_id, day=day, min_age_seconds=0)
     instance = dagster_instance(settings)
     drop_users = {user for user, _ in found.drop_files}
     sync_partitions_with_data(instance, db, keep=drop_users)
     add_missing_partitions(instance, found.drop_files)  # users whose exchanges are still in drop files
     tally = _ProcessTally(files=[vars(f) for f in found.claimed.files])
-    _run_partitions(found, instance, tally, progress=progress)
+    # The code location's resources, built from this command's settings (not the ones read when
+    # definitions.py was first imported in this process).
+    _run_partitions(found, instance, tally, default_resources(settings), progress=progress)
     # A user who grew past the line gets their own recall indexes now, not at the nightly run.
     announce = (lambda *build: console.print(f"{describe_build(*build)} …")) if progress else None
     indexes = maintain_recall_indexes(db, on_build=announce) if tally.partitions else []
@@ -211,6 +213,7 @@ def _print_process_report(report: dict) -> None:
 
 
 def process_command(
+    ctx: typer.Context,
     user: str | None = typer.Option(None, "--user", help="Only this user's partitions."),
     day: str | None = typer.Option(None, "--date", help="Only this UTC day (YYYY-MM-DD)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts instead of a table."),
@@ -223,7 +226,7 @@ def process_command(
         when = date.fromisoformat(day) if day else None
     except ValueError:
         raise fail(f"--date {day!r} is not a date (use YYYY-MM-DD)", USAGE_EXIT) from None
-    report = run_pending_work(get_settings(), user_id=user, day=when, progress=not as_json)
+    report = run_pending_work(cli_parts(ctx).parts, user_id=user, day=when, progress=not as_json)
     if as_json:
         print(json.dumps(report, default=str))
     else:
@@ -233,6 +236,7 @@ def process_command(
 
 
 def up_command(
+    ctx: typer.Context,
     webserver_port: int = typer.Option(3000, "--dagster-port", help="Port of the Dagster UI."),
     api_port: int = typer.Option(8000, "--api-port", help="Port of the HTTP API."),
     host: str = typer.Option("127.0.0.1", "--host", help="Interface to listen on."),
@@ -243,7 +247,7 @@ def up_command(
 ) -> None:
     """Start the embedded database, migrate, then run the Dagster UI and daemon (and the API)
     in the foreground, printing their URLs; Ctrl-C stops everything."""
-    run_up(get_settings(), host=host, webserver_port=webserver_port, api_port=api_port, local_llm=local_llm)
+    run_up(cli_parts(ctx).settings, host=host, webserver_port=webserver_port, api_port=api_port, local_llm=local_llm)
 
 
 def register(app: typer.Typer) -> None:

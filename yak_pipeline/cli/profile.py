@@ -9,8 +9,8 @@ import typer
 
 from yak_pipeline.cli.api_client import JsonOption, parse_id
 from yak_pipeline.cli.api_command import ApiCall, api_command
-from yak_pipeline.cli.config import get_settings
 from yak_pipeline.cli.errors import friendly_errors
+from yak_pipeline.cli.parts import cli_parts
 from yak_pipeline.cli.render import make_console, short, table
 from yak_pipeline.core.wording import plural
 
@@ -58,6 +58,7 @@ def drop_command(
 @app.command("rebuild")
 @friendly_errors
 def rebuild_command(
+    ctx: typer.Context,
     user: Annotated[str | None, typer.Option("--user", help="Only this user's exchanges.")] = None,
     as_json: JsonOption = False,
 ) -> None:
@@ -66,7 +67,7 @@ def rebuild_command(
     from yak_pipeline.services.profile import rebuild_profile
     from yak_pipeline.wiring import open_database
 
-    db = open_database(get_settings())
+    db = open_database(cli_parts(ctx).settings)
     try:
         found = rebuild_profile(db, user_id=user)
     finally:

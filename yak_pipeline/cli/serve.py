@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from yak_pipeline.cli.api_client import JsonOption, admin_key_file, record_server
-from yak_pipeline.cli.config import get_settings
 from yak_pipeline.cli.errors import friendly_errors
+from yak_pipeline.cli.parts import cli_parts
 from yak_pipeline.store.errors import StoreError
 
 if TYPE_CHECKING:  # every `yak` command imports this module; the store is imported when it serves
@@ -53,20 +53,19 @@ def _exit_on_signal(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def serve_command(host: HostOption = "127.0.0.1", port: PortOption = 8000, as_json: JsonOption = False) -> None:
+def serve_command(ctx: typer.Context, host: HostOption = "127.0.0.1", port: PortOption = 8000, as_json: JsonOption = False) -> None:
     """Run the HTTP API (OpenAPI at /openapi.json, /docs) and the web page (/ui) until Ctrl-C; on
     first start, create an admin key and say where it is stored."""
     import uvicorn
 
     from yak_pipeline.api.access_log import uvicorn_log_options
     from yak_pipeline.api.app import create_app
-    from yak_pipeline.wiring import shared_database
 
-    settings = get_settings()
-    database, key_file, warning = None, None, None
+    parts = cli_parts(ctx).parts
+    settings = parts.settings
+    key_file, warning = None, None
     try:
-        database = shared_database(settings)
-        key_file = ensure_admin_key(settings, database)
+        key_file = ensure_admin_key(settings, parts.database)
     except StoreError as exc:
         # The API still starts: /health reports the database, other routes answer 503.
         warning = f"database not ready: {exc}"
@@ -89,13 +88,13 @@ def serve_command(host: HostOption = "127.0.0.1", port: PortOption = 8000, as_js
     # it found: the default one would end the process before the record is removed.
     signal.signal(signal.SIGTERM, _exit_on_signal)
     try:
-        uvicorn.run(create_app(settings, database=database), host=host, port=port,
+        uvicorn.run(create_app(parts), host=host, port=port,
                     **uvicorn_log_options(settings.access_log))
     finally:
         forget()
 
 
-def proxy_command(host: HostOption = "127.0.0.1", port: PortOption = 8001, as_json: JsonOption = False,
+def proxy_command(ctx: typer.Context, host: HostOption = "127.0.0.1", port: PortOption = 8001, as_json: JsonOption = False,
                   show_block: bool = typer.Option(
                       False, "--show-block",
                       help="Log the memory block injected into each chat (private text: for debugging).")) -> None:
@@ -109,17 +108,18 @@ def proxy_command(host: HostOption = "127.0.0.1", port: PortOption = 8001, as_js
 
     from yak_pipeline.api.access_log import uvicorn_log_options
     from yak_pipeline.api.app import create_proxy_app
-    from yak_pipeline.wiring import shared_database
+    from yak_pipeline.wiring import build_parts
 
-    settings = get_settings()
+    parts = cli_parts(ctx).parts
     if show_block:
-        settings = settings.model_copy(update={"proxy_show_block": True})
+        parts = build_parts(parts.settings.model_copy(update={"proxy_show_block": True}))
+    settings = parts.settings
     upstream, _ = settings.resolved_upstream
-    database, warnings = None, []
+    warnings = []
     if upstream is None:
         warnings.append("no upstream model server: set YAK_UPSTREAM_BASE_URL (OpenAI chats answer 503 until then)")
     try:
-        database = shared_database(settings)
+        _ = parts.database  # opened now, so a database that is not ready is said before the first chat
     except StoreError as exc:
         warnings.append(f"database not ready: {exc}")
     info = {"url": f"http://{host}:{port}/v1", "upstream": _without_credentials(upstream), "warnings": warnings}
@@ -130,11 +130,12 @@ def proxy_command(host: HostOption = "127.0.0.1", port: PortOption = 8001, as_js
               f"{_without_credentials(settings.upstream_anthropic_base_url)})", flush=True)
         for warning in warnings:
             print(f"warning: {warning}", file=sys.stderr, flush=True)
-    uvicorn.run(create_proxy_app(settings, database=database), host=host, port=port,
+    uvicorn.run(create_proxy_app(parts), host=host, port=port,
                 **uvicorn_log_options(settings.access_log))
 
 
 def mcp_command(
+    ctx: typer.Context,
     user: str | None = typer.Option(None, "--user", help="The user whose memories the tools use (stdio: "
                                     "required; HTTP: for admin keys only)."),
     http: bool = typer.Option(False, "--http", help="Serve streamable HTTP at /mcp instead of stdio."),
@@ -148,7 +149,6 @@ def mcp_command(
     from yak_pipeline.api.mcp_server import MCP_PATH, build_mcp_server, mcp_http_app
     from yak_pipeline.cli.errors import USAGE_EXIT, fail
     from yak_pipeline.core.types import InvalidUserId, validate_user_id
-    from yak_pipeline.wiring import shared_database
 
     if user is not None:
         try:
@@ -157,8 +157,10 @@ def mcp_command(
             raise fail(f"--user: {exc}", USAGE_EXIT) from None
     elif not http:
         raise fail("yak mcp over stdio needs --user U (whose memories the tools use)", USAGE_EXIT)
-    settings = get_settings()
-    services = ApiServices(settings, database=shared_database(settings))
+    parts = cli_parts(ctx).parts
+    settings = parts.settings
+    _ = parts.database  # opened now: the tools need it, and a database that is not ready fails the command
+    services = ApiServices(parts)
     if not http:
         # stdout is the protocol's channel: nothing else may be printed there.
         build_mcp_server(services, user=user).run("stdio")

@@ -22,19 +22,19 @@ from yak_pipeline.core.block_choice import line_tokens
 from yak_pipeline.core.query_intent import query_parts
 from yak_pipeline.core.recall import Candidate, RecallParams
 from yak_pipeline.core.relevance import ANSWERABLE_FEATURES, answerable_features
-from yak_pipeline.embeddings import Embedder, get_embedder
+from yak_pipeline.embeddings import Embedder
 from yak_pipeline.eval.ingest import IngestedConversation, _ingest
 from yak_pipeline.eval.locomo import Conversation, Question
 from yak_pipeline.eval.options import Dataset, EvalOptions, Progress, quiet, resolve_distiller
 from yak_pipeline.eval.scratch_database import evaluation_database
 from yak_pipeline.services.profile import block_profile
-from yak_pipeline.services.recall import recall_params
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.bm25 import bm25_search
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.recall import recall_candidates
 from yak_pipeline.store.recallable_distillations import active_distillation_ids, source_memories
 from yak_pipeline.store.vector_legs import vector_search
+from yak_pipeline.wiring import YakParts, parts_of
 
 
 @dataclass
@@ -148,16 +148,18 @@ def _ask(conn: Any, conversation: IngestedConversation, stranger: IngestedConver
                   part_candidates=part_candidates)
 
 
-def collect(settings: Settings, datasets: Sequence[Dataset], options: EvalOptions, *, stack: ExitStack,
+def collect(settings: YakParts | Settings, datasets: Sequence[Dataset], options: EvalOptions, *, stack: ExitStack,
             progress: Progress = quiet) -> list[CollectedFile]:
-    """The collection pass: each file into its own database (kept open in ``stack``), every question asked once."""
-    embedder = get_embedder(settings)
+    """The collection pass: each file into its own database (kept open in ``stack``), every question asked
+    once, with Yak's parts (or those built from the settings given)."""
+    parts = parts_of(settings)
+    settings, embedder = parts.settings, parts.embedder
     distiller = resolve_distiller(settings, options.distiller)
-    params = recall_params(settings, threshold=options.threshold, limit=max(options.ks))
+    params = parts.recall_params(threshold=options.threshold, limit=max(options.ks))
     files: list[CollectedFile] = []
     for label, conversations in datasets:
         db = stack.enter_context(evaluation_database(settings, keep=options.keep_database, progress=progress))
-        ingested, pipeline = _ingest(db, settings, embedder, conversations, progress, distiller=distiller,
+        ingested, pipeline = _ingest(db, parts, embedder, conversations, progress, distiller=distiller,
                                      label=label)
         asked: list[AskedQuestion] = []
         total = sum(len(c.questions) + len(c.never_said) for c in conversations)

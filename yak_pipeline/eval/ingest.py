@@ -27,7 +27,7 @@ from yak_pipeline.eval.metrics import percentile
 from yak_pipeline.eval.options import Progress
 from yak_pipeline.ingestion.formats.exchange_records import ExchangeRecord
 from yak_pipeline.ingestion.records import ingest_records
-from yak_pipeline.llm import RulesProvider, get_llm_provider
+from yak_pipeline.llm import RulesProvider
 from yak_pipeline.llm.provider import LLMProvider
 from yak_pipeline.services.consolidate import ConsolidateJob, merge_near_duplicates, score_conflicts
 from yak_pipeline.services.distill import DistillJob, distill_memories, partition_memory_ids
@@ -37,6 +37,7 @@ from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.distillations import status_counts
 from yak_pipeline.store.memories import list_memories
+from yak_pipeline.wiring import YakParts, parts_of
 
 _DISTIL_CHUNK = 100
 _USER_ID_UNSAFE = re.compile(r"[^A-Za-z0-9._@-]+")
@@ -86,13 +87,13 @@ def conversation_key(label: str, index: int) -> str:
     return f"{label}#{index}"
 
 
-def _distil_provider(settings: Settings, distiller: str) -> LLMProvider | None:
+def _distil_provider(parts: YakParts, distiller: str) -> LLMProvider | None:
     """The provider that distils (and scores conflicts and merges), or None for ``none``."""
     if distiller == "none":
         return None
     if distiller == "rules":
         return RulesProvider()
-    return get_llm_provider(settings)
+    return parts.llm
 
 
 def _store_exchanges(db: Database, conversation: Conversation, user_id: str, progress: Progress,
@@ -167,11 +168,14 @@ def _distil_and_consolidate(db: Database, settings: Settings, embedder: Embedder
     progress(f"  {conflicts.flagged} conflicts flagged, {merges.flagged} near-duplicates merged")
 
 
-def _ingest(db: Database, settings: Settings, embedder: Embedder, conversations: Sequence[Conversation],
+def _ingest(db: Database, settings: YakParts | Settings, embedder: Embedder, conversations: Sequence[Conversation],
             progress: Progress, *, distiller: str = "rules", label: str = "",
             ) -> tuple[list[IngestedConversation], dict[str, Any]]:
-    """Every conversation through the pipeline's own functions; returns the turn mapping and stage times."""
-    llm = _distil_provider(settings, distiller)
+    """Every conversation through the pipeline's own functions (``settings``: Yak's parts, or the settings
+    to build them from); returns the turn mapping and stage times."""
+    parts = parts_of(settings)
+    settings = parts.settings
+    llm = _distil_provider(parts, distiller)
     tally = _PipelineTally()
     seconds = tally.seconds
     ingested: list[IngestedConversation] = []

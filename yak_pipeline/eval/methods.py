@@ -7,8 +7,7 @@ from typing import Literal
 
 from yak_pipeline.core.recall import RecallParams
 from yak_pipeline.eval.options import EvalOptions
-from yak_pipeline.services.recall import recall_params
-from yak_pipeline.settings import Settings
+from yak_pipeline.wiring import YakParts
 
 MethodKind = Literal["bm25", "dense", "yak", "yak_judged"]
 # Which model ranks a Yak method: the conversation's fold model, the in-sample fit, the installed one.
@@ -36,11 +35,12 @@ class Method:
     live: bool = False
 
 
-def build_methods(settings: Settings, options: EvalOptions) -> list[Method]:
+def build_methods(parts: YakParts, options: EvalOptions) -> list[Method]:
     """BM25, dense, Yak three ways (cross-validated, in-sample, shipped), and with
     ``options.ablations`` variants of the cross-validated Yak."""
     depth = max(options.ks)
-    base = recall_params(settings, threshold=options.threshold, limit=depth)
+    settings = parts.settings
+    base = parts.recall_params(threshold=options.threshold, limit=depth)
     methods = [
         Method("BM25", "bm25", note="Okapi BM25 over raw exchanges (PostgreSQL full text)"),
         Method("dense", "dense", note="exact cosine over raw exchanges, same embedder"),

@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from yak_pipeline.core.relevance import RelevanceModel
-from yak_pipeline.embeddings import Embedder, get_embedder
+from yak_pipeline.embeddings import Embedder
 from yak_pipeline.eval.block_measures import BlockSpec
 from yak_pipeline.eval.calibrate import Examples, fit_model
 from yak_pipeline.eval.collection import collect
@@ -49,10 +49,10 @@ from yak_pipeline.eval.locomo import CATEGORY_NAMES, Conversation
 from yak_pipeline.eval.methods import YAK, build_methods
 from yak_pipeline.eval.options import Dataset, EvalOptions, Progress, quiet, resolve_distiller
 from yak_pipeline.eval.ranking import RunModels
-from yak_pipeline.llm import get_llm_provider
-from yak_pipeline.services.recall import block_choice, relevance_model
+from yak_pipeline.services.recall import block_choice
 from yak_pipeline.services.recall_judge import LLMRecallJudge
 from yak_pipeline.settings import Settings
+from yak_pipeline.wiring import YakParts, parts_of
 
 
 def _checked(datasets: Sequence[Dataset], options: EvalOptions) -> tuple[list[str], EvalOptions]:
@@ -67,13 +67,13 @@ def _checked(datasets: Sequence[Dataset], options: EvalOptions) -> tuple[list[st
     return labels, replace(options, ks=tuple(sorted(set(options.ks))))
 
 
-def _llm_judge(settings: Settings, options: EvalOptions) -> LLMRecallJudge | None:
+def _llm_judge(parts: YakParts, options: EvalOptions) -> LLMRecallJudge | None:
     """The judge of "Yak + LLM judge" when asked for (it needs an LLM endpoint), else None."""
     if not options.llm_judge:
         return None
-    if not settings.llm_base_url:
+    if not parts.settings.llm_base_url:
         raise ValueError("--llm-judge needs an LLM endpoint: set YAK_LLM_BASE_URL (or use --distiller local)")
-    return LLMRecallJudge.from_settings(settings, get_llm_provider(settings))
+    return LLMRecallJudge.from_settings(parts.settings, parts.llm)
 
 
 def _fit_in_sample(examples: Examples, settings: Settings, embedder: Embedder, distiller: str, labels: Sequence[str],
@@ -111,23 +111,25 @@ def _settings_report(settings: Settings, embedder: Embedder, distiller: str, llm
     }
 
 
-def run_evaluation(settings: Settings, datasets: Sequence[Dataset], options: EvalOptions = EvalOptions(),
+def run_evaluation(settings: YakParts | Settings, datasets: Sequence[Dataset], options: EvalOptions = EvalOptions(),
                    *, progress: Progress = quiet, command: str = "") -> tuple[dict[str, Any], RelevanceModel | None]:
     """The collection pass, the fits (cross-validated and in-sample) and every method's figures.
 
     Returns the report (``eval.report``) and the in-sample model (fitted on everything; None when
-    it cannot be fitted), which ``yak eval calibrate`` writes.
+    it cannot be fitted), which ``yak eval calibrate`` writes. ``settings``: Yak's parts, or the
+    settings to build them from.
     """
     labels, options = _checked(datasets, options)
     ks = options.ks
-    embedder = get_embedder(settings)
+    parts = parts_of(settings)
+    settings, embedder = parts.settings, parts.embedder
     distiller = resolve_distiller(settings, options.distiller)
-    methods = build_methods(settings, options)
-    shipped = options.model or relevance_model(settings, embedder)
-    judge = _llm_judge(settings, options)
+    methods = build_methods(parts, options)
+    shipped = options.model or parts.relevance_model
+    judge = _llm_judge(parts, options)
     started = time.monotonic()
     with ExitStack() as stack:
-        files = collect(settings, datasets, options, stack=stack, progress=progress)
+        files = collect(parts, datasets, options, stack=stack, progress=progress)
         collected_at = time.monotonic()
         examples = examples_from(files)
         counts = [(f.label, len(f.ingested)) for f in files]
@@ -173,7 +175,7 @@ def run_evaluation(settings: Settings, datasets: Sequence[Dataset], options: Eva
     }, in_sample
 
 
-def run_locomo_eval(settings: Settings, data: Sequence[Dataset] | Sequence[Conversation],
+def run_locomo_eval(settings: YakParts | Settings, data: Sequence[Dataset] | Sequence[Conversation],
                     options: EvalOptions = EvalOptions(), *, progress: Progress = quiet,
                     data_label: str = "") -> dict[str, Any]:
     """Run the whole evaluation and return the report (see ``yak_pipeline.eval.report`` for its output).

@@ -9,7 +9,7 @@ from fastapi import APIRouter
 from yak_pipeline.api.dependencies import Caller, Services
 from yak_pipeline.api.schemas.recall import ContextOut, ContextRequest
 from yak_pipeline.services.memories import user_has_memories
-from yak_pipeline.services.recall import block_choice, build_context, recall_params, relevance_model
+from yak_pipeline.services.recall import block_choice, build_context
 
 router = APIRouter(prefix="/api/context", tags=["recall"])
 
@@ -23,8 +23,8 @@ def context(body: ContextRequest, caller: Caller, services: Services) -> Context
     user_id = caller.acting_for(body.user_id)
     started = time.perf_counter()
     block, built = build_context(services.database, services.embedder, user_id=user_id, query=body.query,
-                                 params=recall_params(services.settings, threshold=body.threshold, limit=body.limit),
-                                 model=relevance_model(services.settings, services.embedder),
+                                 params=services.parts.recall_params(threshold=body.threshold, limit=body.limit),
+                                 model=services.parts.relevance_model,
                                  system_prompt=body.system_prompt, as_of=body.as_of, judge=services.recall_judge,
                                  choice=block_choice(services.settings))
     services.metrics.observe_recall((time.perf_counter() - started) * 1000)

@@ -38,7 +38,7 @@ from yak_pipeline.services.curation import (
     set_weight as set_distillation_weight,
 )
 from yak_pipeline.services.memories import user_has_memories
-from yak_pipeline.services.recall import recall_params, relevance_model, search_memories
+from yak_pipeline.services.recall import search_memories
 from yak_pipeline.store.database import Database
 
 router = APIRouter(prefix="/api/distillations", tags=["distillations"])
@@ -65,8 +65,8 @@ def search(body: SearchRequest, caller: Caller, services: Services) -> list[Sear
     user_id = caller.acting_for(body.user_id)
     started = time.perf_counter()
     hits = search_memories(services.database, services.embedder, user_id=user_id, query=body.query,
-                           params=recall_params(services.settings, threshold=body.threshold, limit=body.limit),
-                           model=relevance_model(services.settings, services.embedder), as_of=body.as_of,
+                           params=services.parts.recall_params(threshold=body.threshold, limit=body.limit),
+                           model=services.parts.relevance_model, as_of=body.as_of,
                            judge=services.recall_judge)
     services.metrics.observe_recall((time.perf_counter() - started) * 1000)
     if not hits:

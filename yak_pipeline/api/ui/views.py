@@ -20,7 +20,7 @@ from yak_pipeline.services.memories import user_has_memories
 from yak_pipeline.services.overview import distillation_page, exchanges_of, recent_changes, user_overview
 from yak_pipeline.services.profile import show_profile
 from yak_pipeline.services.queue_watch import queue_status
-from yak_pipeline.services.recall import recall_params, relevance_model, search_memories
+from yak_pipeline.services.recall import search_memories
 
 router = APIRouter(prefix=f"{PREFIX}/u/{{user_id}}", include_in_schema=False, route_class=PageRoute)
 
@@ -73,8 +73,8 @@ def search(
     if query:
         started = time.perf_counter()
         hits = search_memories(services.database, services.embedder, user_id=user_id, query=query,
-                               params=recall_params(services.settings, threshold=threshold, limit=limit),
-                               model=relevance_model(services.settings, services.embedder),
+                               params=services.parts.recall_params(threshold=threshold, limit=limit),
+                               model=services.parts.relevance_model,
                                judge=services.recall_judge)
         services.metrics.observe_recall((time.perf_counter() - started) * 1000)
         exchanges = exchanges_of(services.database, [h.memory_id for h in hits], user_id=user_id)
