@@ -50,12 +50,13 @@ class ApiServices:
     """
 
     def __init__(self, parts: YakParts | Settings, **given: Unpack[ServiceParts]) -> None:
-        built = {name: given.get(name) for name in ("database", "embedder", "llm", "alerter")}
+        database, embedder, llm, alerter = (given.get("database"), given.get("embedder"), given.get("llm"),
+                                            given.get("alerter"))
         if isinstance(parts, YakParts):
-            if any(part is not None for part in built.values()):
+            if any(part is not None for part in (database, embedder, llm, alerter)):
                 raise ValueError("give the database, embedder, LLM and alerter to build_parts, not beside YakParts")
         else:
-            parts = build_parts(parts, **built)
+            parts = build_parts(parts, database=database, embedder=embedder, llm=llm, alerter=alerter)
         self.parts = parts
         self.settings = parts.settings
         admin = self.settings.admin_api_key.get_secret_value() if self.settings.admin_api_key is not None else None

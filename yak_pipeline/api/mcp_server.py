@@ -361,7 +361,8 @@ class ApiKeyGate:
 
 async def _request_id(receive: Receive) -> str | int | None:
     """The JSON-RPC id of a refused request's body (None when it has none or is no JSON-RPC request)."""
-    chunks, more = [], True
+    chunks: list[bytes] = []
+    more = True
     while more and sum(map(len, chunks)) < _MAX_REFUSED_BODY_BYTES:
         message = await receive()
         chunks.append(message.get("body", b""))

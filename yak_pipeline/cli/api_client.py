@@ -40,8 +40,10 @@ from yak_pipeline.cli.parts import CliParts, cli_parts
 
 if TYPE_CHECKING:
     import httpx
+    from fastapi import FastAPI
 
     from yak_pipeline.settings import Settings
+    from yak_pipeline.store.database import Database
 
 REQUEST_TIMEOUT_SECONDS: Final = 120.0
 ADMIN_KEY_FILE_NAME: Final = "admin-api-key"
@@ -171,7 +173,7 @@ class _Server:
         self.url = url
         self._valid = parts.scheme in ("http", "https") and bool(parts.hostname)
         self._https = parts.scheme == "https"
-        self._host, self._port = parts.hostname, parts.port
+        self._host, self._port = parts.hostname or "", parts.port
         self._prefix = parts.path.rstrip("/")
         self._headers = dict(headers)
 
@@ -211,8 +213,8 @@ class ApiClient:
         self._remote = remote.rstrip("/") if remote else None
         self._api_key = api_key
         self._server: _Server | None = None
-        self._app = None
-        self._database = None
+        self._app: FastAPI | None = None
+        self._database: Database | None = None
         if self._remote:
             key = api_key or self._stored_admin_key()
             self._server = _Server(self._remote, {"X-API-Key": key} if key else {})
@@ -249,6 +251,7 @@ class ApiClient:
     async def _asgi_request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         import httpx
 
+        assert self._app is not None  # the first request made it (_open_in_process)
         transport = httpx.ASGITransport(app=self._app, raise_app_exceptions=False)
         async with httpx.AsyncClient(transport=transport, base_url="http://yak.in-process",
                                      headers={"X-API-Key": self._key}, timeout=REQUEST_TIMEOUT_SECONDS) as client:
@@ -287,7 +290,8 @@ class ApiClient:
         """Close connections; in-process, write this process's request metrics first."""
         if self._database is not None:
             try:
-                self._app.state.services.metrics.flush(self._database)
+                if self._app is not None:
+                    self._app.state.services.metrics.flush(self._database)
             except Exception:  # noqa: BLE001, S110 - counting this command's requests is best effort
                 pass
             finally:

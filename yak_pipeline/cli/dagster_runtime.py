@@ -137,7 +137,8 @@ def serve_code_location(host: str, port: int) -> None:
         else:
             console.print("yak up: this Dagster has no _mp_ctx; run workers start as new processes")
 
-    grpc_server.DagsterApiServer.__init__ = _init
+    # Dagster offers no hook for the gRPC server's multiprocessing context: its __init__ is wrapped.
+    grpc_server.DagsterApiServer.__init__ = _init  # type: ignore[method-assign]
     # Start the fork server (and its imports) now, alongside the code location's load, not at the first run.
     threading.Thread(target=multiprocessing.forkserver.ensure_running, daemon=True).start()
     grpc_command.main(args=["-m", CODE_LOCATION, "--location-name", CODE_LOCATION, "-h", host, "-p", str(port)],

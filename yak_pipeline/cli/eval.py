@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -182,7 +182,8 @@ def calibrate_command(
     else:
         Console().print(f"relevance model {model.version}: bias {model.bias:.3f}, weights "
                         + ", ".join(f"{k} {v:.3f}" for k, v in model.weights.items()), highlight=False)
-        for name, info in model.fitted_on["files"].items():  # type: ignore[union-attr]
+        files = model.fitted_on.get("files")
+        for name, info in (files.items() if isinstance(files, Mapping) else ()):
             Console().print(f"  {name}: {info['examples']} examples, {info['relevant']} relevant, "
                             f"ROC AUC {info['roc_auc']}", highlight=False)
         print_cross_validated(report)

@@ -7,6 +7,7 @@ on the configured database directly (whoever can run them holds its credentials 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -24,7 +25,7 @@ from yak_pipeline.cli.render import make_console, table
 from yak_pipeline.core.types import validate_user_id
 
 if TYPE_CHECKING:  # imported when a bar is drawn: every `yak` command imports this module
-    from rich.progress import Progress
+    from rich.progress import Progress, TaskID
 
 console = make_console()
 err_console = make_console(stderr=True)
@@ -90,7 +91,7 @@ def import_command(
                 task = bars.add_task(f"storing {path.name}", total=None)
                 outcome = import_history(
                     db, path.name, data, user_id=user, source="import", source_ref=path.name,
-                    on_progress=lambda done, total, task=task: bars.update(task, completed=done, total=total))
+                    on_progress=functools.partial(_show_progress, bars, task))
                 bars.remove_task(task)
                 quarantine_import(outcome, settings.resolved_drop_dir)
                 results.append(outcome.summary() | {"file": str(path)})
@@ -118,6 +119,16 @@ def import_command(
         raise typer.Exit(FAILURE_EXIT)
 
 
+def _show_progress(bars: Progress, task: TaskID, done: int, total: int | None) -> None:
+    """One file's storing progress on its bar."""
+    bars.update(task, completed=done, total=total)
+
+
+def _show_embedded(bars: Progress, task: TaskID, before: int, count: int) -> None:
+    """The embedding bar: ``before`` exchanges of earlier users, ``count`` of this one."""
+    bars.update(task, completed=before + count)
+
+
 def _embed_imported(db, embedder, users: list[str], bars: Progress) -> int:  # noqa: ANN001 - Database, Embedder
     """Embed the imported users' exchanges that have no vector yet, with a progress bar; how many."""
     from yak_pipeline.services.exchange_embeddings import embed_pending_exchanges
@@ -127,7 +138,7 @@ def _embed_imported(db, embedder, users: list[str], bars: Progress) -> int:  # n
     for user_id in users:
         done += embed_pending_exchanges(
             db, embedder, user_id=user_id,
-            on_progress=lambda n, base=done: bars.update(task, completed=base + n))
+            on_progress=functools.partial(_show_embedded, bars, task, done))
     bars.remove_task(task)
     return done
 
@@ -200,6 +211,7 @@ def export_command(
     db = open_database(cli_parts(ctx).settings)
     try:
         if fmt is ExportFormat.md:
+            assert user is not None  # checked above: md exports one named user
             _export_markdown(db, user, output, as_json)
         else:
             _export_backup(db, user, output, as_json)

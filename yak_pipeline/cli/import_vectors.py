@@ -63,8 +63,11 @@ def main(users: Sequence[str]) -> int:
         embedder = parts.embedder
         for user_id in users:
             say(f"{user_id}: embedding the exchanges without vectors")
-            done = embed_pending_exchanges(db, embedder, user_id=user_id,
-                                           on_progress=lambda n, u=user_id: say(f"{u}: {n} exchanges embedded"))
+
+            def progress(count: int, user: str = user_id) -> None:
+                say(f"{user}: {count} exchanges embedded")
+
+            done = embed_pending_exchanges(db, embedder, user_id=user_id, on_progress=progress)
             say(f"{user_id}: done, {done} exchanges embedded (and their contexts) in {time.monotonic() - began:.1f} s")
     except Exception as exc:  # noqa: BLE001 - one line in the log; what is done stays, the pipeline does the rest
         say(f"stopped: {' '.join(str(exc).split())[:300] or type(exc).__name__}; `yak db index` or the pipeline "

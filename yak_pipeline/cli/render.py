@@ -58,7 +58,8 @@ def make_console(*, stderr: bool = False) -> Console:
 
     The width is decided then, from the stream the command prints to.
     """
-    return _LazyConsole(stderr=stderr)  # type: ignore[return-value] - it forwards every attribute
+    # It forwards every attribute to the real console it makes: a Console to every caller.
+    return _LazyConsole(stderr=stderr)  # type: ignore[return-value]
 
 
 def short(text: str, width: int = 80) -> str:

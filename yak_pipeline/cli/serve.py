@@ -40,7 +40,7 @@ def ensure_admin_key(settings: Settings, database: Database) -> Path | None:
     path = admin_key_file(settings)
     outcome, key = first_admin_key(database, path.read_text().strip() if path.is_file() else None,
                                    label="created by yak serve on first start", actor="yak serve")
-    if outcome != "created":
+    if outcome != "created" or key is None:
         return path if outcome == "file_works" else None
     path.parent.mkdir(parents=True, exist_ok=True)
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
