@@ -34,7 +34,7 @@ _STATEMENT = re.compile(
 _FRAGMENT = re.compile(r"\bFOR\s+(?:NO\s+KEY\s+)?UPDATE\b|\bON\s+CONFLICT\b|\bRETURNING\s+\w+\s*$", re.IGNORECASE)
 
 
-def _docstrings(tree: ast.AST) -> set[int]:
+def docstring_ids(tree: ast.AST) -> set[int]:
     """The ids of the constant nodes that are docstrings (module, class, function)."""
     found = set()
     for node in ast.walk(tree):
@@ -48,7 +48,7 @@ def _docstrings(tree: ast.AST) -> set[int]:
 def sql_literals(source: str) -> list[tuple[int, str]]:
     """``(line, text)`` of every string literal of ``source`` shaped like SQL (docstrings aside)."""
     tree = ast.parse(source)
-    docstrings = _docstrings(tree)
+    docstrings = docstring_ids(tree)
     hits = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:

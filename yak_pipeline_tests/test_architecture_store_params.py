@@ -20,6 +20,7 @@ import textwrap
 from pathlib import Path
 
 import yak_pipeline
+from yak_pipeline_tests.test_architecture_sql import docstring_ids
 
 PACKAGE = Path(yak_pipeline.__file__).parent
 STORE = PACKAGE / "store"
@@ -41,17 +42,6 @@ _PLACEHOLDER = re.compile(r"%%|%s")
 _LOGGING = {"debug", "info", "warning", "error", "exception", "critical", "log"}
 
 
-def _docstrings(tree: ast.AST) -> set[int]:
-    """The ids of the constant nodes that are docstrings (module, class, function)."""
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
-            first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
-                found.add(id(first.value))
-    return found
-
-
 def _log_messages(tree: ast.AST) -> set[int]:
     """The ids of the string constants that are a logging call's message (``logger.info("... %s", x)``)."""
     found = set()
@@ -65,7 +55,7 @@ def _log_messages(tree: ast.AST) -> set[int]:
 def positional_placeholders(source: str) -> list[int]:
     """Lines of ``source`` whose string literals (f-string parts too) hold a positional ``%s``."""
     tree = ast.parse(source)
-    skipped = _docstrings(tree) | _log_messages(tree)
+    skipped = docstring_ids(tree) | _log_messages(tree)
     lines = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skipped:
