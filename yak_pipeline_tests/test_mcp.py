@@ -21,6 +21,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from yak_pipeline.api.dependencies import ApiServices
 from yak_pipeline.api.mcp_server import MCP_PATH, mcp_http_app
+from yak_pipeline.services.memories import forget_memory
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.metrics import read_metrics
@@ -120,6 +121,23 @@ def test_every_tool_over_streamable_http_reaches_only_the_keys_user(
         counts = read_metrics(conn, queue_sizes={}).counters["yak_mcp_tool_calls_total"]
     assert counts[(("outcome", "ok"), ("tool", "memory_search"))] == 2
     assert counts[(("outcome", "refused"), ("tool", "memory_recent"))] == 1
+
+
+def test_saving_again_what_the_user_forgot_softly_is_refused_with_the_reason(
+        mcp_url: Any, seeded: Seeded, database: Database) -> None:  # noqa: F811
+    # A soft forget keeps the row, hidden, and one row per user and text: the same text cannot be
+    # saved again, and the tool says why instead of failing with an internal error.
+    url, _ = mcp_url
+    report = forget_memory(database, seeded.alice.memory_id, user_id="alice", actor="test", soft=True)
+    assert report is not None
+
+    async def main() -> None:
+        async with http_client(url, seeded.alice_key) as alice:
+            reason = await refused(alice, "memory_save", user_message="My locker code is AZURE-7731.",
+                                   assistant_message="Noted.")
+            assert "forgot this exchange" in reason
+
+    anyio.run(main)
 
 
 def test_http_without_a_valid_key_is_401_before_the_sdk(mcp_url: Any, seeded: Seeded) -> None:  # noqa: F811

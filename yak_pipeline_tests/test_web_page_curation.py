@@ -20,6 +20,7 @@ from yak_pipeline.core.dedup import newer_side
 from yak_pipeline.core.wording import plural, weight_note
 from yak_pipeline.embeddings.openai_embedder import OpenAIEmbedder
 from yak_pipeline.services.curation import list_conflicts, set_tier
+from yak_pipeline.services.memories import forget_memory
 from yak_pipeline.services.memory_export import memory_markdown
 from yak_pipeline.services.overview import distillation_page, user_overview, users_overview
 from yak_pipeline.settings import Settings
@@ -144,6 +145,11 @@ def test_add_and_edit_refuse_bad_text_with_one_line_and_keep_what_was_typed(app,
     again = client.post("/ui/u/alice/memories", data={"csrf_token": csrf,
                                                       "content": "User: I keep bees.\nAssistant: How many hives?"})
     assert _flash(client, again).startswith("already stored on ")
+    # A text the user forgot softly (kept, hidden) cannot come back: the page says why and keeps the draft.
+    assert forget_memory(database, seeded.alice.memory_id, user_id="alice", actor="test", soft=True) is not None
+    forgotten = "User: My locker code is AZURE-7731.\nAssistant: Noted."
+    back = client.post("/ui/u/alice/memories", data={"csrf_token": csrf, "content": forgotten})
+    assert back.status_code == 409 and "forgot this exchange" in back.text and "AZURE-7731" in back.text
 
 
 def test_notes_speak_plainly(app, seeded: Seeded, database: Database) -> None:  # noqa: ANN001, F811

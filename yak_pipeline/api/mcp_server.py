@@ -43,7 +43,7 @@ from yak_pipeline.core.forget import ForgetCommandError
 from yak_pipeline.core.secrets import SecretRefused
 from yak_pipeline.llm.errors import one_line
 from yak_pipeline.services.forget import ForgetOutcome, confirm_forget, run_forget_command
-from yak_pipeline.services.memories import list_memories, store_memory
+from yak_pipeline.services.memories import ExchangeForgotten, list_memories, store_memory
 from yak_pipeline.services.memory_export import memory_markdown
 from yak_pipeline.services.recall import search_memories
 from yak_pipeline.store.errors import DatabaseUnavailable
@@ -210,7 +210,7 @@ def _tool_runner(services: ApiServices, user: str | None) -> ToolRunner:
         except ToolError:
             outcome = "refused"
             raise
-        except (ForgetCommandError, SecretRefused) as exc:
+        except (ForgetCommandError, SecretRefused, ExchangeForgotten) as exc:
             outcome = "refused"
             raise ToolError(str(exc)) from None
         except DatabaseUnavailable:

@@ -53,7 +53,7 @@ from yak_pipeline.services.curation import (
     write_manual_version,
 )
 from yak_pipeline.services.forget import confirm_forget, run_forget_command
-from yak_pipeline.services.memories import memory_with_distillations, store_memory
+from yak_pipeline.services.memories import ExchangeForgotten, memory_with_distillations, store_memory
 from yak_pipeline.services.profile import drop_profile_lines
 
 T = TypeVar("T")
@@ -107,8 +107,13 @@ def add_memory(request: Request, user_id: str, visitor: SignedIn, services: Serv
     except ValueError:
         return render_overview(request, visitor, services, user_id, draft=content, said_on=said_on,
                                error=f"said on: {said_on.strip()!r} is not a date (YYYY-MM-DD)", status_code=422)
-    created, row = store_memory(services.database, user_id=user_id, content=body.content, source="api",
-                                occurred_at=body.occurred_at, actor=visitor.caller.actor, embedder=services.embedder)
+    try:
+        created, row = store_memory(services.database, user_id=user_id, content=body.content, source="api",
+                                    occurred_at=body.occurred_at, actor=visitor.caller.actor,
+                                    embedder=services.embedder)
+    except ExchangeForgotten as exc:
+        return render_overview(request, visitor, services, user_id, draft=content, said_on=said_on,
+                               error=str(exc), status_code=409)
     visitor.session.flash = ("added: recallable now; the pipeline distils it next" if created
                              else f"already stored on {row['created_at']:%Y-%m-%d}: the same text is kept once")
     return redirect(user_url(user_id, "recent"))
