@@ -27,7 +27,7 @@ from yak_pipeline.defs.resources import LLMResource
 from yak_pipeline.defs.scores.assets import conflict_scores, distillation_versions, warmth
 from yak_pipeline.embeddings.hashing import HashingEmbedder
 from yak_pipeline.llm.local_server import LOCAL_MODEL_NAME, LocalLLM, LocalModelError, start_local_llm
-from yak_pipeline.settings import Settings, get_settings
+from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.turns import insert_turn
 from yak_pipeline_tests.pipeline_helpers import (
@@ -52,7 +52,7 @@ EXCHANGES = [
     ("What's the capital of Australia?", "Canberra."),
 ]
 # Too few tokens for any JSON answer: every reply is cut off, a real malformed answer.
-TRUNCATING_MAX_TOKENS = "5"
+TRUNCATING_MAX_TOKENS = 5
 REQUEST_TIMEOUT_SECONDS = 120.0  # a busy 2-core machine; the model answers in seconds
 
 
@@ -68,12 +68,13 @@ def local_llm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalLLM]:
     server.stop()
 
 
-def _resources(settings: Settings, server: LocalLLM, *, max_retries: int) -> dict:
-    """The pipeline's resources with the LLM pointed at the real server."""
+def _resources(settings: Settings, server: LocalLLM, *, max_retries: int, max_tokens: int | None = None) -> dict:
+    """The pipeline's resources with the LLM pointed at the real server (answers of at most
+    ``max_tokens``, default the settings')."""
     resources = pipeline_resources(settings)
     resources["llm"] = LLMResource.from_settings(settings, base_url=server.base_url, model=server.model,
                                                  timeout_seconds=REQUEST_TIMEOUT_SECONDS, max_retries=max_retries,
-                                                 concurrency=1)
+                                                 concurrency=1, max_tokens=max_tokens or settings.llm_max_tokens)
     return resources
 
 
@@ -81,25 +82,16 @@ def _memories(db: Database) -> dict[str, tuple[str, int, str | None]]:
     return {r[0]: r[1:] for r in fetch_all(db, "SELECT id::text, status, attempts, last_error FROM memories")}
 
 
-def _set_max_tokens(monkeypatch: pytest.MonkeyPatch, value: str | None) -> None:
-    """YAK_LLM_MAX_TOKENS for the resources (they fall back to the process settings)."""
-    if value is None:
-        monkeypatch.delenv("YAK_LLM_MAX_TOKENS", raising=False)
-    else:
-        monkeypatch.setenv("YAK_LLM_MAX_TOKENS", value)
-    get_settings.cache_clear()
-
-
 def test_malformed_answers_are_counted_kept_pending_and_retried_until_distilled(
-        settings: Settings, database: Database, local_llm: LocalLLM, monkeypatch: pytest.MonkeyPatch) -> None:
+        settings: Settings, database: Database, local_llm: LocalLLM) -> None:
     ids = [add_exchange(database, "alice", user, DAY, assistant=assistant, minute=i)
            for i, (user, assistant) in enumerate(EXCHANGES)]
     instance = new_instance("alice")
 
     # 1. Answers cut off at 5 tokens: each call's two attempts are invalid, counted, and the
     #    memories stay pending with the reason — none lost, nothing half-written.
-    _set_max_tokens(monkeypatch, TRUNCATING_MAX_TOKENS)
-    cut = run_partition(instance, _resources(settings, local_llm, max_retries=1), "alice", DAY)
+    cut = run_partition(instance, _resources(settings, local_llm, max_retries=1, max_tokens=TRUNCATING_MAX_TOKENS),
+                        "alice", DAY)
 
     assert cut.success
     meta = materialization_metadata(cut, "distillations")
@@ -112,7 +104,6 @@ def test_malformed_answers_are_counted_kept_pending_and_retried_until_distilled(
     assert fetch_one(database, "SELECT count(*) FROM distillations")[0] == 0
 
     # 2. Room to answer: the next run retries them; each is now distilled, or pending with a reason.
-    _set_max_tokens(monkeypatch, None)
     started = datetime.now(UTC)
     done = run_partition(instance, _resources(settings, local_llm, max_retries=2), "alice", DAY)
 
