@@ -26,6 +26,12 @@ HostOption = Annotated[str, typer.Option("--host", help="Interface to listen on.
 PortOption = Annotated[int, typer.Option("--port", min=1, max=65535, help="Port to listen on.")]
 
 
+# How long an idle keep-alive connection stays open: longer than clients keep theirs (httpx and
+# requests pools: 5 s), so a client never sends a request on a connection the server is closing at
+# that moment (uvicorn's own default is also 5 s: the race showed as "connection reset by peer"
+# under test_multi_process's load).
+KEEP_ALIVE_SECONDS = 30
+
 def ensure_admin_key(settings: Settings, database: Database) -> Path | None:
     """On first start, create an admin key and store it (mode 0600) in ``$YAK_HOME/admin-api-key``.
 
@@ -88,7 +94,7 @@ def serve_command(ctx: typer.Context, host: HostOption = "127.0.0.1", port: Port
     # it found: the default one would end the process before the record is removed.
     signal.signal(signal.SIGTERM, _exit_on_signal)
     try:
-        uvicorn.run(create_app(parts), host=host, port=port,
+        uvicorn.run(create_app(parts), host=host, port=port, timeout_keep_alive=KEEP_ALIVE_SECONDS,
                     **uvicorn_log_options(settings.access_log))
     finally:
         forget()
@@ -130,7 +136,7 @@ def proxy_command(ctx: typer.Context, host: HostOption = "127.0.0.1", port: Port
               f"{_without_credentials(settings.upstream_anthropic_base_url)})", flush=True)
         for warning in warnings:
             print(f"warning: {warning}", file=sys.stderr, flush=True)
-    uvicorn.run(create_proxy_app(parts), host=host, port=port,
+    uvicorn.run(create_proxy_app(parts), host=host, port=port, timeout_keep_alive=KEEP_ALIVE_SECONDS,
                 **uvicorn_log_options(settings.access_log))
 
 
