@@ -173,12 +173,13 @@ class CandidateQuery(TypedDict):
 
 
 def _candidates(rows: Sequence[_CandidateRow], raw_rows: Sequence[_RawRow], held_by: Mapping[str, str], *,
-                d_text: Sequence[LegHit], d_vec: Sequence[LegHit], m_text: Sequence[LegHit],
-                m_vec: Sequence[LegHit], c_vec: Sequence[LegHit]) -> list[Candidate]:
+                said: Mapping[str, str], d_text: Sequence[LegHit], d_vec: Sequence[LegHit],
+                m_text: Sequence[LegHit], m_vec: Sequence[LegHit], c_vec: Sequence[LegHit]) -> list[Candidate]:
     """Each candidate row (:data:`_CANDIDATE_ROWS_SQL`) with its signals and ranks from the legs' hits
     (the exchange legs' through ``held_by``, the distillation holding each exchange), and each raw
     row (:data:`_RAW_ROWS_SQL`, an exchange no active distillation holds) as a raw candidate, each
-    with the words the update reading reads (a distillation's text, an exchange's user side)."""
+    with the words the update reading reads (a distillation's text; an exchange's user side,
+    ``said``, by its id)."""
     # An exchange's BM25 and cosine count for the distillation that holds it; a distillation
     # holding several (merges) keeps the best of each. A raw exchange stands for itself.
     itself = {row.id: row.id for row in raw_rows}
@@ -208,10 +209,11 @@ def _candidates(rows: Sequence[_CandidateRow], raw_rows: Sequence[_RawRow], held
 
     # Each candidate's rank in every leg that proposed it, read once per leg.
     ranks: dict[str, dict[Leg, int]] = {}
-    legs: tuple[tuple[Leg, Iterable[str]], ...] = (("distillation_text", (h.id for h in d_text)), ("distillation_vector", (h.id for h in d_vec)),
-                     ("exchange_text", (targets[h.id] for h in m_text if h.id in targets)),
-                     ("exchange_vector", (targets[h.id] for h in m_vec if h.id in targets)),
-                     ("context_vector", (targets[h.id] for h in c_vec if h.id in targets)))
+    legs: tuple[tuple[Leg, Iterable[str]], ...] = (
+        ("distillation_text", (h.id for h in d_text)), ("distillation_vector", (h.id for h in d_vec)),
+        ("exchange_text", (targets[h.id] for h in m_text if h.id in targets)),
+        ("exchange_vector", (targets[h.id] for h in m_vec if h.id in targets)),
+        ("context_vector", (targets[h.id] for h in c_vec if h.id in targets)))
     for leg, ids in legs:
         for memory_id, rank in _rank_leg(ids).items():
             ranks.setdefault(memory_id, {})[leg] = rank
@@ -240,7 +242,7 @@ def _candidates(rows: Sequence[_CandidateRow], raw_rows: Sequence[_RawRow], held
             cos_context=raw_context_cos[memory_id], best_cos_context=best_cos_c, raw=True)
         candidates.append(Candidate(
             id=memory_id, tier=RAW_TIER, warmth=RAW_WARMTH, user_weight=RAW_USER_WEIGHT, refreshed_at=occurred_at,
-            signals=signals, ranks=ranks.get(memory_id, {}), kind="raw", words=users_words(raw_row.content)[0]))
+            signals=signals, ranks=ranks.get(memory_id, {}), kind="raw", words=said[memory_id]))
     return candidates
 
 
@@ -324,7 +326,9 @@ def recall_candidates(conn: psycopg.Connection, **ask: Unpack[CandidateQuery]) -
     # is no evidence of an answer: it would only stand out as the best match of its own text, and
     # make the query look answerable. It leaves every leg.
     asked = ask.get("echo") or query
-    echoes = {r.id for r in raw_rows if same_words(users_words(r.content)[0], asked)}
+    # The user's side of each exchange, read once: for this check and for the update reading.
+    said = {r.id: users_words(r.content)[0] for r in raw_rows}
+    echoes = {memory_id for memory_id, words in said.items() if same_words(words, asked)}
     if echoes:
         m_text, m_vec, c_vec = ([h for h in hits if h.id not in echoes] for hits in (m_text, m_vec, c_vec))
     raw_rows = sorted((r for r in raw_rows if r.id not in echoes), key=lambda r: r.id)
@@ -333,7 +337,7 @@ def recall_candidates(conn: psycopg.Connection, **ask: Unpack[CandidateQuery]) -
         # whose own exchange came after that moment: not a candidate then (found by hypothesis).
         return []
 
-    return _candidates(rows, raw_rows, held_by, d_text=d_text, d_vec=d_vec, m_text=m_text, m_vec=m_vec,
+    return _candidates(rows, raw_rows, held_by, said=said, d_text=d_text, d_vec=d_vec, m_text=m_text, m_vec=m_vec,
                        c_vec=c_vec)
 
 
