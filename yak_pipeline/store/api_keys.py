@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Final
 from uuid import UUID
@@ -22,7 +22,6 @@ from yak_pipeline.store.audit import write_audit
 
 KEY_PREFIX: Final = "yak_"
 _DISPLAY_CHARS: Final = 10
-_COLUMNS: Final = "id, key_hash, prefix, user_id, label, created_at, revoked_at, read_only"
 
 
 @dataclass(frozen=True)
@@ -43,6 +42,11 @@ class ApiKey:
     def is_admin(self) -> bool:
         """Admin keys act for every user."""
         return self.user_id is None
+
+
+# The columns a key's row is read from: ApiKey's fields, in order (class_row builds it from them by name),
+# so the statements and the row type cannot drift apart.
+_COLUMNS: Final = ", ".join(column.name for column in fields(ApiKey))
 
 
 def hash_api_key(key: str) -> str:
