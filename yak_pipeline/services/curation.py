@@ -176,16 +176,10 @@ def open_conflicts_of(db: Database, distillation_id: UUID | str) -> list[dict[st
 
 
 def close_conflict(db: Database, conflict_id: UUID | str, *, status: Literal["resolved", "dismissed"],
-                   resolution: str | None = None, user_id: str | None, actor: str) -> bool:
-    """Resolve or dismiss an open conflict; False when there is no such open conflict."""
+                   keep: conflicts_store.ConflictKeep | None = None, resolution: str | None = None,
+                   user_id: str | None, actor: str) -> bool:
+    """Resolve or dismiss an open conflict, resolved by keeping side ``a``, ``b`` or ``both`` when
+    ``keep`` says so; False when there is no such open conflict."""
     with db.connection() as conn:
-        return conflicts_store.close_conflict(conn, conflict_id, status=status, resolution=resolution,
+        return conflicts_store.close_conflict(conn, conflict_id, status=status, keep=keep, resolution=resolution,
                                               user_id=user_id, actor=actor)
-
-
-def keep_in_conflict(db: Database, conflict_id: UUID | str, *, keep: conflicts_store.ConflictKeep,
-                     resolution: str | None = None, user_id: str | None, actor: str) -> bool:
-    """Settle an open conflict by keeping side ``a``, ``b`` or ``both``; False when there is no such open conflict."""
-    with db.connection() as conn:
-        return conflicts_store.keep_in_conflict(conn, conflict_id, keep=keep, resolution=resolution,
-                                                user_id=user_id, actor=actor)

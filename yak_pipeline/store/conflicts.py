@@ -93,13 +93,28 @@ def close_conflict(
     conflict_id: UUID | str,
     *,
     status: str,
+    keep: ConflictKeep | None = None,
     resolution: str | None = None,
     user_id: str | None = None,
     actor: str = "system",
 ) -> bool:
-    """Resolve or dismiss an open conflict; False when no such open conflict (for that user)."""
+    """Resolve or dismiss an open conflict; False when no such open conflict (for that user).
+
+    Resolved with ``keep``, it is settled by a person's choice: side ``a`` or ``b`` is confirmed (as
+    a review approval) and the other is rejected, kept with its versions but never recalled (so it
+    no longer supersedes the kept one either); ``both``: both sides are confirmed, e.g. a preference
+    that changed over time. The resolution is then ``resolution`` or a note naming the choice; every
+    step is audited.
+    """
     if status not in ("resolved", "dismissed"):
         raise ValueError(f"a conflict closes as resolved or dismissed, not {status!r}")
+    if keep is not None:
+        if status != "resolved":
+            raise ValueError(f"a conflict settled by keeping a side is resolved, not {status!r}")
+        kept = _keep_sides(conn, conflict_id, keep, user_id=user_id, actor=actor)
+        if kept is None:
+            return False
+        resolution = resolution or kept
     row = conn.execute(
         """UPDATE conflicts SET status = %(status)s, resolution = %(resolution)s, resolved_at = now()
            WHERE id = %(id)s AND status = 'open' AND (%(user)s::text IS NULL OR user_id = %(user)s)
@@ -113,22 +128,11 @@ def close_conflict(
     return True
 
 
-def keep_in_conflict(
-    conn: psycopg.Connection,
-    conflict_id: UUID | str,
-    *,
-    keep: ConflictKeep,
-    resolution: str | None = None,
-    user_id: str | None = None,
-    actor: str = "system",
-) -> bool:
-    """Settle an open conflict by a person's choice; False when no such open conflict (for that user).
-
-    ``a`` or ``b``: that side is confirmed (as a review approval) and the other is rejected, kept
-    with its versions but never recalled (so it no longer supersedes the kept one either).
-    ``both``: both sides are confirmed, e.g. a preference that changed over time. Either way the
-    conflict is resolved, with ``resolution`` or a note naming the choice; every step is audited.
-    """
+def _keep_sides(conn: psycopg.Connection, conflict_id: UUID | str, keep: ConflictKeep, *, user_id: str | None,
+                actor: str) -> str | None:
+    """Confirm the side(s) of an open conflict that ``keep`` names and reject the other, its row locked
+    until the caller's transaction ends; the note naming the choice, or None when there is no such
+    open conflict (for that user)."""
     if keep not in ("a", "b", "both"):
         raise ValueError(f"keep side a, side b or both, not {keep!r}")
     row = conn.execute(
@@ -137,7 +141,7 @@ def keep_in_conflict(
         {"id": str(conflict_id), "user": user_id},
     ).fetchone()
     if row is None:
-        return False
+        return None
     sides = {"a": str(row[0]), "b": str(row[1])}
     kept = list(sides.values()) if keep == "both" else [sides[keep]]
     for distillation_id in kept:
@@ -146,5 +150,4 @@ def keep_in_conflict(
     for distillation_id in set(sides.values()) - set(kept):
         set_distillation_status(conn, distillation_id, status="rejected", needs_review=False, actor=actor,
                                 action="reject")
-    note = resolution or ("kept both" if keep == "both" else f"kept {sides[keep]}")
-    return close_conflict(conn, conflict_id, status="resolved", resolution=note, user_id=user_id, actor=actor)
+    return "kept both" if keep == "both" else f"kept {sides[keep]}"

@@ -10,7 +10,7 @@ from fastapi import APIRouter, HTTPException, Query, status
 from yak_pipeline.api.dependencies import Caller, Services
 from yak_pipeline.api.schemas.base import UserId, rows_to
 from yak_pipeline.api.schemas.curation import ConflictClose, ConflictClosed, ConflictKeep, ConflictOut
-from yak_pipeline.services.curation import close_conflict, keep_in_conflict, list_conflicts
+from yak_pipeline.services.curation import close_conflict, list_conflicts
 
 router = APIRouter(prefix="/api/conflicts", tags=["conflicts"])
 
@@ -29,10 +29,10 @@ def conflicts(
     return rows_to(ConflictOut, rows)
 
 
-def _close(conflict_id: UUID, body: ConflictClose | None, new_status: Literal["resolved", "dismissed"],
-           caller: Caller, services: Services) -> ConflictClosed:
-    closed = close_conflict(services.database, conflict_id, status=new_status,
-                            resolution=body.resolution if body else None, user_id=caller.scope, actor=caller.actor)
+def _close(conflict_id: UUID, new_status: Literal["resolved", "dismissed"], caller: Caller, services: Services, *,
+           resolution: str | None, keep: Literal["a", "b", "both"] | None = None) -> ConflictClosed:
+    closed = close_conflict(services.database, conflict_id, status=new_status, keep=keep, resolution=resolution,
+                            user_id=caller.scope, actor=caller.actor)
     if not closed:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no open conflict {conflict_id}")
     return ConflictClosed(id=conflict_id, status=new_status)
@@ -41,21 +41,17 @@ def _close(conflict_id: UUID, body: ConflictClose | None, new_status: Literal["r
 @router.post("/{conflict_id}/resolve", response_model=ConflictClosed)
 def resolve(conflict_id: UUID, caller: Caller, services: Services, body: ConflictClose | None = None) -> ConflictClosed:
     """Mark an open conflict resolved (e.g. after rejecting or editing one side), with an optional note."""
-    return _close(conflict_id, body, "resolved", caller, services)
+    return _close(conflict_id, "resolved", caller, services, resolution=body.resolution if body else None)
 
 
 @router.post("/{conflict_id}/dismiss", response_model=ConflictClosed)
 def dismiss(conflict_id: UUID, caller: Caller, services: Services, body: ConflictClose | None = None) -> ConflictClosed:
     """Mark an open conflict as no contradiction after all."""
-    return _close(conflict_id, body, "dismissed", caller, services)
+    return _close(conflict_id, "dismissed", caller, services, resolution=body.resolution if body else None)
 
 
 @router.post("/{conflict_id}/keep", response_model=ConflictClosed)
 def keep(conflict_id: UUID, body: ConflictKeep, caller: Caller, services: Services) -> ConflictClosed:
     """Settle an open conflict by keeping side ``a`` or ``b`` (the other is rejected: kept with its
     versions, never recalled) or ``both`` (both confirmed); the conflict is resolved."""
-    settled = keep_in_conflict(services.database, conflict_id, keep=body.keep, resolution=body.resolution,
-                               user_id=caller.scope, actor=caller.actor)
-    if not settled:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no open conflict {conflict_id}")
-    return ConflictClosed(id=conflict_id, status="resolved")
+    return _close(conflict_id, "resolved", caller, services, resolution=body.resolution, keep=body.keep)

@@ -45,7 +45,6 @@ from yak_pipeline.embeddings import EmbeddingError
 from yak_pipeline.services.curation import (
     MAX_USER_WEIGHT,
     close_conflict,
-    keep_in_conflict,
     review,
     set_memory_type,
     set_tier,
@@ -221,12 +220,9 @@ def conflict_decision(user_id: str, conflict_id: UUID, choice: Literal["a", "b",
     """Keep one side, keep both, or dismiss (as ``POST /api/conflicts/{id}/keep|dismiss``)."""
     user_page(visitor, user_id)
     checked_form(visitor, csrf_token)
-    if choice == "dismiss":
-        done = close_conflict(services.database, conflict_id, status="dismissed", user_id=user_id,
-                              actor=visitor.caller.actor)
-    else:
-        done = keep_in_conflict(services.database, conflict_id, keep=choice, user_id=user_id,
-                                actor=visitor.caller.actor)
+    keep = None if choice == "dismiss" else choice
+    done = close_conflict(services.database, conflict_id, status="dismissed" if keep is None else "resolved",
+                          keep=keep, user_id=user_id, actor=visitor.caller.actor)
     if not done:
         raise PageError(404, f"no open conflict {conflict_id}")
     visitor.session.flash = _CONFLICT_NOTES[choice]
