@@ -257,7 +257,7 @@ def test_memory_md_route_and_mcp_resource_serve_the_keys_user(
         missing = admin_client.get("/api/export/memory.md", params={"user_id": "nobody"})
         assert missing.status_code == 404 and missing.json()["detail"] == "user 'nobody' has no memories"
 
-    services = ApiServices(api_settings, database=database)
+    services = ApiServices.of(api_settings, database=database)
     with serve_in_thread(mcp_http_app(services)) as url:
         async def read(key: str, uri: str = MEMORY_RESOURCE_URI) -> Any:
             client = Client(streamable_http_client(f"{url}{MCP_PATH}", http_client=httpx2.AsyncClient(

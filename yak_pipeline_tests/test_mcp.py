@@ -87,7 +87,7 @@ def bob_untouched(database: Database, seeded: Seeded) -> None:  # noqa: F811
 @pytest.fixture
 def mcp_url(api_settings: Settings, database: Database) -> Any:  # noqa: F811
     """``yak mcp --http`` as an app under uvicorn; yields (url, services)."""
-    services = ApiServices(api_settings, database=database)
+    services = ApiServices.of(api_settings, database=database)
     with serve_in_thread(mcp_http_app(services)) as url:
         yield f"{url}{MCP_PATH}", services
 

@@ -24,7 +24,7 @@ from yak_pipeline_tests.api_fixtures import Seeded, api_settings, seeded, serve_
 @pytest.fixture
 def mcp_base(api_settings: Settings, database: Database) -> Any:  # noqa: F811
     """``yak mcp --http`` as an app under uvicorn; yields its base URL."""
-    with serve_in_thread(mcp_http_app(ApiServices(api_settings, database=database))) as url:
+    with serve_in_thread(mcp_http_app(ApiServices.of(api_settings, database=database))) as url:
         yield url
 
 

@@ -60,7 +60,7 @@ def test_a_forgotten_memory_is_gone_from_every_read_path_within_a_second(
     with FakeOpenAIServer(chat_replier) as upstream:
         env = yak_env(db_url, tmp_path / "home", YAK_ADMIN_API_KEY=ADMIN_KEY, YAK_UPSTREAM_BASE_URL=upstream.base_url,
                       YAK_PROXY_RECALL_THRESHOLD="0", YAK_RECALL_BLOCK_ODDS_GAP="100")
-        services = ApiServices(settings.model_copy(update={"admin_api_key": None}),
+        services = ApiServices.of(settings.model_copy(update={"admin_api_key": None}),
                                database=Database(db_url, max_size=2).open())
         with yak_serve(env, tmp_path) as server, serve_in_thread(mcp_http_app(services)) as mcp_base, \
                 httpx.Client(base_url=server.url, timeout=60) as api:

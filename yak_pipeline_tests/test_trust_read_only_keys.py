@@ -99,7 +99,7 @@ def test_a_read_only_key_reads_everywhere_and_writes_nowhere(db_url: str, databa
                                                    messages=[{"role": "user", "content": f"/forget {memory['id']}"}])
             assert forget.choices[0].message.content == "Nothing was forgotten: this API key is read-only."
 
-            services = ApiServices(settings.model_copy(update={"admin_api_key": None}),
+            services = ApiServices.of(settings.model_copy(update={"admin_api_key": None}),
                                    database=Database(db_url, max_size=2).open())
             with serve_in_thread(mcp_http_app(services)) as mcp_url:
                 texts, tool_errors = anyio.run(_mcp, f"{mcp_url}{MCP_PATH}", key, memory["id"])

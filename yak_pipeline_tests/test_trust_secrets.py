@@ -252,7 +252,7 @@ def test_secrets_written_through_every_surface_are_never_stored_exported_logged_
                 done = subprocess.run([str(YAK), "memory", "add", f"User: {text}\nAssistant: ok", "--user", "sam"],
                                       env=cli_env, capture_output=True, text=True, timeout=120, check=False)
                 assert done.returncode == 0, done.stderr[-2000:]
-            services = ApiServices(settings.model_copy(update={"admin_api_key": None}),
+            services = ApiServices.of(settings.model_copy(update={"admin_api_key": None}),
                                    database=Database(db_url, max_size=2).open())
             with serve_in_thread(mcp_http_app(services)) as mcp_url:
                 anyio.run(_mcp_save, f"{mcp_url}{MCP_PATH}", key, by_surface["mcp"])

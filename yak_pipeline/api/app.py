@@ -80,7 +80,7 @@ def create_app(
     # /docs and /redoc load Swagger UI and ReDoc from Yak, not from a CDN: they work offline.
     app = FastAPIOffline(title="Yak", version=__version__, description=DESCRIPTION, lifespan=_lifespan,
                          static_url="/docs-static")
-    app.state.services = ApiServices(settings, **parts)
+    app.state.services = ApiServices.of(settings, **parts)
     install_error_handlers(app)
     document_error_bodies(app)
     # The middleware added last is outermost: bodies refused with 413 are still counted as requests.

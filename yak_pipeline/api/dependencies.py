@@ -6,6 +6,8 @@ while the database is down; a request that needs it then gets a 503 instead of a
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Annotated, TypedDict, Unpack
 
 from fastapi import Depends, Request, Security
@@ -17,7 +19,6 @@ from yak_pipeline.api.metrics import MetricsBuffer
 from yak_pipeline.embeddings import Embedder
 from yak_pipeline.llm.provider import LLMProvider
 from yak_pipeline.services.proxy import MemoryProxy
-from yak_pipeline.services.recall_judge import LLMRecallJudge
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
 from yak_pipeline.wiring import YakParts, build_parts
@@ -41,15 +42,22 @@ class ServiceParts(TypedDict, total=False):
     served: bool
 
 
-class ApiServices:
-    """What one app's routes use: a view of the app's :class:`~yak_pipeline.wiring.YakParts`, with the
-    app's own admin keys, request metrics and memory proxy.
-
-    Given :class:`~yak_pipeline.settings.Settings` instead of parts, the parts are built from them
-    (:func:`~yak_pipeline.wiring.build_parts`) with the database, embedder, LLM and alerter given.
+@dataclass(frozen=True, eq=False)
+class ApiServices(YakParts):
+    """What one app's routes use: the app's parts — it is a :class:`~yak_pipeline.wiring.YakParts`, a
+    view of the parts it was made from (what either builds, both use) — and the app's own admin keys,
+    request metrics and memory proxy. Made by :meth:`of`.
     """
 
-    def __init__(self, parts: YakParts | Settings, **given: Unpack[ServiceParts]) -> None:
+    # The admin keys besides stored ones: YAK_ADMIN_API_KEY's, then the extra ones given.
+    admin_keys: tuple[str, ...] = ()
+    metrics: MetricsBuffer = field(default_factory=MetricsBuffer)
+
+    @classmethod
+    def of(cls, parts: YakParts | Settings, **given: Unpack[ServiceParts]) -> ApiServices:
+        """The app's services on ``parts``; given :class:`~yak_pipeline.settings.Settings` instead, the parts
+        are built from them (:func:`~yak_pipeline.wiring.build_parts`) with the database, embedder, LLM and
+        alerter given."""
         database, embedder, llm, alerter = (given.get("database"), given.get("embedder"), given.get("llm"),
                                             given.get("alerter"))
         if isinstance(parts, YakParts):
@@ -57,55 +65,23 @@ class ApiServices:
                 raise ValueError("give the database, embedder, LLM and alerter to build_parts, not beside YakParts")
         else:
             parts = build_parts(parts, database=database, embedder=embedder, llm=llm, alerter=alerter)
-        self.parts = parts
-        self.settings = parts.settings
-        admin = self.settings.admin_api_key.get_secret_value() if self.settings.admin_api_key is not None else None
-        self.admin_keys: tuple[str, ...] = tuple(k for k in (admin, *given.get("extra_admin_keys", ())) if k)
-        self.metrics = MetricsBuffer(observe_latency=given.get("served", True))
-        self._proxy: MemoryProxy | None = None
+        settings = parts.settings
+        admin = settings.admin_api_key.get_secret_value() if settings.admin_api_key is not None else None
+        # The parts' own store of what is built, and its lock: this view and ``parts`` build each part once.
+        return cls(settings, parts._built, parts._lock,
+                   admin_keys=tuple(k for k in (admin, *given.get("extra_admin_keys", ())) if k),
+                   metrics=MetricsBuffer(observe_latency=given.get("served", True)))
 
-    @property
-    def database(self) -> Database:
-        """The migrated connection pool; raises ``DatabaseUnavailable`` while the server is down."""
-        return self.parts.database
-
-    @property
-    def database_if_open(self) -> Database | None:
-        """The pool if it was opened already (never tries to connect)."""
-        return self.parts.database_if_open
-
-    @property
-    def embedder(self) -> Embedder:
-        """The configured embedder (the local model loads on first use)."""
-        return self.parts.embedder
-
-    @property
-    def llm(self) -> LLMProvider:
-        """The configured LLM provider (the rules stand-in without an endpoint)."""
-        return self.parts.llm
-
-    @property
-    def recall_judge(self) -> LLMRecallJudge | None:
-        """The LLM's second opinion on recalled memories, when ``YAK_RECALL_LLM_JUDGE`` is on with an LLM endpoint."""
-        return self.parts.judge
-
-    @property
+    @cached_property
     def proxy(self) -> MemoryProxy:
-        """The memory proxy (``/v1``), on this app's database, embedder and metrics."""
-        if self._proxy is None:
-            self._proxy = MemoryProxy(self.settings, database=lambda: self.database, embedder=lambda: self.embedder,
-                                      metrics=self.metrics, judge=lambda: self.recall_judge)
-        return self._proxy
+        """The memory proxy (``/v1``), on this app's parts and metrics, made when a request first uses it."""
+        return MemoryProxy(self, metrics=self.metrics)
 
     @property
     def proxy_if_open(self) -> MemoryProxy | None:
         """The memory proxy if a request used it (nothing to close otherwise)."""
-        return self._proxy
-
-    @property
-    def alerter(self) -> Alerter:
-        """The alerter; its de-duplication spans processes once the database has been reached."""
-        return self.parts.alerter
+        # cached_property keeps it in the instance's __dict__ (a frozen dataclass has one), under its name.
+        return self.__dict__.get("proxy")
 
 
 def get_services(request: Request) -> ApiServices:

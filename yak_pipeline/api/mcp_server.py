@@ -100,10 +100,10 @@ class YakMemoryTools:
 
     def search(self, user_id: str, query: str, limit: int, threshold: float, explain: bool) -> dict[str, Any]:
         """The user's best memories for ``query`` (the recall engine of ``/api/distillations/search``)."""
-        parts = self.services.parts
-        hits = search_memories(parts.database, parts.embedder, user_id=user_id, query=query,
-                               params=parts.recall_params(threshold=threshold, limit=limit),
-                               model=parts.relevance_model, judge=parts.judge)
+        services = self.services
+        hits = search_memories(services.database, services.embedder, user_id=user_id, query=query,
+                               params=services.recall_params(threshold=threshold, limit=limit),
+                               model=services.relevance_model, judge=services.judge)
         return _plain({"memories": [{
             "id": h.id, "kind": h.kind, "memory_id": h.memory_id, "content": h.content, "tier": h.tier,
             # A distilled memory's type (and an event's day); a raw one (the user's words) has none.

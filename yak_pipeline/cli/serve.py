@@ -166,7 +166,7 @@ def mcp_command(
     parts = cli_parts(ctx).parts
     settings = parts.settings
     _ = parts.database  # opened now: the tools need it, and a database that is not ready fails the command
-    services = ApiServices(parts)
+    services = ApiServices.of(parts)
     if not http:
         # stdout is the protocol's channel: nothing else may be printed there.
         build_mcp_server(services, user=user).run("stdio")

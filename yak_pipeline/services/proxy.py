@@ -37,14 +37,16 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import Final
+from collections.abc import Sequence
+from typing import Final, Protocol
 
 import anyio.to_thread
 import httpx
 
 from yak_pipeline.core.exchanges import turn_refusal
 from yak_pipeline.core.forget import ForgetCommandError, parse_forget_command, parse_forget_confirmation
+from yak_pipeline.core.recall import RecallParams
+from yak_pipeline.core.relevance import RelevanceModel
 from yak_pipeline.core.types import InvalidUserId, validate_user_id
 from yak_pipeline.embeddings import Embedder
 from yak_pipeline.llm.errors import one_line
@@ -61,7 +63,7 @@ from yak_pipeline.services.proxy_exchange import (
     UpstreamExchange,
     transport_error,
 )
-from yak_pipeline.services.recall import block_choice, build_context, recall_params, relevance_model
+from yak_pipeline.services.recall import block_choice, build_context
 from yak_pipeline.services.recall_judge import LLMRecallJudge
 from yak_pipeline.services.turn_writer import PendingTurn, TurnStore, TurnWriter
 from yak_pipeline.settings import Settings
@@ -126,22 +128,36 @@ def describe_forget(outcome: ForgetOutcome) -> str:
 
 # --- the proxy -------------------------------------------------------------------------------
 
-class MemoryProxy:
-    """The proxy's flow (module docstring) over the app's parts, given as getters so nothing is built before use."""
+class ProxyParts(Protocol):
+    """What the proxy uses of the app's parts, each built when first read (:class:`yak_pipeline.wiring.YakParts`
+    is one): the composition root decides what recall is scored with."""
 
-    def __init__(self, settings: Settings, *, database: Callable[[], Database], embedder: Callable[[], Embedder],
-                 metrics: ProxyMetrics, judge: Callable[[], LLMRecallJudge | None] = lambda: None) -> None:
-        self.settings = settings
-        self._database = database
-        self._embedder = embedder
-        self._judge = judge
+    @property
+    def settings(self) -> Settings: ...  # noqa: D102
+    @property
+    def database(self) -> Database: ...  # noqa: D102
+    @property
+    def embedder(self) -> Embedder: ...  # noqa: D102
+    @property
+    def relevance_model(self) -> RelevanceModel: ...  # noqa: D102
+    @property
+    def judge(self) -> LLMRecallJudge | None: ...  # noqa: D102
+    def recall_params(self, *, threshold: float = ..., limit: int = ...) -> RecallParams: ...  # noqa: D102
+
+
+class MemoryProxy:
+    """The proxy's flow (module docstring) over the app's parts, read when used so nothing is built before use."""
+
+    def __init__(self, parts: ProxyParts, *, metrics: ProxyMetrics) -> None:
+        self.settings = parts.settings
+        self._parts = parts
         self.metrics = metrics
         self._client: httpx.AsyncClient | None = None
         self._client_loop: object | None = None
         self.turns: TurnWriter[PendingTurn] = TurnWriter(self._store_turns)
         # Set once warm_documents_in_background has finished (loaded, or failed and logged).
         self.documents_warm = threading.Event()
-        if settings.proxy_show_block and not block_logger.handlers:
+        if self.settings.proxy_show_block and not block_logger.handlers:
             # Asked for on purpose (YAK_PROXY_SHOW_BLOCK, `yak proxy --show-block`): shown on stderr
             # whatever the process's logging is set to.
             handler = logging.StreamHandler()
@@ -155,7 +171,7 @@ class MemoryProxy:
         chats and ``/health`` meanwhile. Sets :attr:`documents_warm` when done."""
         def warm() -> None:
             try:
-                warm_up = getattr(self._embedder(), "warm_up", None)
+                warm_up = getattr(self._parts.embedder, "warm_up", None)
                 if warm_up is not None:
                     started = time.perf_counter()
                     warm_up()
@@ -205,12 +221,13 @@ class MemoryProxy:
         ``("", [])`` and a counted degradation when recall fails."""
         started = time.perf_counter()
         try:
-            database, embedder = self._database(), self._embedder()
-            params = recall_params(self.settings, threshold=self.settings.proxy_recall_threshold,
-                                   limit=self.settings.proxy_recall_limit)
+            parts = self._parts
+            database, embedder = parts.database, parts.embedder
+            params = parts.recall_params(threshold=self.settings.proxy_recall_threshold,
+                                         limit=self.settings.proxy_recall_limit)
             block, built = build_context(database, embedder, user_id=user_id, query=queries[0], also=queries[1:],
-                                         params=params, model=relevance_model(self.settings, embedder),
-                                         judge=self._judge(), choice=block_choice(self.settings))
+                                         params=params, model=parts.relevance_model,
+                                         judge=parts.judge, choice=block_choice(self.settings))
             error = built.recall_error
         except Exception as exc:  # noqa: BLE001 - no memories is better than no answer
             block, built, error = "", None, f"{type(exc).__name__}: {one_line(exc, MAX_MESSAGE_CHARS)}"
@@ -241,7 +258,7 @@ class MemoryProxy:
             # batch's exchanges in one go: one model call per kind, not two per turn. A failing
             # embedder only logs; the pipeline embeds them later.
             try:
-                embed_exchanges_now(self._database(), self._embedder(), created)
+                embed_exchanges_now(self._parts.database, self._parts.embedder, created)
             except Exception as exc:  # noqa: BLE001 - the turns stand; the pipeline embeds them later
                 logger.warning("%d proxied turns were stored without vectors: %s", len(created), type(exc).__name__)
         return stored
@@ -256,7 +273,7 @@ class MemoryProxy:
             return None
         try:
             # No embedder here: the batch's exchanges get their vectors together (_store_turns).
-            stored = record_turn(self._database(), user_id=turn.user_id, user_message=turn.user_text,
+            stored = record_turn(self._parts.database, user_id=turn.user_id, user_message=turn.user_text,
                                  assistant_message=turn.answer, recalled_ids=turn.recalled_ids,
                                  occurred_at=turn.occurred_at, actor=turn.actor)
         except Exception as exc:  # noqa: BLE001 - the client has its answer already; the turn is lost, said so
@@ -270,11 +287,11 @@ class MemoryProxy:
         token = parse_forget_confirmation(text)
         try:
             if token is not None:
-                outcome = confirm_forget(self._database(), user_id=user_id, token=token, actor=actor)
+                outcome = confirm_forget(self._parts.database, user_id=user_id, token=token, actor=actor)
             else:
                 if parse_forget_command(text) is None:
                     return None
-                outcome = run_forget_command(self._database(), user_id=user_id, command=text, actor=actor)
+                outcome = run_forget_command(self._parts.database, user_id=user_id, command=text, actor=actor)
         except ForgetCommandError as exc:
             return f"Nothing was forgotten: {one_line(exc, MAX_MESSAGE_CHARS)}"
         except DatabaseUnavailable:

@@ -23,9 +23,9 @@ def context(body: ContextRequest, caller: Caller, services: Services) -> Context
     user_id = caller.acting_for(body.user_id)
     started = time.perf_counter()
     block, built = build_context(services.database, services.embedder, user_id=user_id, query=body.query,
-                                 params=services.parts.recall_params(threshold=body.threshold, limit=body.limit),
-                                 model=services.parts.relevance_model,
-                                 system_prompt=body.system_prompt, as_of=body.as_of, judge=services.recall_judge,
+                                 params=services.recall_params(threshold=body.threshold, limit=body.limit),
+                                 model=services.relevance_model,
+                                 system_prompt=body.system_prompt, as_of=body.as_of, judge=services.judge,
                                  choice=block_choice(services.settings))
     services.metrics.observe_recall((time.perf_counter() - started) * 1000)
     note = None

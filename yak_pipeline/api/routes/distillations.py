@@ -65,9 +65,9 @@ def search(body: SearchRequest, caller: Caller, services: Services) -> list[Sear
     user_id = caller.acting_for(body.user_id)
     started = time.perf_counter()
     hits = search_memories(services.database, services.embedder, user_id=user_id, query=body.query,
-                           params=services.parts.recall_params(threshold=body.threshold, limit=body.limit),
-                           model=services.parts.relevance_model, as_of=body.as_of,
-                           judge=services.recall_judge)
+                           params=services.recall_params(threshold=body.threshold, limit=body.limit),
+                           model=services.relevance_model, as_of=body.as_of,
+                           judge=services.judge)
     services.metrics.observe_recall((time.perf_counter() - started) * 1000)
     if not hits:
         # Asked only when nothing was found, so a successful search costs nothing more.

@@ -73,9 +73,9 @@ def search(
     if query:
         started = time.perf_counter()
         hits = search_memories(services.database, services.embedder, user_id=user_id, query=query,
-                               params=services.parts.recall_params(threshold=threshold, limit=limit),
-                               model=services.parts.relevance_model,
-                               judge=services.recall_judge)
+                               params=services.recall_params(threshold=threshold, limit=limit),
+                               model=services.relevance_model,
+                               judge=services.judge)
         services.metrics.observe_recall((time.perf_counter() - started) * 1000)
         exchanges = exchanges_of(services.database, [h.memory_id for h in hits], user_id=user_id)
         if not hits and not user_has_memories(services.database, user_id):
