@@ -45,10 +45,7 @@ import httpx
 
 from yak_pipeline.core.exchanges import turn_refusal
 from yak_pipeline.core.forget import ForgetCommandError, parse_forget_command, parse_forget_confirmation
-from yak_pipeline.core.recall import RecallParams
-from yak_pipeline.core.relevance import RelevanceModel
 from yak_pipeline.core.types import InvalidUserId, validate_user_id
-from yak_pipeline.embeddings import Embedder
 from yak_pipeline.llm.errors import one_line
 from yak_pipeline.services.exchange_embeddings import embed_exchanges_now
 from yak_pipeline.services.forget import ForgetOutcome, confirm_forget, run_forget_command
@@ -63,7 +60,7 @@ from yak_pipeline.services.proxy_exchange import (
     UpstreamExchange,
     transport_error,
 )
-from yak_pipeline.services.recall import block_choice, build_context
+from yak_pipeline.services.recall import RecallParts, block_choice, build_context
 from yak_pipeline.services.recall_judge import LLMRecallJudge
 from yak_pipeline.services.turn_writer import PendingTurn, TurnStore, TurnWriter
 from yak_pipeline.settings import Settings
@@ -128,21 +125,16 @@ def describe_forget(outcome: ForgetOutcome) -> str:
 
 # --- the proxy -------------------------------------------------------------------------------
 
-class ProxyParts(Protocol):
+class ProxyParts(RecallParts, Protocol):
     """What the proxy uses of the app's parts, each built when first read (:class:`yak_pipeline.wiring.YakParts`
-    is one): the composition root decides what recall is scored with."""
+    is one): recall's, and the settings, the database and the judge."""
 
     @property
     def settings(self) -> Settings: ...  # noqa: D102
     @property
     def database(self) -> Database: ...  # noqa: D102
     @property
-    def embedder(self) -> Embedder: ...  # noqa: D102
-    @property
-    def relevance_model(self) -> RelevanceModel: ...  # noqa: D102
-    @property
     def judge(self) -> LLMRecallJudge | None: ...  # noqa: D102
-    def recall_params(self, *, threshold: float = ..., limit: int = ...) -> RecallParams: ...  # noqa: D102
 
 
 class MemoryProxy:

@@ -19,7 +19,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from functools import lru_cache, partial
 from pathlib import Path
-from typing import NotRequired, TypedDict, Unpack
+from typing import NotRequired, Protocol, TypedDict, Unpack
 
 import psycopg
 
@@ -87,6 +87,17 @@ def _cached_model(embedding_model: str, home: Path) -> RelevanceModel:
 def relevance_model(settings: Settings, embedder: Embedder) -> RelevanceModel:
     """The relevance model fitted for the configured embedder (read once per process)."""
     return _cached_model(embedder.model_name, Path(settings.home))
+
+
+class RecallParts(Protocol):
+    """What recall is scored with, given by the composition root (:class:`yak_pipeline.wiring.YakParts`
+    is one: :func:`recall_params` and :func:`relevance_model` for its settings), each built when first read."""
+
+    @property
+    def embedder(self) -> Embedder: ...  # noqa: D102
+    @property
+    def relevance_model(self) -> RelevanceModel: ...  # noqa: D102
+    def recall_params(self, *, threshold: float = ..., limit: int = ...) -> RecallParams: ...  # noqa: D102
 
 
 class RecallRequest(TypedDict):

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, date, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 from uuid import UUID
 
 import psycopg
@@ -30,9 +30,8 @@ from yak_pipeline.embeddings import Embedder
 from yak_pipeline.llm.errors import LLMError
 from yak_pipeline.llm.provider import LLMProvider
 from yak_pipeline.llm.rules import RULES_PROVIDER_NAME
-from yak_pipeline.services.recall import recall_params, relevance_model, signals_for_text
+from yak_pipeline.services.recall import RecallParts, signals_for_text
 from yak_pipeline.services.reports import StageReport
-from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.distillations import get_distillation
 from yak_pipeline.store.locking import lock_live_row
@@ -69,15 +68,22 @@ class OfflineJudge:
         return 0.0 if signals is None else self.model.usefulness(signals)
 
 
-def offline_judge(settings: Settings, llm: LLMProvider, embedder: Embedder) -> OfflineJudge | None:
-    """The judge to use with ``llm``: calibrated relevance when it is the offline rules provider, else None."""
-    if llm.name != RULES_PROVIDER_NAME:
+class JudgeParts(RecallParts, Protocol):
+    """What the offline judge is made of (:class:`yak_pipeline.wiring.YakParts` is one): recall's parts and the LLM."""
+
+    @property
+    def llm(self) -> LLMProvider: ...  # noqa: D102
+
+
+def offline_judge(parts: JudgeParts) -> OfflineJudge | None:
+    """The judge to use with ``parts.llm``: calibrated relevance when it is the offline rules provider, else None."""
+    if parts.llm.name != RULES_PROVIDER_NAME:
         return None
     # Whether *this* memory was used is about its own words: read in its conversation, a memory
     # would share the credit of the neighbour the answer did use (the context features then
     # read the exchange alone, their designed stand-in).
-    return OfflineJudge(embedder=embedder, model=relevance_model(settings, embedder),
-                        params=replace(recall_params(settings), exchange_context=False))
+    return OfflineJudge(embedder=parts.embedder, model=parts.relevance_model,
+                        params=replace(parts.recall_params(), exchange_context=False))
 
 
 def evaluate_relevance(

@@ -31,7 +31,7 @@ def evaluate(body: WarmthEvaluate, caller: Caller, services: Services) -> Warmth
     try:
         update = evaluate_now(services.database, services.llm, distillation_id=str(body.memory_id),
                               context=body.context, evaluator=body.evaluator, user_id=caller.scope,
-                              judge=offline_judge(services.settings, services.llm, services.embedder))
+                              judge=offline_judge(services))
     except LLMError as exc:
         services.metrics.count_error("llm_unavailable")
         raise HTTPException(status.HTTP_502_BAD_GATEWAY, f"the evaluator failed: {one_line(exc.reason)}") from None

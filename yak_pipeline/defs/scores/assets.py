@@ -13,6 +13,7 @@ from yak_pipeline.services.consolidate import ConsolidateJob, merge_near_duplica
 from yak_pipeline.services.reports import StageReport
 from yak_pipeline.services.warmth import WarmthJob, evaluate_pending_turns, offline_judge, reevaluate_recent
 from yak_pipeline.store.partition_gates import partition_gate_passed
+from yak_pipeline.wiring import build_parts
 
 
 def _held_back(context: dg.AssetExecutionContext, postgres: PostgresResource, user_id: str, day: date) -> bool:
@@ -119,9 +120,10 @@ def warmth(
     """
     report = StageReport()
     with alerts.database_guard(f"evaluating warmth of {partitions_label(context)}"):
-        provider = llm.provider()
-        job = WarmthJob(db=postgres.database(), llm=provider, alerter=alerts.alerter(),
-                        judge=offline_judge(llm.settings(), provider, embedder.embedder()))
+        # The parts the offline judge scores with: the LLM resource's settings (recall's among them), its
+        # provider and the embedder.
+        parts = build_parts(llm.settings(), llm=llm.provider(), embedder=embedder.embedder())
+        job = WarmthJob(db=postgres.database(), llm=parts.llm, alerter=alerts.alerter(), judge=offline_judge(parts))
         with postgres.database().connection() as conn:
             covered = run_partitions(context, conn)
         for user_id, day in covered:
