@@ -24,7 +24,7 @@ from yak_pipeline.defs.resources import AlertsResource, EmbedderResource, LLMRes
 from yak_pipeline.defs.scores.assets import conflict_scores, distillation_versions
 from yak_pipeline.settings import Settings
 from yak_pipeline.store.database import Database
-from yak_pipeline.store.memories import insert_memory
+from yak_pipeline.store.memories import insert_memory, new_exchange
 
 # Partitioned asset checks are a preview feature of Dagster 1.13 (the definitions module says so too).
 warnings.filterwarnings("ignore", category=dg.PreviewWarning)
@@ -109,8 +109,8 @@ def add_exchange(db: Database, user_id: str, user_text: str, day: date, *, assis
                  minute: int = 0, source: str = "api") -> str:
     """Store one exchange as a pending memory (as the API does); return its id."""
     with db.connection() as conn:
-        stored = insert_memory(conn, user_id=user_id, content=f"User: {user_text}\nAssistant: {assistant}",
-                               source=source, occurred_at=at(day, 12, minute))
+        stored = insert_memory(conn, new_exchange(user_id=user_id, content=f"User: {user_text}\nAssistant: {assistant}",
+                                                  source=source, occurred_at=at(day, 12, minute)))
     return str(stored.id)
 
 

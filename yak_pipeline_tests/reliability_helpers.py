@@ -318,14 +318,14 @@ def fact_text(i: int) -> str:
 
 def add_facts(db: Any, count: int, user_id: str = "alice", day: Any = None, start: int = 0) -> list[str]:
     """Store ``count`` distinct exchanges (facts ``start`` …) as pending API memories on ``day`` (default DAY)."""
-    from yak_pipeline.store.memories import insert_memory
+    from yak_pipeline.store.memories import insert_memory, new_exchange
     from yak_pipeline_tests.pipeline_helpers import DAY, at
 
     ids = []
     with db.connection() as conn:
         for i in range(count):
-            stored = insert_memory(conn, user_id=user_id, content=f"User: {fact_text(start + i)}\nAssistant: Noted.",
-                                   source="api", occurred_at=at(day or DAY, 6 + i // 60, i % 60))
+            stored = insert_memory(conn, new_exchange(user_id=user_id, content=f"User: {fact_text(start + i)}\nAssistant: Noted.",
+                                                      source="api", occurred_at=at(day or DAY, 6 + i // 60, i % 60)))
             ids.append(str(stored.id))
     return ids
 

@@ -13,7 +13,7 @@ from yak_pipeline.embeddings.hashing import HashingEmbedder
 from yak_pipeline.llm.prompts import OUTPUT_SCHEMA_VERSION
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.distillations import NewDistillation, insert_distillation
-from yak_pipeline.store.memories import insert_memory
+from yak_pipeline.store.memories import insert_memory, new_exchange
 
 EMBEDDER = HashingEmbedder(384)
 
@@ -31,7 +31,7 @@ def seed_memory_with_distillation(
 ) -> tuple[UUID, UUID]:
     """Insert one memory and one distillation of it; return (memory id, distillation id)."""
     when = occurred_at or datetime.now(UTC)
-    memory = insert_memory(conn, user_id=user_id, content=exchange, source="import", occurred_at=when)
+    memory = insert_memory(conn, new_exchange(user_id=user_id, content=exchange, source="import", occurred_at=when))
     distillation_id = insert_distillation(
         conn,
         NewDistillation(

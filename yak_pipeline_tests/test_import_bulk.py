@@ -61,12 +61,12 @@ def _store_history(conn: psycopg.Connection, user: str, *, one_by_one: bool) -> 
     or one ``insert_memory`` after another."""
     before, batch = _history()
     for text, at in before:
-        insert_memory(conn, user_id=user, content=_exchange(text), source="api", occurred_at=at)
+        insert_memory(conn, new_exchange(user_id=user, content=_exchange(text), source="api", occurred_at=at))
     conn.execute("UPDATE memories SET context_embedding = %s, context_embedding_model = 'm' WHERE user_id = %s",
                  (np.ones(DIM, dtype=np.float32), user))
     if one_by_one:
         for text, at in batch:
-            insert_memory(conn, user_id=user, content=_exchange(text), source="import", occurred_at=at)
+            insert_memory(conn, new_exchange(user_id=user, content=_exchange(text), source="import", occurred_at=at))
     else:
         insert_memories(conn, [new_exchange(user_id=user, content=_exchange(text), source="import", occurred_at=at)
                                for text, at in batch])

@@ -20,7 +20,7 @@ from yak_pipeline.embeddings.hashing import HashingEmbedder
 from yak_pipeline.llm.rules import RulesProvider
 from yak_pipeline.services.distill import DistillJob, distill_memories
 from yak_pipeline.store.database import Database, connect
-from yak_pipeline.store.memories import insert_memory
+from yak_pipeline.store.memories import insert_memory, new_exchange
 from yak_pipeline.store.migrations import SQL_DIR, migrate
 from yak_pipeline_tests.api_fixtures import ADMIN_KEY, Seeded, api_settings, app, client_with, seeded  # noqa: F401
 from yak_pipeline_tests.conftest import create_database, drop_database
@@ -56,7 +56,7 @@ def test_an_upgraded_database_is_typed_by_the_offline_classifier(pg_server_url: 
         with connect(url) as conn:
             ids = {}
             for kind, exchange in EXCHANGES.items():
-                memory = insert_memory(conn, user_id="ana", content=exchange, source="import", occurred_at=FRIDAY)
+                memory = insert_memory(conn, new_exchange(user_id="ana", content=exchange, source="import", occurred_at=FRIDAY))
                 ids[kind] = conn.execute(
                     """INSERT INTO distillations (memory_id, user_id, content, confidence, tier, status,
                                                   prompt_version, refreshed_at)
@@ -81,7 +81,7 @@ def test_an_upgraded_database_is_typed_by_the_offline_classifier(pg_server_url: 
 
 def test_the_rules_distiller_types_each_memory_and_dates_an_event(database: Database) -> None:
     with database.connection() as conn:
-        ids = {kind: str(insert_memory(conn, user_id="ana", content=exchange, source="api", occurred_at=FRIDAY).id)
+        ids = {kind: str(insert_memory(conn, new_exchange(user_id="ana", content=exchange, source="api", occurred_at=FRIDAY)).id)
                for kind, exchange in EXCHANGES.items()}
     job = DistillJob(database, llm=RulesProvider(), embedder=HashingEmbedder(384), prompt_version="v1")
     assert distill_memories(job, list(ids.values())).rows_out == 4
@@ -98,10 +98,10 @@ def test_an_llms_type_is_stored_and_an_event_dated_from_the_users_words(
         Reply.json({"content": "User's exam is on 3 May.", "confidence": 0.9, "tier": "medium", "type": "Event"}),
         Reply.json({"content": "User likes Lyon.", "confidence": 0.9, "tier": "medium", "type": "preference"}))
     with database.connection() as conn:
-        exam = insert_memory(conn, user_id="ana", content="User: My exam is on 3 May!\nAssistant: Good luck.",
-                             source="api", occurred_at=FRIDAY).id
-        lyon = insert_memory(conn, user_id="ana", content="User: Lyon is lovely in May 5 ways.\nAssistant: Yes.",
-                             source="api", occurred_at=FRIDAY).id
+        exam = insert_memory(conn, new_exchange(user_id="ana", content="User: My exam is on 3 May!\nAssistant: Good luck.",
+                                                source="api", occurred_at=FRIDAY)).id
+        lyon = insert_memory(conn, new_exchange(user_id="ana", content="User: Lyon is lovely in May 5 ways.\nAssistant: Yes.",
+                                                source="api", occurred_at=FRIDAY)).id
     job = DistillJob(database, llm=make_provider(openai_server), embedder=HashingEmbedder(384), prompt_version="v1")
     assert distill_memories(job, [str(exam), str(lyon)], concurrency=1).rows_out == 2
     with database.connection() as conn:

@@ -16,7 +16,7 @@ from yak_pipeline.settings import Settings
 from yak_pipeline.store.api_keys import create_api_key
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.grown_exchanges import grow_exchange
-from yak_pipeline.store.memories import insert_memory
+from yak_pipeline.store.memories import insert_memory, new_exchange
 from yak_pipeline.store.profile import profile_lines, rebuild_profile_lines, set_profile_line_status
 from yak_pipeline_tests.api_fixtures import ADMIN_KEY, admin, api_settings, app, client_with  # noqa: F401
 
@@ -124,8 +124,8 @@ def test_a_zero_budget_turns_the_profile_off(api_settings: Settings, database: D
 def test_lines_follow_their_exchange_when_it_grows_and_come_back_on_a_rebuild(database: Database) -> None:
     when = datetime(2026, 11, 1, tzinfo=UTC)
     with database.connection() as conn:
-        memory = insert_memory(conn, user_id="alice", content="User: Always cite sources.\nAssistant: …",
-                               source="import", occurred_at=when)
+        memory = insert_memory(conn, new_exchange(user_id="alice", content="User: Always cite sources.\nAssistant: …",
+                                                  source="import", occurred_at=when))
         [line] = profile_lines(conn, "alice")
         assert (line.kind, line.text, line.said_at) == ("instruction", "Always cite sources.", when)
         set_profile_line_status(conn, [line.id], user_id="alice", status="dropped", actor="test")
@@ -146,8 +146,8 @@ def test_the_page_shows_what_is_sent_and_drops_or_puts_back_a_line(app, database
     from yak_pipeline_tests.test_web_page import signed_in
 
     with database.connection() as conn:
-        insert_memory(conn, user_id="alice", content=f"User: {BRITISH}\nAssistant: Right.", source="api")
-        insert_memory(conn, user_id="alice", content=f"User: {MINIMAL}.\nAssistant: Noted.", source="api")
+        insert_memory(conn, new_exchange(user_id="alice", content=f"User: {BRITISH}\nAssistant: Right.", source="api"))
+        insert_memory(conn, new_exchange(user_id="alice", content=f"User: {MINIMAL}.\nAssistant: Noted.", source="api"))
         [line] = [x for x in profile_lines(conn, "alice") if x.text == MINIMAL]
     client, csrf = signed_in(app, ADMIN_KEY)
     page = client.get("/ui/u/alice/profile")

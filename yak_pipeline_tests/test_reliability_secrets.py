@@ -23,7 +23,7 @@ from yak_loopback.openai_server import FakeOpenAIServer
 from yak_pipeline.defs.resources import default_resources
 from yak_pipeline.settings import get_settings
 from yak_pipeline.store.database import Database, connect
-from yak_pipeline.store.memories import insert_memory
+from yak_pipeline.store.memories import insert_memory, new_exchange
 from yak_pipeline_tests.api_fixtures import rows_mentioning
 from yak_pipeline_tests.pipeline_helpers import DAY, MEMORY_ASSETS, at
 from yak_pipeline_tests.reliability_helpers import (
@@ -109,8 +109,8 @@ def test_no_secret_reaches_pipeline_logs_alerts_errors_or_dagster_run_storage(
         caplog: pytest.LogCaptureFixture, capfd: pytest.CaptureFixture[str]) -> None:
     with database.connection() as conn:
         for i in range(3):
-            insert_memory(conn, user_id="alice", content=f"User: I have {i} dogs.\nAssistant: Nice.", source="api",
-                          occurred_at=at(DAY, 12, i))
+            insert_memory(conn, new_exchange(user_id="alice", content=f"User: I have {i} dogs.\nAssistant: Nice.", source="api",
+                                             occurred_at=at(DAY, 12, i)))
     with WebhookReceiver(status=500) as webhook, FakeOpenAIServer() as llm:
         llm.script(*[Reply.status(500, {"error": {"message": f"upstream refused key {LLM_KEY}"}})] * 10)
         for name, value in {"YAK_DATABASE_URL": _with_password(db_url), "YAK_EMBEDDER": "hashing",

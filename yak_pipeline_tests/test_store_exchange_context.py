@@ -15,7 +15,7 @@ from yak_pipeline.settings import Settings
 from yak_pipeline.store.bm25 import bm25_search
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.forget import forget_memories
-from yak_pipeline.store.memories import insert_memory
+from yak_pipeline.store.memories import insert_memory, new_exchange
 from yak_pipeline.store.recall import recall, recall_candidates
 from yak_pipeline_tests.store_helpers import EMBEDDER, seed_memory_with_distillation
 
@@ -23,8 +23,8 @@ T0 = datetime(2026, 3, 1, 14, 0, tzinfo=UTC)
 
 
 def _insert(conn: psycopg.Connection, text: str, at: datetime, user: str = "ann") -> str:
-    return str(insert_memory(conn, user_id=user, content=f"User: {text}\nAssistant: Noted.", source="import",
-                             occurred_at=at).id)
+    return str(insert_memory(conn, new_exchange(user_id=user, content=f"User: {text}\nAssistant: Noted.", source="import",
+                                                occurred_at=at)).id)
 
 
 def _lexemes(conn: psycopg.Connection, memory_id: str) -> set[str]:

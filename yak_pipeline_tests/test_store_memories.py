@@ -11,7 +11,7 @@ from yak_pipeline.core.types import InvalidUserId
 from yak_pipeline.store.conflicts import close_conflict, conflicting_ids, list_conflicts, record_conflict
 from yak_pipeline.store.database import Database, connect
 from yak_pipeline.store.distillations import add_version, get_distillation, list_versions
-from yak_pipeline.store.memories import claim_pending_memories, get_memory, insert_memory, list_memories
+from yak_pipeline.store.memories import claim_pending_memories, get_memory, insert_memory, list_memories, new_exchange
 from yak_pipeline.store.turns import insert_turn
 from yak_pipeline.store.warmth import apply_relevance, reset_warmth, warmth_history
 from yak_pipeline_tests.store_helpers import EMBEDDER, seed_memory_with_distillation
@@ -20,10 +20,10 @@ EXCHANGE = "User: I moved to Lisbon last spring.\nAssistant: How are you finding
 
 
 def test_same_exchange_twice_is_stored_once(conn: psycopg.Connection) -> None:
-    first = insert_memory(conn, user_id="alice", content=EXCHANGE, source="api")
+    first = insert_memory(conn, new_exchange(user_id="alice", content=EXCHANGE, source="api"))
     # Line-ending differences are the same exchange.
-    second = insert_memory(conn, user_id="alice", content=EXCHANGE.replace("\n", "\r\n") + "\n", source="api")
-    other_user = insert_memory(conn, user_id="bob", content=EXCHANGE, source="api")
+    second = insert_memory(conn, new_exchange(user_id="alice", content=EXCHANGE.replace("\n", "\r\n") + "\n", source="api"))
+    other_user = insert_memory(conn, new_exchange(user_id="bob", content=EXCHANGE, source="api"))
     assert first.created and not second.created and other_user.created
     assert second.id == first.id and other_user.id != first.id
     assert conn.execute("SELECT count(*) FROM memories").fetchone()[0] == 2
@@ -33,7 +33,7 @@ def test_same_exchange_twice_is_stored_once(conn: psycopg.Connection) -> None:
 
 
 def test_reads_are_scoped_by_user(conn: psycopg.Connection) -> None:
-    memory = insert_memory(conn, user_id="alice", content=EXCHANGE, source="api")
+    memory = insert_memory(conn, new_exchange(user_id="alice", content=EXCHANGE, source="api"))
     assert get_memory(conn, memory.id, user_id="bob") is None
     assert get_memory(conn, memory.id, user_id="alice") is not None
     assert list_memories(conn, user_id="bob") == []
@@ -43,21 +43,21 @@ def test_reads_are_scoped_by_user(conn: psycopg.Connection) -> None:
 @pytest.mark.parametrize("bad", ["", "a|b", "-leading", "x" * 65, "spaces here"])
 def test_invalid_user_ids_are_refused(conn: psycopg.Connection, bad: str) -> None:
     with pytest.raises(InvalidUserId):
-        insert_memory(conn, user_id=bad, content=EXCHANGE, source="api")
+        insert_memory(conn, new_exchange(user_id=bad, content=EXCHANGE, source="api"))
 
 
 def test_naive_timestamps_and_empty_content_are_refused(conn: psycopg.Connection) -> None:
     with pytest.raises(ValueError):
-        insert_memory(conn, user_id="alice", content="   \n ", source="api")
+        insert_memory(conn, new_exchange(user_id="alice", content="   \n ", source="api"))
     with pytest.raises(ValueError):
-        insert_memory(conn, user_id="alice", content=EXCHANGE, source="api", occurred_at=datetime(2024, 1, 1))
+        insert_memory(conn, new_exchange(user_id="alice", content=EXCHANGE, source="api", occurred_at=datetime(2024, 1, 1)))
     assert conn.execute("SELECT count(*) FROM memories").fetchone()[0] == 0
 
 
 def test_concurrent_claims_never_share_a_memory(db_url: str) -> None:
     with connect(db_url) as setup:
         for i in range(10):
-            insert_memory(setup, user_id="alice", content=f"User: fact {i}\nAssistant: ok", source="api")
+            insert_memory(setup, new_exchange(user_id="alice", content=f"User: fact {i}\nAssistant: ok", source="api"))
         setup.commit()
     with connect(db_url) as worker_a, connect(db_url) as worker_b:
         claimed_a = claim_pending_memories(worker_a, limit=6)
@@ -130,10 +130,10 @@ def test_a_conflict_cannot_span_users(conn: psycopg.Connection) -> None:
 
 def test_pool_connection_commits_and_rolls_back(database: Database) -> None:
     with database.connection() as conn:
-        insert_memory(conn, user_id="alice", content=EXCHANGE, source="api")
+        insert_memory(conn, new_exchange(user_id="alice", content=EXCHANGE, source="api"))
     with pytest.raises(RuntimeError):
         with database.connection() as conn:
-            insert_memory(conn, user_id="alice", content="User: other\nAssistant: x", source="api")
+            insert_memory(conn, new_exchange(user_id="alice", content="User: other\nAssistant: x", source="api"))
             raise RuntimeError("abort mid-way")
     with database.connection() as conn:
         assert conn.execute("SELECT count(*) FROM memories").fetchone()[0] == 1

@@ -18,7 +18,7 @@ from yak_loopback.openai_replies import chat_replier
 from yak_loopback.openai_server import FakeOpenAIServer
 from yak_pipeline.core.memory_block import BLOCK_PREAMBLE
 from yak_pipeline.store.database import Database
-from yak_pipeline.store.memories import insert_memory
+from yak_pipeline.store.memories import insert_memory, new_exchange
 from yak_pipeline_tests.reliability_helpers import yak_env, yak_serve
 from yak_pipeline_tests.store_helpers import seed_memory_with_distillation
 
@@ -35,8 +35,8 @@ def test_injection_attempts_reach_the_upstream_as_escaped_background(db_url: str
     with database.connection() as conn:
         seed_memory_with_distillation(conn, user_id="sam", exchange="User: I like green tea.\nAssistant: Noted.",
                                       distillation=DISTILLED_ATTACK, occurred_at=SAID)
-        insert_memory(conn, user_id="sam", content=f"User: {RAW_ATTACK}\nAssistant: I won't.", source="api",
-                      occurred_at=SAID)
+        insert_memory(conn, new_exchange(user_id="sam", content=f"User: {RAW_ATTACK}\nAssistant: I won't.", source="api",
+                                         occurred_at=SAID))
     with FakeOpenAIServer(chat_replier) as upstream:
         env = yak_env(db_url, tmp_path / "home", YAK_ADMIN_API_KEY=ADMIN_KEY, YAK_UPSTREAM_BASE_URL=upstream.base_url,
                       YAK_PROXY_RECALL_THRESHOLD="0", YAK_RECALL_BLOCK_ODDS_GAP="100")

@@ -32,7 +32,7 @@ from yak_pipeline.settings import Settings
 from yak_pipeline.store.api_keys import create_api_key
 from yak_pipeline.store.conflicts import record_conflict
 from yak_pipeline.store.database import Database
-from yak_pipeline.store.memories import insert_memory, record_memory_error
+from yak_pipeline.store.memories import insert_memory, new_exchange, record_memory_error
 from yak_pipeline.store.warmth import apply_relevance
 from yak_pipeline_tests.api_fixtures import ADMIN_KEY, rows_mentioning, serve_in_thread
 from yak_pipeline_tests.browser import chromium
@@ -85,8 +85,8 @@ def _seed(conn, ids: dict[str, str]) -> None:  # noqa: ANN001 - a psycopg connec
              "The user's bank PIN hint is CRIMSON-4402.", 1, confidence=0.9)
     remember("bob_review", "bob", "User: Maybe I like jazz?\nAssistant: Maybe.", "The user may like jazz.", 1,
              confidence=0.5)
-    stuck = insert_memory(conn, user_id="alice", content="User: Summarise the attached report.\nAssistant: Here it is.", source="api",
-                          occurred_at=now - timedelta(hours=1))
+    stuck = insert_memory(conn, new_exchange(user_id="alice", content="User: Summarise the attached report.\nAssistant: Here it is.", source="api",
+                                             occurred_at=now - timedelta(hours=1)))
     record_memory_error(conn, stuck.id, "the LLM answered invalid JSON 3 times", give_up=True)
     ids["conflict"] = str(record_conflict(conn, user_id="alice", a=ids["lisbon"], b=ids["porto"], score=0.91))
     for key, score in (("nurse", 0.9), ("vegetarian", 0.95), ("kyoto", 0.2)):

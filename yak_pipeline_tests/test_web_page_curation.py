@@ -27,7 +27,7 @@ from yak_pipeline.settings import Settings
 from yak_pipeline.store.conflicts import record_conflict
 from yak_pipeline.store.database import Database
 from yak_pipeline.store.distillations import mark_superseded_by_newer, set_distillation_status
-from yak_pipeline.store.memories import insert_memory
+from yak_pipeline.store.memories import insert_memory, new_exchange
 from yak_pipeline_tests.api_fixtures import ADMIN_KEY, Seeded, api_settings, app, client_with, seeded  # noqa: F401
 from yak_pipeline_tests.store_helpers import seed_memory_with_distillation
 from yak_pipeline_tests.test_cli_inprocess import run  # noqa: F401 - the in-process `yak` fixture
@@ -90,7 +90,7 @@ def test_every_count_of_active_memories_agrees_with_memory_md(database: Database
         # The cat: an active row whose exchange was soft-forgotten (a read path must not count it).
         conn.execute("UPDATE memories SET deleted_at = now() FROM distillations d "
                      "WHERE d.id = %s AND memories.id = d.memory_id", (ids[5],))
-        insert_memory(conn, user_id="maria", content="User: not distilled yet", source="api", occurred_at=NOW)
+        insert_memory(conn, new_exchange(user_id="maria", content="User: not distilled yet", source="api", occurred_at=NOW))
     alerter = Alerter()
     counts, _ = user_overview(database, alerter, "maria")
     users, _ = users_overview(database, alerter)

@@ -38,9 +38,10 @@ def store_memory(db: Database, *, user_id: str, content: str, source: str, occur
     It is recallable as soon as this returns, by its words; with ``embedder`` also by its meaning
     (its vectors are made here, after the commit: ``services.exchange_embeddings.embed_exchanges_now``).
     :class:`ExchangeForgotten` when the user forgot this text with a soft delete."""
+    exchange = memories_store.new_exchange(user_id=user_id, content=content, source=source, occurred_at=occurred_at,
+                                           secrets=db.secrets)
     with db.connection() as conn:
-        stored = memories_store.insert_memory(conn, user_id=user_id, content=content, source=source,
-                                              occurred_at=occurred_at, actor=actor, secrets=db.secrets)
+        stored = memories_store.insert_memory(conn, exchange, actor=actor)
         row = memories_store.get_memory(conn, stored.id)
     if row is None:
         # Only a soft-forgotten duplicate is stored but not live (a new row is read back at once).

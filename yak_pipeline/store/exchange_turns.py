@@ -16,7 +16,7 @@ import psycopg
 
 from yak_pipeline.core.exchanges import format_exchange
 from yak_pipeline.core.secrets import SecretsPolicy
-from yak_pipeline.store.memories import insert_memory
+from yak_pipeline.store.memories import insert_memory, new_exchange
 from yak_pipeline.store.turns import insert_turn
 
 
@@ -41,9 +41,10 @@ def store_exchange_turn(
     actor: str = "system",
     secrets: SecretsPolicy = "redact",
 ) -> StoredTurn:
-    """Store the exchange (idempotent on its text) and queue its turn once; secrets as ``insert_memory``."""
-    memory = insert_memory(conn, user_id=user_id, content=format_exchange(user_message, assistant_message),
-                           source=source, occurred_at=occurred_at, actor=actor, secrets=secrets)
+    """Store the exchange (idempotent on its text) and queue its turn once; secrets as ``new_exchange``."""
+    exchange = new_exchange(user_id=user_id, content=format_exchange(user_message, assistant_message), source=source,
+                            occurred_at=occurred_at, secrets=secrets)
+    memory = insert_memory(conn, exchange, actor=actor)
     if not memory.created:
         existing = conn.execute(
             "SELECT id FROM turns WHERE memory_id = %(id)s AND deleted_at IS NULL ORDER BY created_at LIMIT 1",

@@ -49,7 +49,7 @@ def grow_exchange(conn: psycopg.Connection, memory_id: UUID, *, user_id: str, co
                   actor: str = "system", secrets: SecretsPolicy = "redact") -> bool:
     """Replace a live memory's exchange with its grown text (module docstring); False when another memory
     of the user already holds that text (nothing changed) or the memory is gone. The grown text's
-    secrets are screened as ``store.memories.insert_memory`` screens every new exchange's."""
+    secrets are screened as ``store.memories.new_exchange`` screens every new exchange's."""
     screened = screen_secrets(normalise_exchange_text(content), secrets)
     text = screened.text
     digest = content_sha256(text)

@@ -105,29 +105,18 @@ def _record_stored(conn: psycopg.Connection, stored: Sequence[tuple[UUID, NewExc
     write_fresh_profile_lines(conn, [(memory_id, new.user_id, new.content) for memory_id, new in stored])
 
 
-def insert_memory(
-    conn: psycopg.Connection,
-    *,
-    user_id: str,
-    content: str,
-    source: str,
-    occurred_at: datetime | None = None,
-    source_ref: str | None = None,
-    actor: str = "system",
-    secrets: SecretsPolicy = "redact",
-) -> StoredMemory:
-    """Store one exchange as a ``pending`` memory; the same exchange twice is stored once.
+def insert_memory(conn: psycopg.Connection, exchange: NewExchange, *, actor: str = "system") -> StoredMemory:
+    """Store one checked exchange (:func:`new_exchange`) as a ``pending`` memory; the same exchange
+    twice is stored once.
 
     Returns the existing row (``created=False``) when the user already has this content. Every
-    exchange that enters Yak passes here or through :func:`insert_memories`: a secret in its text
-    is replaced by a placeholder (or, with ``secrets="refuse"``, the write raises
-    ``SecretRefused``) before it is stored, hashed, embedded or distilled; the audit log and
-    ``yak_secrets_redacted_total`` count it. The instructions and preferences the user states in
-    it join their profile (``store.profile``).
+    exchange that enters Yak is checked by :func:`new_exchange` and stored here or by
+    :func:`insert_memories`: a secret in its text is replaced by a placeholder (or, with
+    ``secrets="refuse"``, the check raises ``SecretRefused``) before it is stored, hashed, embedded
+    or distilled; the audit log and ``yak_secrets_redacted_total`` count it. The instructions and
+    preferences the user states in it join their profile (``store.profile``).
     """
-    new = new_exchange(user_id=user_id, content=content, source=source, occurred_at=occurred_at,
-                       source_ref=source_ref, secrets=secrets)
-    return insert_memories(conn, [new], actor=actor)[0]
+    return insert_memories(conn, [exchange], actor=actor)[0]
 
 
 def insert_memories(conn: psycopg.Connection, exchanges: Sequence[NewExchange], *,

@@ -44,7 +44,7 @@ def insert_turn(
 ) -> UUID:
     """Queue one turn for evaluation; recalled ids of other users are dropped, never evaluated.
 
-    Its messages are stored with their secrets replaced, as their exchange is (``insert_memory``,
+    Its messages are stored with their secrets replaced, as their exchange is (``new_exchange``,
     which refuses or counts them: a turn is always written with its exchange)."""
     validate_user_id(user_id)
     user_message, assistant_message = redact_secrets(user_message).text, redact_secrets(assistant_message).text
