@@ -33,7 +33,6 @@ from yak_pipeline.ingestion.formats.exchange_records import (
     RejectedRecord,
     build_exchange_record,
     json_kind,
-    one_line,
     parse_timestamp,
 )
 
@@ -140,8 +139,7 @@ def read_session(data: bytes, *, user_id: str, max_record_chars: int, start: int
                 stop = line_start  # cut short while being written: read it again, whole, next time
                 result.cut_short_line = line_number
                 break
-            result.rejected.append(RejectedRecord(line_number, raw_bytes.decode("utf-8", "replace"),
-                                                  one_line(str(error))))
+            result.rejected.append(RejectedRecord.because(line_number, raw_bytes.decode("utf-8", "replace"), error))
             continue
         prompt = _typed_prompt(entry)
         if prompt is not None:
@@ -217,7 +215,7 @@ def _close(result: SessionRead, turn: _Turn | None, user_id: str, max_record_cha
     try:
         when: datetime = parse_timestamp(turn.timestamp, "timestamp")
     except RecordError as error:
-        result.rejected.append(RejectedRecord(turn.line, turn.raw, one_line(str(error))))
+        result.rejected.append(RejectedRecord.because(turn.line, turn.raw, error))
         return
     built = build_exchange_record(user_id, turn.prompt, "\n\n".join(turn.replies), when, line=turn.line,
                                   ref=f"claude-code:{result.session_id or '?'}:{turn.uuid}",

@@ -50,6 +50,11 @@ class RejectedRecord:
     raw: str
     reason: str
 
+    @classmethod
+    def because(cls, line: int, raw: str, reason: object) -> RejectedRecord:
+        """``raw`` (from ``line``) rejected for ``reason`` (an error, or its text), cut to one short line."""
+        return cls(line, raw, one_line(str(reason)))
+
 
 @dataclass(frozen=True)
 class ParsedFile:
@@ -97,7 +102,7 @@ class FileRecords:
 
     def reject(self, line: int, raw: str, reason: str) -> None:
         """Reject ``raw`` (from ``line``) for ``reason``, cut to one short line."""
-        self.rejected.append(RejectedRecord(line, raw, one_line(reason)))
+        self.rejected.append(RejectedRecord.because(line, raw, reason))
 
     def parsed(self) -> ParsedFile:
         """The file's records and rejected records."""
@@ -152,7 +157,7 @@ def build_exchange_record(user_id: str, user: str, assistant: str, occurred_at: 
     except RecordError as error:
         raw = json.dumps({"user_id": user_id, "user": user, "assistant": assistant,
                           "occurred_at": occurred_at.isoformat(), "ref": ref})
-        return RejectedRecord(line, raw, one_line(str(error)))
+        return RejectedRecord.because(line, raw, error)
     return ExchangeRecord(user_id, content, occurred_at, line, ref=ref)
 
 

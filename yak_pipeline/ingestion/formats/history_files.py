@@ -259,7 +259,7 @@ def _parse_conversations(kind: str, data: bytes, user_id: str, max_record_chars:
         try:
             read = reader(conversation, user_id=user_id, item=index, max_record_chars=max_record_chars)
         except RecordError as error:
-            result.rejected.append(RejectedRecord(index, raw, one_line(f"{_title(conversation)}: {error}")))
+            result.rejected.append(RejectedRecord.because(index, raw, f"{_title(conversation)}: {error}"))
             continue
         result.records.extend(read.records)
         result.rejected.extend(read.rejected)
