@@ -49,9 +49,9 @@ class ApiServices(YakParts):
     request metrics and memory proxy. Made by :meth:`of`.
     """
 
-    # The admin keys besides stored ones: YAK_ADMIN_API_KEY's, then the extra ones given.
-    admin_keys: tuple[str, ...] = ()
-    metrics: MetricsBuffer = field(default_factory=MetricsBuffer)
+    # The admin keys besides stored ones: YAK_ADMIN_API_KEY's, then the extra ones given (secrets: never in a repr).
+    admin_keys: tuple[str, ...] = field(default=(), repr=False)
+    metrics: MetricsBuffer = field(default_factory=MetricsBuffer, repr=False)
 
     @classmethod
     def of(cls, parts: YakParts | Settings, **given: Unpack[ServiceParts]) -> ApiServices:
