@@ -243,10 +243,14 @@ def test_an_update_never_moves_above_a_newer_memory_or_another_update() -> None:
 def test_a_new_value_is_read_from_the_words_that_announce_it() -> None:
     for text in ("the number of commits has now reached 165", "my coverage recently improved to 78%",
                  "I need to meet the new deadline of April 5", "the quota was increased to 1,200 calls",
-                 "the mentees I've worked with has increased to 7", "my weekly target was updated to 1,350 words"):
+                 "the mentees I've worked with has increased to 7", "my weekly target was updated to 1,350 words",
+                 "the new sprint deadline of April 5", "I won't meet the new April 25 deadline",
+                 "remind me that it's rescheduled to March 22 at 4:30 PM", "the launch was postponed a week",
+                 "the review is at 4 instead of 3"):
         assert announces_update(text), text
     for text in ("I have 150 commits on main", "I want to improve my test coverage", "I moved the chair",
-                 "a new idea for the app", "what is the deadline?"):
+                 "a new idea for the app", "what is the deadline?",
+                 "I'm new to this", "a new friend from the time I lived in Rome", "can we meet at 3?"):
         assert not announces_update(text), text
 
 
