@@ -336,7 +336,6 @@ def recall_candidates(conn: psycopg.Connection, **ask: Unpack[CandidateQuery]) -
         # As of a past moment an exchange can be held by a distillation it was merged into later,
         # whose own exchange came after that moment: not a candidate then (found by hypothesis).
         return []
-
     return _candidates(rows, raw_rows, held_by, said=said, d_text=d_text, d_vec=d_vec, m_text=m_text, m_vec=m_vec,
                        c_vec=c_vec)
 
