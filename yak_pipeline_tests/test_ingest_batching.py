@@ -188,6 +188,31 @@ def test_merge_look_ahead_ends_in_the_one_by_one_state(database: Database, looka
     assert len(ahead.latencies_ms) == counting.consolidations
 
 
+class _CountingEmbedder(HashingEmbedder):
+    """The hashing embedder, counting its document calls."""
+
+    def __init__(self) -> None:
+        super().__init__(384)
+        self.calls: list[int] = []
+
+    def embed_documents(self, texts):  # noqa: ANN001, ANN201 - as the parent
+        self.calls.append(len(texts))
+        return super().embed_documents(texts)
+
+
+def test_a_chain_of_merges_into_one_survivor_is_embedded_in_one_call(database: Database) -> None:
+    """Merges into the same survivor, each reading the text the one before leaves, are worked out
+    ahead together (speculatively, checked at each turn): far fewer embedding calls than merges."""
+    _prepare(database, RulesProvider(), HashingEmbedder(384), "chain", 60)
+    embedder = _CountingEmbedder()
+    report = merge_near_duplicates(ConsolidateJob(db=database, llm=RulesProvider(), embedder=embedder),
+                                   user_id="chain", day=None)
+    assert report.flagged > 10, "the data must chain merges for the comparison to mean anything"
+    # One call per look-ahead (each of many merges), plus the few merges a stale look-ahead left to their turn.
+    # Stopping at the first merge touching an earlier one's distillations made 9 calls of 3-5 texts here.
+    assert len(embedder.calls) * 6 <= report.flagged, embedder.calls
+
+
 class _FailingConsolidation(RulesProvider):
     """Rules, except that consolidating fails (as an unreachable LLM would), counting the attempts."""
 
@@ -217,7 +242,8 @@ def test_a_failed_look_ahead_consolidation_fails_that_merge_once_and_leaves_it_u
 def test_a_stale_look_ahead_is_never_used(database: Database) -> None:
     """A look-ahead worked out on texts that have changed since is redone at the merge's turn."""
     from yak_pipeline.llm.models import ConsolidationResult, LLMCallStats
-    from yak_pipeline.services.consolidate import _Foresight, _merge_one, _unchecked
+    from yak_pipeline.services.consolidate import _merge_one, _unchecked
+    from yak_pipeline.services.merge_lookahead import Foresight
 
     embedder = HashingEmbedder(384)
     _prepare(database, RulesProvider(), embedder, "stale", 30)
@@ -227,7 +253,7 @@ def test_a_stale_look_ahead_is_never_used(database: Database) -> None:
     for distillation_id in _unchecked(database, user_id="stale", day=None, column="dedup_checked_at",
                                       require="conflict_checked_at"):
         # As if worked out before an earlier merge changed the older text.
-        stale = _Foresight(inputs=("x", "older text then", "y", "newer text then"),
+        stale = Foresight(inputs=("x", "older text then", "y", "newer text then"),
                            merged=ConsolidationResult(content="A stale consolidation.", stats=stats),
                            vector=embedder.embed_query("A stale consolidation."))
         _merge_one(job, distillation_id, stale, report)
