@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import date
 
@@ -68,7 +68,8 @@ def partition_memory_ids(db: Database, *, user_id: str, day: date | None, includ
                                    prompt_version=prompt_version, schema_version=OUTPUT_SCHEMA_VERSION)
 
 
-def _distill_one(job: DistillJob, memory_id: str) -> StageReport:
+def _distill_one(job: DistillJob, memory_id: str, early: Executor) -> StageReport:
+    """Distil one memory in its own transaction; ``early`` embeds its exchange while the LLM answers."""
     report = StageReport(rows_in=1)
     started = time.monotonic()
     with job.db.connection() as conn:
@@ -83,9 +84,18 @@ def _distill_one(job: DistillJob, memory_id: str) -> StageReport:
                                                          and existing.schema_version == OUTPUT_SCHEMA_VERSION)):
             report.skipped += 1  # done by someone else since it was listed
             return report
+        # The exchange's own text, and its text read with its neighbours when that vector is due
+        # (sql/008), are known before the LLM answers: they are embedded while it thinks, on cores
+        # that would otherwise wait with it, and only the distillation is embedded after the answer.
+        # (A context vector used to be made after the run, by one single-threaded pass over every
+        # context; embed_pending_contexts, below, now finds only those a later neighbour changed.)
+        context = context_to_embed(conn, memory_id, embedding_model=job.embedder.model_name)
+        exchange_vectors = early.submit(job.embedder.embed_documents,
+                                        [content, *([context] if context is not None else [])])
         try:
             result = job.llm.distill(content)
         except LLMError as exc:
+            exchange_vectors.cancel()  # when it has not started yet; otherwise its vectors go unused
             give_up = attempts + 1 >= job.max_attempts
             record_memory_error(conn, memory_id, exc.reason, give_up=give_up)
             report.record_failed_call(exc)
@@ -96,15 +106,10 @@ def _distill_one(job: DistillJob, memory_id: str) -> StageReport:
                               error=reason_for_log(exc.reason), retry=(attempts + 1, job.max_attempts))
             return report
         report.record_call(result.stats)
-        # The exchange read with its neighbours too, when its context vector is due (sql/008): in the
-        # same model call as the rest, while other workers wait for the LLM, instead of one
-        # single-threaded pass over every context after the run (embed_pending_contexts, below,
-        # now finds only the contexts that a later neighbour changed).
-        context = context_to_embed(conn, memory_id, embedding_model=job.embedder.model_name)
         try:
             # The raw exchange is embedded with its distillation: hybrid recall searches both.
-            embedding, exchange_embedding, *context_embedding = job.embedder.embed_documents(
-                [result.content, content, *([context] if context is not None else [])])
+            embedding = job.embedder.embed_documents([result.content])[0]
+            exchange_embedding, *context_embedding = exchange_vectors.result()
         except EmbeddingError as exc:
             record_memory_error(conn, memory_id, str(exc), give_up=False)
             report.failed += 1
@@ -143,8 +148,10 @@ def distill_memories(job: DistillJob, memory_ids: Sequence[str], *, concurrency:
     total = StageReport()
     if not memory_ids:
         return total
-    with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="yak-distil") as pool:
-        for report in pool.map(lambda memory_id: _distill_one(job, memory_id), memory_ids):
+    workers = max(1, concurrency)
+    with (ThreadPoolExecutor(max_workers=workers, thread_name_prefix="yak-distil") as pool,
+          ThreadPoolExecutor(max_workers=workers, thread_name_prefix="yak-distil-early") as early):
+        for report in pool.map(lambda memory_id: _distill_one(job, memory_id, early), memory_ids):
             total.merge(report)
     # New exchanges gave themselves and their neighbours a new context (sql/008): recall's
     # context vectors catch up here, in the same run, for these memories' users only (a run does
