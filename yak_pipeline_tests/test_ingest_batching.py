@@ -283,3 +283,71 @@ def test_up_to_max_parallel_batches_run_at_once_and_every_caller_is_answered() -
     results = _run_threads(coalescer, requests)
     assert results == [[[float(i + 1)]] for i in range(10)]
     assert most == 2
+
+
+# --- Distillation workers and LLM slots ---------------------------------------------------------
+
+
+class _Busy:
+    """Workers in an LLM call and workers embedding their distillation, now and at most."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.calling = self.embedding = self.most_calling = self.most_busy = 0
+
+    def enter(self, what: str) -> None:
+        with self.lock:
+            setattr(self, what, getattr(self, what) + 1)
+            self.most_calling = max(self.most_calling, self.calling)
+            self.most_busy = max(self.most_busy, self.calling + self.embedding)
+
+    def leave(self, what: str) -> None:
+        with self.lock:
+            setattr(self, what, getattr(self, what) - 1)
+
+
+class _SlowRules(RulesProvider):
+    """Rules, answering after 50 ms."""
+
+    def __init__(self, busy: _Busy) -> None:
+        self.busy = busy
+
+    def distill(self, content: str):  # noqa: ANN201 - as the parent
+        self.busy.enter("calling")
+        time.sleep(0.05)
+        self.busy.leave("calling")
+        return super().distill(content)
+
+
+class _SlowDistillationEmbedder(HashingEmbedder):
+    """Hashing vectors; a worker's embedding of its distillation (after the answer) takes 100 ms."""
+
+    def __init__(self, busy: _Busy) -> None:
+        super().__init__(384)
+        self.busy = busy
+
+    def embed_documents(self, texts):  # noqa: ANN001, ANN201 - as the parent
+        if not threading.current_thread().name.startswith("yak-distil_"):  # the early embedding
+            return super().embed_documents(texts)
+        self.busy.enter("embedding")
+        time.sleep(0.1)
+        self.busy.leave("embedding")
+        return super().embed_documents(texts)
+
+
+@pytest.mark.parametrize("connections, fifth_worker", [(6, True), (4, False)])
+def test_a_worker_embedding_its_distillation_holds_no_llm_slot_and_calls_never_exceed_the_concurrency(
+        database: Database, db_url: str, connections: int, fifth_worker: bool) -> None:
+    ingest_records(database, _records("slots", 24), source="import")
+    busy = _Busy()
+    with Database(db_url, max_size=connections) as pool:
+        job = DistillJob(db=pool, llm=_SlowRules(busy), embedder=_SlowDistillationEmbedder(busy), prompt_version="test")
+        ids = partition_memory_ids(pool, user_id="slots", day=None, include_outdated=False, prompt_version="test")
+        assert distill_memories(job, ids, concurrency=4).rows_out == 24
+    assert busy.most_calling <= 4
+    if fifth_worker:
+        # A fifth worker called the LLM in a slot given back by a worker still embedding its distillation.
+        assert busy.most_busy == 5
+    else:
+        # No connection to spare for a fifth worker: none waits for one while holding a slot.
+        assert busy.most_busy <= 4

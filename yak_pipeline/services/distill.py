@@ -10,6 +10,7 @@ and the memory's new status commit together or not at all (a killed worker leave
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
@@ -68,11 +69,39 @@ def partition_memory_ids(db: Database, *, user_id: str, day: date | None, includ
                                    prompt_version=prompt_version, schema_version=OUTPUT_SCHEMA_VERSION)
 
 
-def _distill_one(job: DistillJob, memory_id: str, early: Executor) -> StageReport:
-    """Distil one memory in its own transaction; ``early`` embeds its exchange while the LLM answers."""
+class _LLMSlot:
+    """One of a run's ``concurrency`` LLM slots, held from claiming a memory until its LLM call returns.
+
+    Taken before the pooled connection, so a worker waiting for a slot holds neither a connection
+    nor a row lock; given back as soon as the answer is in (:meth:`release`), so the memory's
+    embedding and writes no longer keep an LLM call from starting.
+    """
+
+    def __init__(self, slots: threading.Semaphore) -> None:
+        self._slots = slots
+        self._held = False
+
+    def __enter__(self) -> _LLMSlot:
+        self._slots.acquire()
+        self._held = True
+        return self
+
+    def release(self) -> None:
+        """Give the slot back (once; later calls do nothing)."""
+        if self._held:
+            self._held = False
+            self._slots.release()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _distill_one(job: DistillJob, memory_id: str, early: Executor, llm_slots: threading.Semaphore) -> StageReport:
+    """Distil one memory in its own transaction; ``early`` embeds its exchange while the LLM answers,
+    and one of ``llm_slots`` is held until the LLM has answered."""
     report = StageReport(rows_in=1)
-    started = time.monotonic()
-    with job.db.connection() as conn:
+    with _LLMSlot(llm_slots) as slot, job.db.connection() as conn:
+        started = time.monotonic()
         row = lock_live_row(conn, "memories", memory_id, MemoryToDistil)
         if row is None:
             report.skipped += 1  # another worker has it, or it was forgotten meanwhile
@@ -95,6 +124,7 @@ def _distill_one(job: DistillJob, memory_id: str, early: Executor) -> StageRepor
         try:
             result = job.llm.distill(content)
         except LLMError as exc:
+            slot.release()
             exchange_vectors.cancel()  # when it has not started yet; otherwise its vectors go unused
             give_up = attempts + 1 >= job.max_attempts
             record_memory_error(conn, memory_id, exc.reason, give_up=give_up)
@@ -105,6 +135,7 @@ def _distill_one(job: DistillJob, memory_id: str, early: Executor) -> StageRepor
             job.alerter.alert("distillation_failed", f"distilling memory {memory_id} failed", ids=(memory_id,),
                               error=reason_for_log(exc.reason), retry=(attempts + 1, job.max_attempts))
             return report
+        slot.release()
         report.record_call(result.stats)
         try:
             # The raw exchange is embedded with its distillation: hybrid recall searches both.
@@ -144,14 +175,25 @@ def _distill_one(job: DistillJob, memory_id: str, early: Executor) -> StageRepor
 
 
 def distill_memories(job: DistillJob, memory_ids: Sequence[str], *, concurrency: int = 4) -> StageReport:
-    """Distil the given memories with up to ``concurrency`` LLM calls at once."""
+    """Distil the given memories with up to ``concurrency`` LLM calls at once.
+
+    From ``concurrency`` 4 on, up to a quarter more workers than LLM slots, as far as the pool has
+    connections for them (each worker holds one): after its answer a memory's distillation is
+    embedded and written (about a quarter of a 200 ms call's wait, bench/ingest_throughput.py), and
+    meanwhile another worker's LLM call runs in its slot. Below 4 there are as many workers as
+    slots, and ``concurrency`` 1 distils one memory after another, in order.
+    """
     total = StageReport()
     if not memory_ids:
         return total
-    workers = max(1, concurrency)
+    slots = max(1, concurrency)
+    # No more workers than connections beyond the slots': a worker with a slot must not wait long
+    # for a connection (the pool gives up after POOL_WAIT_SECONDS).
+    workers = slots + max(0, min(slots // 4, job.db.max_connections - slots))
+    llm_slots = threading.BoundedSemaphore(slots)
     with (ThreadPoolExecutor(max_workers=workers, thread_name_prefix="yak-distil") as pool,
           ThreadPoolExecutor(max_workers=workers, thread_name_prefix="yak-distil-early") as early):
-        for report in pool.map(lambda memory_id: _distill_one(job, memory_id, early), memory_ids):
+        for report in pool.map(lambda memory_id: _distill_one(job, memory_id, early, llm_slots), memory_ids):
             total.merge(report)
     # New exchanges gave themselves and their neighbours a new context (sql/008): recall's
     # context vectors catch up here, in the same run, for these memories' users only (a run does
