@@ -4,7 +4,9 @@ Each memory is handled in its own transaction that holds a ``FOR UPDATE SKIP LOC
 it from claim to commit: the distillation, its embedding, its gate decision, its first version
 and the memory's new status commit together or not at all (a killed worker leaves the memory
 ``pending``), and two workers never distil the same memory. LLM calls run concurrently up to
-``concurrency`` (one pooled connection per worker).
+``concurrency`` (one pooled connection per worker; a worker gives its LLM slot back once the
+answer is in, see ``distill_memories``), and the exchange's own vectors are made while the LLM
+answers.
 """
 
 from __future__ import annotations
