@@ -188,6 +188,31 @@ def test_merge_look_ahead_ends_in_the_one_by_one_state(database: Database, looka
     assert len(ahead.latencies_ms) == counting.consolidations
 
 
+class _CountingEmbedder(HashingEmbedder):
+    """The hashing embedder, counting its document calls."""
+
+    def __init__(self) -> None:
+        super().__init__(384)
+        self.calls: list[int] = []
+
+    def embed_documents(self, texts):  # noqa: ANN001, ANN201 - as the parent
+        self.calls.append(len(texts))
+        return super().embed_documents(texts)
+
+
+def test_a_chain_of_merges_into_one_survivor_is_embedded_in_one_call(database: Database) -> None:
+    """Merges into the same survivor, each reading the text the one before leaves, are worked out
+    ahead together (speculatively, checked at each turn): far fewer embedding calls than merges."""
+    _prepare(database, RulesProvider(), HashingEmbedder(384), "chain", 60)
+    embedder = _CountingEmbedder()
+    report = merge_near_duplicates(ConsolidateJob(db=database, llm=RulesProvider(), embedder=embedder),
+                                   user_id="chain", day=None)
+    assert report.flagged > 10, "the data must chain merges for the comparison to mean anything"
+    # One call per look-ahead (each of many merges), plus the few merges a stale look-ahead left to their turn.
+    # Stopping at the first merge touching an earlier one's distillations made 9 calls of 3-5 texts here.
+    assert len(embedder.calls) * 6 <= report.flagged, embedder.calls
+
+
 class _FailingConsolidation(RulesProvider):
     """Rules, except that consolidating fails (as an unreachable LLM would), counting the attempts."""
 
@@ -217,7 +242,8 @@ def test_a_failed_look_ahead_consolidation_fails_that_merge_once_and_leaves_it_u
 def test_a_stale_look_ahead_is_never_used(database: Database) -> None:
     """A look-ahead worked out on texts that have changed since is redone at the merge's turn."""
     from yak_pipeline.llm.models import ConsolidationResult, LLMCallStats
-    from yak_pipeline.services.consolidate import _Foresight, _merge_one, _unchecked
+    from yak_pipeline.services.consolidate import _merge_one, _unchecked
+    from yak_pipeline.services.merge_lookahead import Foresight
 
     embedder = HashingEmbedder(384)
     _prepare(database, RulesProvider(), embedder, "stale", 30)
@@ -227,7 +253,7 @@ def test_a_stale_look_ahead_is_never_used(database: Database) -> None:
     for distillation_id in _unchecked(database, user_id="stale", day=None, column="dedup_checked_at",
                                       require="conflict_checked_at"):
         # As if worked out before an earlier merge changed the older text.
-        stale = _Foresight(inputs=("x", "older text then", "y", "newer text then"),
+        stale = Foresight(inputs=("x", "older text then", "y", "newer text then"),
                            merged=ConsolidationResult(content="A stale consolidation.", stats=stats),
                            vector=embedder.embed_query("A stale consolidation."))
         _merge_one(job, distillation_id, stale, report)
@@ -257,3 +283,71 @@ def test_up_to_max_parallel_batches_run_at_once_and_every_caller_is_answered() -
     results = _run_threads(coalescer, requests)
     assert results == [[[float(i + 1)]] for i in range(10)]
     assert most == 2
+
+
+# --- Distillation workers and LLM slots ---------------------------------------------------------
+
+
+class _Busy:
+    """Workers in an LLM call and workers embedding their distillation, now and at most."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.calling = self.embedding = self.most_calling = self.most_busy = 0
+
+    def enter(self, what: str) -> None:
+        with self.lock:
+            setattr(self, what, getattr(self, what) + 1)
+            self.most_calling = max(self.most_calling, self.calling)
+            self.most_busy = max(self.most_busy, self.calling + self.embedding)
+
+    def leave(self, what: str) -> None:
+        with self.lock:
+            setattr(self, what, getattr(self, what) - 1)
+
+
+class _SlowRules(RulesProvider):
+    """Rules, answering after 50 ms."""
+
+    def __init__(self, busy: _Busy) -> None:
+        self.busy = busy
+
+    def distill(self, content: str):  # noqa: ANN201 - as the parent
+        self.busy.enter("calling")
+        time.sleep(0.05)
+        self.busy.leave("calling")
+        return super().distill(content)
+
+
+class _SlowDistillationEmbedder(HashingEmbedder):
+    """Hashing vectors; a worker's embedding of its distillation (after the answer) takes 100 ms."""
+
+    def __init__(self, busy: _Busy) -> None:
+        super().__init__(384)
+        self.busy = busy
+
+    def embed_documents(self, texts):  # noqa: ANN001, ANN201 - as the parent
+        if not threading.current_thread().name.startswith("yak-distil_"):  # the early embedding
+            return super().embed_documents(texts)
+        self.busy.enter("embedding")
+        time.sleep(0.1)
+        self.busy.leave("embedding")
+        return super().embed_documents(texts)
+
+
+@pytest.mark.parametrize("connections, fifth_worker", [(6, True), (4, False)])
+def test_a_worker_embedding_its_distillation_holds_no_llm_slot_and_calls_never_exceed_the_concurrency(
+        database: Database, db_url: str, connections: int, fifth_worker: bool) -> None:
+    ingest_records(database, _records("slots", 24), source="import")
+    busy = _Busy()
+    with Database(db_url, max_size=connections) as pool:
+        job = DistillJob(db=pool, llm=_SlowRules(busy), embedder=_SlowDistillationEmbedder(busy), prompt_version="test")
+        ids = partition_memory_ids(pool, user_id="slots", day=None, include_outdated=False, prompt_version="test")
+        assert distill_memories(job, ids, concurrency=4).rows_out == 24
+    assert busy.most_calling <= 4
+    if fifth_worker:
+        # A fifth worker called the LLM in a slot given back by a worker still embedding its distillation.
+        assert busy.most_busy == 5
+    else:
+        # No connection to spare for a fifth worker: none waits for one while holding a slot.
+        assert busy.most_busy <= 4

@@ -89,9 +89,11 @@ _PARALLEL = max(1, min(4, os.cpu_count() or 1))
 _COALESCER: Coalescer[list[float]] = Coalescer(_encode, max_texts=4 * DEFAULT_BATCH_SIZE, max_parallel=_PARALLEL)
 # A single caller with many texts (a pass over pending contexts, a run's merges, an import's
 # vectors) would run them as one single-threaded call on one core while the others idle; split
-# into one part per core, its parts run side by side (bench/ingest_throughput.py). Below this many
-# texts per part, one call is as quick.
-_MIN_PART = 16
+# into one part per core, its parts run side by side (bench/ingest_throughput.py). A text costs
+# the same CPU in a call of 1 as of 60 (23-29 ms each at load 5, twentieth session), so parts as
+# small as 4 texts lose nothing: the merge stage's calls of ~11 consolidated texts now use both
+# cores (a user's merges, quiet machine: 2.7-3.3 s with parts of at least 16, 2.2-2.4 s with 4).
+_MIN_PART = 4
 _SPLITTER = ThreadPoolExecutor(max_workers=_PARALLEL, thread_name_prefix="yak-embed")
 
 

@@ -9,8 +9,7 @@ neither repeat nor double a merge.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import date
@@ -18,24 +17,15 @@ from datetime import date
 import psycopg
 
 from yak_pipeline.alerts import NULL_ALERTER, Alerter
-from yak_pipeline.core.dedup import (
-    CONFLICT_CHECK_TOP_K,
-    NEAR_DUPLICATE_TOP_K,
-    choose_merge_target,
-    conflict_candidates,
-    is_conflict,
-    select_near_duplicates,
-)
+from yak_pipeline.core.dedup import CONFLICT_CHECK_TOP_K, conflict_candidates, is_conflict
 from yak_pipeline.embeddings import Embedder, EmbeddingError
 from yak_pipeline.llm.errors import LLMError
-from yak_pipeline.llm.models import ConsolidationResult
 from yak_pipeline.llm.provider import LLMProvider
+from yak_pipeline.services.merge_lookahead import Foresight, look_ahead, merge_pair
 from yak_pipeline.services.reports import StageReport
-from yak_pipeline.store.conflicts import conflicting_ids, record_conflict
+from yak_pipeline.store.conflicts import record_conflict
 from yak_pipeline.store.consolidation_checks import (
     CheckedDistillation,
-    MergeTarget,
-    lock_merge_target,
     lock_unchecked,
     mark_checked,
     unchecked_distillations,
@@ -131,105 +121,6 @@ def score_conflicts(job: ConsolidateJob, *, user_id: str, day: date | None) -> S
     return report
 
 
-@dataclass(frozen=True)
-class _Pair:
-    """A merge about to happen: which distillation is older and which newer, with their current text."""
-
-    older: MergeTarget
-    newer: MergeTarget
-
-    def inputs(self) -> tuple[str, str, str, str]:
-        """What the consolidation depends on: both ids and both texts."""
-        return (str(self.older.id), self.older.content, str(self.newer.id), self.newer.content)
-
-
-@dataclass
-class _Foresight:
-    """A merge worked out ahead of its turn: the consolidation (or its error) and its embedding.
-
-    Only ever used when, at the distillation's turn, under its lock, the same pair with the same
-    texts comes out of the neighbour search again — so the outcome is what working it out at
-    that moment would have given.
-    """
-
-    inputs: tuple[str, str, str, str]
-    merged: ConsolidationResult | None = None
-    error: LLMError | None = None
-    vector: list[float] | None = None
-
-
-def _merge_pair(conn, distillation_id: str, row, *, lock: bool) -> tuple[bool, _Pair | None]:  # noqa: ANN001
-    """The near-duplicate merge due for a distillation: ``(found, pair)``.
-
-    ``found`` says whether there is a near-duplicate at all; ``pair`` is None when there is none
-    or when the target is locked by another worker (``lock``) or no longer active.
-    """
-    owner, embedding, model = row.user_id, row.embedding, row.embedding_model
-    neighbours = nearest_active(conn, user_id=owner, embedding=embedding, embedding_model=model,
-                                limit=NEAR_DUPLICATE_TOP_K, exclude_id=distillation_id)
-    near = select_near_duplicates(distillation_id, owner, neighbours, conflicting_ids(conn, distillation_id))
-    target = choose_merge_target(near)
-    if target is None:
-        return False, None
-    other = lock_merge_target(conn, target.id, lock=lock)
-    if other is None:
-        return True, None
-    mine = MergeTarget(distillation_id, row.content, row.created_at, row.refreshed_at)
-    older, newer = sorted([mine, other], key=lambda r: (r.created_at, str(r.id)))
-    return True, _Pair(older=older, newer=newer)
-
-
-def _look_ahead(job: ConsolidateJob, ids: list[str], report: StageReport) -> tuple[int, dict[str, _Foresight]]:
-    """Work out the merges of the next distillations on the committed state, embedding them in one call.
-
-    Stops before the first distillation whose pair shares a distillation with an earlier pair of
-    this look-ahead (that earlier merge changes it, so working it out now would be wasted);
-    returns how many ids it covered (at least one) and the merges found, by distillation id.
-    Nothing is locked or written here: each merge is re-checked under locks at its turn.
-    """
-    pairs: dict[str, _Pair] = {}
-    involved: set[str] = set()
-    covered = 0
-    # Reads first, in one short transaction; the LLM calls below hold no connection.
-    with job.db.connection() as conn:
-        for distillation_id in ids:
-            row = lock_unchecked(conn, distillation_id, "dedup_checked_at", lock=False)
-            pair = None if row is None else _merge_pair(conn, distillation_id, row, lock=False)[1]
-            if pair is not None:
-                ids_of_pair = {str(pair.older.id), str(pair.newer.id)}
-                if covered and ids_of_pair & involved:
-                    break
-                involved |= ids_of_pair
-                pairs[distillation_id] = pair
-            covered += 1
-
-    def consolidate(pair: _Pair) -> _Foresight:
-        foresight = _Foresight(inputs=pair.inputs())
-        try:
-            foresight.merged = job.llm.consolidate(pair.older.content, pair.newer.content)
-        except LLMError as exc:
-            foresight.error = exc
-        return foresight
-
-    if job.concurrency > 1 and len(pairs) > 1:
-        with ThreadPoolExecutor(max_workers=job.concurrency, thread_name_prefix="yak-merge") as pool:
-            foresights = dict(zip(pairs, pool.map(consolidate, pairs.values())))
-    else:
-        foresights = {distillation_id: consolidate(pair) for distillation_id, pair in pairs.items()}
-    merged = [(f, f.merged) for f in foresights.values() if f.merged is not None]
-    for _, result in merged:
-        report.record_call(result.stats)
-    if merged:
-        vectors: Sequence[list[float] | None]
-        try:
-            vectors = job.embedder.embed_documents([result.content for _, result in merged])
-        except EmbeddingError:
-            vectors = [None] * len(merged)  # each is embedded again at its turn, failing there if it must
-        for (foresight, _), vector in zip(merged, vectors):
-            foresight.vector = vector
-    return max(covered, 1), foresights
-
-
 def merge_near_duplicates(job: ConsolidateJob, *, user_id: str, day: date | None) -> StageReport:
     """Consolidate each new distillation with its nearest near-duplicate, if any (DESIGN §4).
 
@@ -241,34 +132,36 @@ def merge_near_duplicates(job: ConsolidateJob, *, user_id: str, day: date | None
     locks it (and its merge target) and re-runs the neighbour search on what is committed. To
     embed consolidated texts in batches rather than one model call per merge, the next
     ``MERGE_LOOKAHEAD`` distillations' merges are first worked out on the committed state
-    (``_look_ahead``); at each one's turn the look-ahead result is used only if the same pair
-    with the same texts comes out again, otherwise the merge is worked out there and then.
-    Either way the outcome is the one-by-one outcome.
+    (``merge_lookahead.look_ahead``, which follows chains of merges into one survivor); at each
+    one's turn the look-ahead result is used only if the same pair with the same texts comes out
+    again, otherwise the merge is worked out there and then. Either way the outcome is the
+    one-by-one outcome.
     """
     report = StageReport()
     pending = _unchecked(job.db, user_id=user_id, day=day, column="dedup_checked_at", require="conflict_checked_at")
     while pending:
-        covered, foresights = _look_ahead(job, pending[:max(1, job.lookahead)], report)
+        covered, foresights = look_ahead(job.db, job.llm, job.embedder, pending[:max(1, job.lookahead)], report,
+                                         concurrency=job.concurrency)
         chunk, pending = pending[:covered], pending[covered:]
         for distillation_id in chunk:
             _merge_one(job, distillation_id, foresights.get(distillation_id), report)
     return report
 
 
-def _merge_one(job: ConsolidateJob, distillation_id: str, foresight: _Foresight | None, report: StageReport) -> None:
+def _merge_one(job: ConsolidateJob, distillation_id: str, foresight: Foresight | None, report: StageReport) -> None:
     """Check one distillation for a near-duplicate and merge them, in one transaction."""
     with _claim(job, distillation_id, "dedup_checked_at", report) as claimed:
         if claimed is None:
             return
         conn, row = claimed
-        found, pair = _merge_pair(conn, distillation_id, row, lock=True)
+        found, pair = merge_pair(conn, distillation_id, row, lock=True)
         if found and pair is None:
             report.skipped += 1  # being merged elsewhere right now; the next run retries
             return
         if pair is not None:
             older, newer = pair.older, pair.newer
             if foresight is None or foresight.inputs != pair.inputs():
-                foresight = _Foresight(inputs=pair.inputs())  # the look-ahead went stale: work it out now
+                foresight = Foresight(inputs=pair.inputs())  # the look-ahead went stale: work it out now
             try:
                 if foresight.error is not None:
                     raise foresight.error

@@ -4,15 +4,18 @@ Each memory is handled in its own transaction that holds a ``FOR UPDATE SKIP LOC
 it from claim to commit: the distillation, its embedding, its gate decision, its first version
 and the memory's new status commit together or not at all (a killed worker leaves the memory
 ``pending``), and two workers never distil the same memory. LLM calls run concurrently up to
-``concurrency`` (one pooled connection per worker).
+``concurrency`` (one pooled connection per worker; a worker gives its LLM slot back once the
+answer is in, see ``distill_memories``), and the exchange's own vectors are made while the LLM
+answers.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import date
 
@@ -68,10 +71,39 @@ def partition_memory_ids(db: Database, *, user_id: str, day: date | None, includ
                                    prompt_version=prompt_version, schema_version=OUTPUT_SCHEMA_VERSION)
 
 
-def _distill_one(job: DistillJob, memory_id: str) -> StageReport:
+class _LLMSlot:
+    """One of a run's ``concurrency`` LLM slots, held from claiming a memory until its LLM call returns.
+
+    Taken before the pooled connection, so a worker waiting for a slot holds neither a connection
+    nor a row lock; given back as soon as the answer is in (:meth:`release`), so the memory's
+    embedding and writes no longer keep an LLM call from starting.
+    """
+
+    def __init__(self, slots: threading.Semaphore) -> None:
+        self._slots = slots
+        self._held = False
+
+    def __enter__(self) -> _LLMSlot:
+        self._slots.acquire()
+        self._held = True
+        return self
+
+    def release(self) -> None:
+        """Give the slot back (once; later calls do nothing)."""
+        if self._held:
+            self._held = False
+            self._slots.release()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _distill_one(job: DistillJob, memory_id: str, early: Executor, llm_slots: threading.Semaphore) -> StageReport:
+    """Distil one memory in its own transaction; ``early`` embeds its exchange while the LLM answers,
+    and one of ``llm_slots`` is held until the LLM has answered."""
     report = StageReport(rows_in=1)
-    started = time.monotonic()
-    with job.db.connection() as conn:
+    with _LLMSlot(llm_slots) as slot, job.db.connection() as conn:
+        started = time.monotonic()
         row = lock_live_row(conn, "memories", memory_id, MemoryToDistil)
         if row is None:
             report.skipped += 1  # another worker has it, or it was forgotten meanwhile
@@ -83,9 +115,19 @@ def _distill_one(job: DistillJob, memory_id: str) -> StageReport:
                                                          and existing.schema_version == OUTPUT_SCHEMA_VERSION)):
             report.skipped += 1  # done by someone else since it was listed
             return report
+        # The exchange's own text, and its text read with its neighbours when that vector is due
+        # (sql/008), are known before the LLM answers: they are embedded while it thinks, on cores
+        # that would otherwise wait with it, and only the distillation is embedded after the answer.
+        # (A context vector used to be made after the run, by one single-threaded pass over every
+        # context; embed_pending_contexts, below, now finds only those a later neighbour changed.)
+        context = context_to_embed(conn, memory_id, embedding_model=job.embedder.model_name)
+        exchange_vectors = early.submit(job.embedder.embed_documents,
+                                        [content, *([context] if context is not None else [])])
         try:
             result = job.llm.distill(content)
         except LLMError as exc:
+            slot.release()
+            exchange_vectors.cancel()  # when it has not started yet; otherwise its vectors go unused
             give_up = attempts + 1 >= job.max_attempts
             record_memory_error(conn, memory_id, exc.reason, give_up=give_up)
             report.record_failed_call(exc)
@@ -95,16 +137,12 @@ def _distill_one(job: DistillJob, memory_id: str) -> StageReport:
             job.alerter.alert("distillation_failed", f"distilling memory {memory_id} failed", ids=(memory_id,),
                               error=reason_for_log(exc.reason), retry=(attempts + 1, job.max_attempts))
             return report
+        slot.release()
         report.record_call(result.stats)
-        # The exchange read with its neighbours too, when its context vector is due (sql/008): in the
-        # same model call as the rest, while other workers wait for the LLM, instead of one
-        # single-threaded pass over every context after the run (embed_pending_contexts, below,
-        # now finds only the contexts that a later neighbour changed).
-        context = context_to_embed(conn, memory_id, embedding_model=job.embedder.model_name)
         try:
             # The raw exchange is embedded with its distillation: hybrid recall searches both.
-            embedding, exchange_embedding, *context_embedding = job.embedder.embed_documents(
-                [result.content, content, *([context] if context is not None else [])])
+            embedding = job.embedder.embed_documents([result.content])[0]
+            exchange_embedding, *context_embedding = exchange_vectors.result()
         except EmbeddingError as exc:
             record_memory_error(conn, memory_id, str(exc), give_up=False)
             report.failed += 1
@@ -139,12 +177,25 @@ def _distill_one(job: DistillJob, memory_id: str) -> StageReport:
 
 
 def distill_memories(job: DistillJob, memory_ids: Sequence[str], *, concurrency: int = 4) -> StageReport:
-    """Distil the given memories with up to ``concurrency`` LLM calls at once."""
+    """Distil the given memories with up to ``concurrency`` LLM calls at once.
+
+    From ``concurrency`` 4 on, up to a quarter more workers than LLM slots, as far as the pool has
+    connections for them (each worker holds one): after its answer a memory's distillation is
+    embedded and written (about a quarter of a 200 ms call's wait, bench/ingest_throughput.py), and
+    meanwhile another worker's LLM call runs in its slot. Below 4 there are as many workers as
+    slots, and ``concurrency`` 1 distils one memory after another, in order.
+    """
     total = StageReport()
     if not memory_ids:
         return total
-    with ThreadPoolExecutor(max_workers=max(1, concurrency), thread_name_prefix="yak-distil") as pool:
-        for report in pool.map(lambda memory_id: _distill_one(job, memory_id), memory_ids):
+    slots = max(1, concurrency)
+    # No more workers than connections beyond the slots': a worker with a slot must not wait long
+    # for a connection (the pool gives up after POOL_WAIT_SECONDS).
+    workers = slots + max(0, min(slots // 4, job.db.max_connections - slots))
+    llm_slots = threading.BoundedSemaphore(slots)
+    with (ThreadPoolExecutor(max_workers=workers, thread_name_prefix="yak-distil") as pool,
+          ThreadPoolExecutor(max_workers=workers, thread_name_prefix="yak-distil-early") as early):
+        for report in pool.map(lambda memory_id: _distill_one(job, memory_id, early, llm_slots), memory_ids):
             total.merge(report)
     # New exchanges gave themselves and their neighbours a new context (sql/008): recall's
     # context vectors catch up here, in the same run, for these memories' users only (a run does

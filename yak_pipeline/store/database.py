@@ -186,6 +186,11 @@ class Database:
             raise DatabaseUnavailable(f"cannot open a connection pool to {redact_url(self.url)}") from None
         return self
 
+    @property
+    def max_connections(self) -> int:
+        """The most connections the pool opens at once."""
+        return self._pool.max_size
+
     def close(self) -> None:
         """Close every pooled connection."""
         self._pool.close()
