@@ -18,7 +18,7 @@ neighbour search again (``Foresight.inputs``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -164,16 +164,13 @@ def _consolidate_all(llm: LLMProvider, planned: dict[str, _Planned], concurrency
             foresight.error = exc
         return foresight
 
-    def run_round(ids: list[str], call: Callable[[str], Foresight | None]) -> None:
+    for ids in _layers(planned):
         if concurrency > 1 and len(ids) > 1:
             with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="yak-merge") as pool:
-                results = list(pool.map(call, ids))
+                results = list(pool.map(consolidate, ids))
         else:
-            results = [call(distillation_id) for distillation_id in ids]
+            results = [consolidate(distillation_id) for distillation_id in ids]
         foresights.update({i: f for i, f in zip(ids, results) if f is not None})
-
-    for ids in _layers(planned):
-        run_round(ids, consolidate)
     return foresights
 
 
