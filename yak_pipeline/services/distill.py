@@ -140,7 +140,8 @@ def _distill_one(job: DistillJob, memory_id: str, early: Executor, llm_slots: th
         slot.release()
         report.record_call(result.stats)
         try:
-            # The raw exchange is embedded with its distillation: hybrid recall searches both.
+            # The distillation's vector, and the exchange's (and context's), embedded while the LLM answered:
+            # hybrid recall searches both.
             embedding = job.embedder.embed_documents([result.content])[0]
             exchange_embedding, *context_embedding = exchange_vectors.result()
         except EmbeddingError as exc:
