@@ -28,6 +28,7 @@ from yak_pipeline.core.relevance import (
     RelevanceSignals,
     answerable_features,
     relevance_features,
+    speaks_of_self,
 )
 from yak_pipeline.core.scoring import TIER_GRAVITY
 from yak_pipeline.core.types import TIERS
@@ -382,6 +383,21 @@ def test_rank_memories_equals_brute_force(candidates: list[Candidate], threshold
 # --- relevance features ---------------------------------------------------------------------------
 
 
+def test_a_raw_exchange_that_says_nothing_of_the_user_is_marked() -> None:
+    """``raw_not_about_self`` is 1 only for a raw exchange whose user side has no first-person word."""
+    assert speaks_of_self("And something for my niece Greta, she's three.")
+    assert speaks_of_self("I'm off to Lisbon") and speaks_of_self("Tell me more")
+    assert not speaks_of_self("Can you make a moving checklist?") and not speaks_of_self("Wow, nice!")
+    assert not speaks_of_self("Imagine that, a minefield in Iceland!")  # words that only contain "i", "mine"
+    plain = RelevanceSignals(cos_distillation=0.5, cos_exchange=0.5, bm25_distillation=0.0, bm25_exchange=0.0,
+                             best_cos_distillation=0.5, best_cos_exchange=0.5, best_bm25_distillation=0.0,
+                             best_bm25_exchange=0.0, raw=True, about_self=False)
+    assert relevance_features(plain)["raw_not_about_self"] == 1.0
+    assert relevance_features(replace(plain, about_self=True))["raw_not_about_self"] == 0.0
+    # A distillation is always about its user, whatever the flag says.
+    assert relevance_features(replace(plain, raw=False))["raw_not_about_self"] == 0.0
+
+
 def test_features_are_cosines_gaps_to_the_best_and_bm25_relative_to_the_best() -> None:
     features = relevance_features(_signals(0.6, cos_x=0.5, bm25_d=3.0, bm25_x=1.0, best_cos=0.8, best_cos_x=0.9,
                                            best_bm25_d=6.0, best_bm25_x=5.0))
@@ -391,7 +407,7 @@ def test_features_are_cosines_gaps_to_the_best_and_bm25_relative_to_the_best() -
     assert features == pytest.approx({"cos_distillation": 0.6, "cos_exchange": 0.5, "cos_context": 0.5,
                                       "gap_distillation": -0.2, "gap_exchange": -0.4, "gap_context": -0.4,
                                       "text_distillation": 0.5, "text_exchange": 0.1, "raw_exchange": 0.0,
-                                      "lexical_strength": 0.5})
+                                      "lexical_strength": 0.5, "raw_not_about_self": 0.0})
     # A query whose best lexical match is a common word or two: its shared words count for little.
     weak = relevance_features(_signals(0.6, bm25_x=2.0, best_bm25_x=2.0))
     strong = relevance_features(_signals(0.6, bm25_x=12.0, best_bm25_x=12.0))

@@ -45,11 +45,15 @@ Features (all pure functions of :class:`RelevanceSignals`):
   words, recalled as said), 0 for a distillation. Such a candidate has no distillation: its
   ``cos_distillation`` is its exchange's cosine, and the fit learns how much a distillation's
   refinement is worth against the words themselves.
+- ``raw_not_about_self`` — 1 for such a raw exchange whose user side has no first-person word
+  (:func:`speaks_of_self`): "Can you make a moving checklist?" or "Wow, nice!" says nothing about
+  the person, "my niece Greta is three" does. A distillation is always about its user: 0.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final
@@ -65,6 +69,7 @@ FEATURES: Final[tuple[str, ...]] = (
     "text_exchange",
     "raw_exchange",
     "lexical_strength",
+    "raw_not_about_self",
 )
 # The best BM25 of a query's exchange leg at which its words count half (``lexical_strength``):
 # with PostgreSQL's english stemming and Okapi BM25 over a person's exchanges, a match of one or two
@@ -102,6 +107,8 @@ class RelevanceSignals:
     best_cos_context: float | None = None
     # A raw exchange no active distillation holds (``core.recall.Candidate.kind == "raw"``).
     raw: bool = False
+    # Whether a raw exchange's user side speaks of the user (:func:`speaks_of_self`); a distillation always does.
+    about_self: bool = True
 
 
 def _ratio(value: float, best: float) -> float:
@@ -128,7 +135,17 @@ def relevance_features(signals: RelevanceSignals) -> dict[str, float]:
         "text_exchange": _ratio(signals.bm25_exchange, signals.best_bm25_exchange) * strength,
         "raw_exchange": 1.0 if signals.raw else 0.0,
         "lexical_strength": strength,
+        "raw_not_about_self": 1.0 if signals.raw and not signals.about_self else 0.0,
     }
+
+
+# A word by which a person speaks of themselves (English: the language of the rules distiller too).
+_FIRST_PERSON: Final = re.compile(r"\b(?:i|i'm|im|i've|i'd|i'll|my|me|mine|myself)\b", re.IGNORECASE)
+
+
+def speaks_of_self(text: str) -> bool:
+    """True when ``text`` (what the user said) has a first-person word: "I", "my", "me", "mine"…"""
+    return _FIRST_PERSON.search(text) is not None
 
 
 def answerable_features(signals: RelevanceSignals) -> dict[str, float]:

@@ -58,8 +58,11 @@ if TYPE_CHECKING:
 # candidates passed anyway (docs/RECALL.md).
 TRUE_PASS_SHARE = 0.99
 # The same for answerability: a query is taken as unanswerable only when it is less like the
-# user's memories than 99 in 100 of the dev files' answerable questions are.
-ANSWERABLE_PASS_SHARE = 0.99
+# user's memories than 199 in 200 of the dev files' answerable questions are. Chosen out of fold,
+# so that a conversation the fit never saw still passes 99 in 100: with 0.99 in the fit, the
+# folds passed only 97.8 % of paraphrase's answerable questions (4 of 180 gated, 1.7 points of
+# Recall@10); with 0.995 every one of them, and BEAM's 99.4 % as before (docs/RECALL.md).
+ANSWERABLE_PASS_SHARE = 0.995
 DEFAULT_THRESHOLD = 0.7
 
 # Small: the features are few and bounded, the data thousands of examples; it only keeps the

@@ -43,7 +43,7 @@ import psycopg
 from yak_pipeline.core.exchanges import same_words, users_words
 from yak_pipeline.core.query_intent import asks_about_past, asks_about_present
 from yak_pipeline.core.recall import Candidate, Leg, RankedMemory, RecallParams, rank_memories
-from yak_pipeline.core.relevance import RelevanceModel, RelevanceSignals
+from yak_pipeline.core.relevance import RelevanceModel, RelevanceSignals, speaks_of_self
 from yak_pipeline.core.types import Tier
 from yak_pipeline.store.bm25 import bm25_search
 from yak_pipeline.store.leg_runner import Once, Spare, run_legs
@@ -239,7 +239,8 @@ def _candidates(rows: Sequence[_CandidateRow], raw_rows: Sequence[_RawRow], held
             bm25_distillation=0.0, bm25_exchange=bm25_exchange.get(memory_id, 0.0),
             best_cos_distillation=best_cos_d, best_cos_exchange=best_cos_x,
             best_bm25_distillation=best_bm25_d, best_bm25_exchange=best_bm25_x,
-            cos_context=raw_context_cos[memory_id], best_cos_context=best_cos_c, raw=True)
+            cos_context=raw_context_cos[memory_id], best_cos_context=best_cos_c, raw=True,
+            about_self=speaks_of_self(said[memory_id]))
         candidates.append(Candidate(
             id=memory_id, tier=RAW_TIER, warmth=RAW_WARMTH, user_weight=RAW_USER_WEIGHT, refreshed_at=occurred_at,
             signals=signals, ranks=ranks.get(memory_id, {}), kind="raw", words=said[memory_id]))
