@@ -310,6 +310,10 @@ def test_reasons_say_in_plain_words_why_a_memory_ranked() -> None:
     [r] = rank_memories([raw], model=STEEP, params=RecallParams(threshold=0.0), now=NOW)
     assert r.reasons(NOW)[:3] == ["what you said yourself (no distilled memory stands for it yet)",
                                   "close in meaning (similarity 0.50)", "said today"]
+    # Words that say nothing about the user (no first-person word) are told apart.
+    plain = replace(raw, signals=replace(raw.signals, about_self=False))
+    [r] = rank_memories([plain], model=STEEP, params=RecallParams(threshold=0.0), now=NOW)
+    assert r.reasons(NOW)[1] == "it says nothing about you (no I, me or my), so it counts for less"
 
 
 def test_a_superseded_memory_never_ranks_above_the_memory_that_replaced_it() -> None:

@@ -191,6 +191,8 @@ class RankedMemory:
         f = self.features
         why = ["what you said yourself (no distilled memory stands for it yet)" if self.kind == "raw"
                else "a distilled memory"]
+        if f.get("raw_not_about_self", 0.0) > 0.0:
+            why.append("it says nothing about you (no I, me or my), so it counts for less")
         closest = any(f.get(name, -1.0) >= 0.0 for name in ("gap_distillation", "gap_exchange", "gap_context"))
         why.append(f"{'the closest in meaning of all your memories' if closest else 'close in meaning'}"
                    f" (similarity {self.similarity:.2f})")
