@@ -15,8 +15,9 @@ same for every candidate of a query, says whether the user's memories answer the
 from how close the best of them comes (``best_*``); it is fitted on answerable questions against
 never-said ones and against questions asked of another person's memories (which cannot answer
 "my" question). Each factor's scale is placed so that the default threshold 0.7 keeps a fixed
-share of the dev files' true cases: 99 % of true evidence has standing ≥ 0.7, 99 % of answerable
-questions have answerability ≥ 0.7 (``eval.calibrate``). ``core.recall`` gates each factor.
+share of the dev files' true cases: 99 % of true evidence has standing ≥ 0.7, 99.5 % of answerable
+questions have answerability ≥ 0.7 in the fit (99 % out of fold; ``eval.calibrate``). ``core.recall``
+gates each factor.
 The parameters belong to one embedding model (they are fitted on its cosines) and carry a
 version; recall refuses an embedder they were not fitted for.
 

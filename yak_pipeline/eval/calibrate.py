@@ -19,7 +19,8 @@
    each question asked of another person's memories (the next conversation's user).
 5. Each factor's operating point is set (:func:`operating_point_shift`): the standing's bias
    moves so that 99 % of the true evidence of every file has standing ≥ 0.7, the default
-   threshold; the answerability's so that 99 % of every file's answerable questions reach 0.7.
+   threshold; the answerability's so that 99.5 % of every file's answerable questions reach 0.7
+   (:data:`ANSWERABLE_PASS_SHARE`: what passes 99 % of them out of fold).
 
 :func:`fit_model` does 3-5 on any subset of the conversations: on all of them for the model that
 is written (the result is written as JSON, ``recall_models``; the version names the embedder,
