@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
@@ -19,7 +20,6 @@ from yak_pipeline.core.recall import (
     RecallParams,
     rank_memories,
     readable_score,
-    relevance_odds,
 )
 from yak_pipeline.core.relevance import (
     FEATURES,
@@ -136,13 +136,28 @@ def test_the_relevance_exponent_lets_relevance_outweigh_the_priors() -> None:
     assert steep[0].rank_odds / steep[1].rank_odds == pytest.approx((3 / (7 / 3)) ** 10 * 0.5)
 
 
-def test_the_odds_keep_growing_near_certainty_and_stay_finite() -> None:
-    assert relevance_odds(0.5) == 1.0 and relevance_odds(0.0) == 0.0
-    assert relevance_odds(0.99) / relevance_odds(0.9) == pytest.approx(11.0)
-    assert math.isfinite(relevance_odds(1.0)) and relevance_odds(1.0) > relevance_odds(1 - 1e-9)
+def test_a_certain_memory_has_finite_rank_odds() -> None:
     certain = RelevanceModel(embedding_model="test", version="sure", bias=100.0, weights={})
     [r] = rank_memories([_candidate("x")], model=certain, params=RecallParams(relevance_exponent=20.0), now=NOW)
     assert r.relevance == 1.0 and math.isfinite(r.rank_odds)
+
+
+def test_odds_past_the_largest_float_still_rank_in_order_and_never_overflow() -> None:
+    # Logits 12 and 11 under exponent 100: rank odds e^1200 and e^1100, past the largest float.
+    # Computed as a product this raised OverflowError (YAK_RECALL_RELEVANCE_EXPONENT allows 100).
+    steep = RelevanceModel(embedding_model="test", version="steep", bias=0.0, weights={"cos_distillation": 20.0})
+    pair = [_candidate("b", signals=_signals(0.55)), _candidate("a", signals=_signals(0.6))]
+    params = RecallParams(threshold=0.0, relevance_exponent=100.0)
+    ranked = rank_memories(pair, model=steep, params=params, now=NOW)
+    assert [r.id for r in ranked] == ["a", "b"]
+    assert [r.log_rank_odds for r in ranked] == pytest.approx([1200.0, 1100.0])
+    assert all(math.isfinite(r.rank_odds) and r.rank_odds == pytest.approx(sys.float_info.max) for r in ranked)
+    assert [r.score for r in ranked] == pytest.approx([1 / (1 + math.exp(-12)), 1 / (1 + math.exp(-11))])
+    # Decay over a thousand half-lives (the factor underflows to 0) still orders by age.
+    old = [_candidate("new", relevance=0.8, age_days=40_000), _candidate("old", relevance=0.8, age_days=50_000)]
+    ranked = rank_memories(old, model=STEEP, params=RecallParams(threshold=0.0, half_life_days=30.0), now=NOW)
+    assert [r.id for r in ranked] == ["new", "old"] and ranked[0].decay == 0.0
+    assert ranked[0].log_rank_odds > ranked[1].log_rank_odds > -math.inf
 
 
 def test_a_superseded_memory_ranks_below_the_one_that_replaced_it_at_equal_relevance() -> None:
@@ -290,7 +305,8 @@ def test_the_shown_score_is_in_0_1_keeps_the_order_and_is_the_relevance_with_neu
                                          signals=_signals(0.6))],
                               model=STEEP, params=RecallParams(threshold=0.0, decay_enabled=False), now=NOW)
     assert neutral.score == pytest.approx(neutral.relevance)
-    assert readable_score(0.0, 1.0, 9.0) == 0.0 and readable_score(float("inf"), 0.8, 9.0) == 0.8
+    assert readable_score(-math.inf, 1.0, 9.0) == 0.0 and readable_score(math.inf, 0.8, 9.0) == 0.8
+    assert readable_score(0.0, 1.0, 9.0) == 0.5  # rank odds 1
 
 
 def test_reasons_say_in_plain_words_why_a_memory_ranked() -> None:

@@ -16,7 +16,7 @@ import pytest
 
 from yak_pipeline.core.block_choice import BlockChoice, gathers
 from yak_pipeline.core.query_intent import query_parts
-from yak_pipeline.core.recall import RecallParams, interleave, rank_memories, relevance_odds
+from yak_pipeline.core.recall import RecallParams, interleave, rank_memories
 from yak_pipeline.core.relevance import RelevanceModel
 from yak_pipeline.core.scoring import decay_factor
 from yak_pipeline.recall_models import RelevanceModelMissing, load_relevance_model
@@ -250,6 +250,23 @@ def test_recall_finds_words_only_the_exchange_kept(conn: psycopg.Connection) -> 
     assert rank_memories(candidates, model=FITTED, params=params, now=NOW) == exact
 
 
+def test_recall_at_the_largest_exponent_with_a_steep_model_ranks_without_overflow(conn: psycopg.Connection) -> None:
+    # YAK_RECALL_RELEVANCE_EXPONENT allows 100; with a model ten times as steep as the shipped
+    # one the best memories' rank odds pass the largest float (e × logit > 709), where the score
+    # computed as a product raised OverflowError and recall failed.
+    _seed(conn, "alice")
+    _embed_exchanges(conn)
+    steep = replace(FITTED, bias=FITTED.bias * 10, weights={k: v * 10 for k, v in FITTED.weights.items()})
+    query = "Which thing affects me badly, the peanuts?"
+    params = RecallParams(threshold=0.0, limit=6, relevance_exponent=100.0, gate=False)
+    hits = recall(conn, user_id="alice", query=query, query_embedding=EMBEDDER.embed_query(query),
+                  embedding_model=MODEL, params=params, model=steep, now=NOW, exact=True)
+    assert len(hits) == 6 and hits[0].log_rank_odds > 709
+    assert _content(conn, hits[0].id) == "User is allergic to peanuts."
+    assert [h.log_rank_odds for h in hits] == sorted((h.log_rank_odds for h in hits), reverse=True)
+    assert all(math.isfinite(h.rank_odds) and 0.0 <= h.score <= 1.0 for h in hits)
+
+
 def test_recall_abstains_when_nothing_is_relevant(conn: psycopg.Connection) -> None:
     _seed(conn, "alice")
     _embed_exchanges(conn)
@@ -454,8 +471,9 @@ def test_supersession_counts_only_once_the_newer_memory_had_happened(conn: psyco
     # As of a day when only Lisbon had been said, Lisbon was current: not marked, not halved.
     [before] = _recall_as_of(conn, NOW - timedelta(days=10))
     assert before.id == lisbon and before.superseded_by is None
-    assert before.rank_odds == pytest.approx(relevance_odds(before.standing) ** RecallParams().relevance_exponent
-                                         * before.decay * (1 + before.warmth) * before.gravity)
+    odds = before.standing / (1 - before.standing)
+    assert before.rank_odds == pytest.approx(odds ** RecallParams().relevance_exponent
+                                             * before.decay * (1 + before.warmth) * before.gravity)
 
 
 def test_supersession_as_of_goes_by_when_the_newer_memory_happened_not_when_it_was_refreshed(

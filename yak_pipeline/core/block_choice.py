@@ -72,19 +72,20 @@ def line_tokens(text: str) -> int:
     return estimated_tokens(text) + LABEL_TOKENS
 
 
-def within_odds_gap(rank_odds: Sequence[float], *, exponent: float, odds_gap: float | None) -> list[bool]:
-    """For each memory (in recall order), whether it joins: its rank odds are within ``odds_gap`` of
-    the best's on the standing's logit scale, or recall placed it above one whose odds are (module
-    docstring); every one when ``odds_gap`` is None."""
-    if odds_gap is None or not rank_odds:
-        return [True] * len(rank_odds)
-    best = max(rank_odds)
-    if best <= 0:
-        return [True] * len(rank_odds)
-    limit = math.log(best) - odds_gap * exponent
-    own = [odds > 0 and math.log(odds) >= limit - 1e-12 for odds in rank_odds]
+def within_odds_gap(log_rank_odds: Sequence[float], *, exponent: float, odds_gap: float | None) -> list[bool]:
+    """For each memory (in recall order, given by the logarithm of its rank odds,
+    ``core.recall.RankedMemory.log_rank_odds``), whether it joins: its rank odds are within
+    ``odds_gap`` of the best's on the standing's logit scale, or recall placed it above one whose
+    odds are (module docstring); every one when ``odds_gap`` is None."""
+    if odds_gap is None or not log_rank_odds:
+        return [True] * len(log_rank_odds)
+    best = max(log_rank_odds)
+    if best == -math.inf:
+        return [True] * len(log_rank_odds)
+    limit = best - odds_gap * exponent
+    own = [log_odds > -math.inf and log_odds >= limit - 1e-12 for log_odds in log_rank_odds]
     last = max(i for i, near in enumerate(own) if near)
-    return [i <= last for i in range(len(rank_odds))]
+    return [i <= last for i in range(len(log_rank_odds))]
 
 
 def within_token_budget(line_tokens: Sequence[int], token_budget: int) -> list[int]:
@@ -100,17 +101,18 @@ def within_token_budget(line_tokens: Sequence[int], token_budget: int) -> list[i
     return kept
 
 
-def choose_block(rank_odds: Sequence[float], tokens: Sequence[int], *, exponent: float, choice: BlockChoice,
+def choose_block(log_rank_odds: Sequence[float], tokens: Sequence[int], *, exponent: float, choice: BlockChoice,
                  superseded: Sequence[bool] | None = None) -> list[int]:
-    """The indices (in order) of the memories the block holds: within the odds gap, then without the
+    """The indices (in order) of the memories the block holds (each given by the logarithm of its
+    rank odds, as :func:`within_odds_gap`): within the odds gap, then without the
     ``superseded`` ones (those a newer memory replaced; pass None when history is asked for), then
     while their lines (``tokens`` each) fit the token budget (the first kept always).
 
     ``services.recall.build_context`` applies the same three steps, with a follow-up's extra recalls
     added after the gap; ``yak eval`` measures the block with this function."""
-    if len(rank_odds) != len(tokens) or superseded is not None and len(superseded) != len(tokens):
+    if len(log_rank_odds) != len(tokens) or superseded is not None and len(superseded) != len(tokens):
         raise ValueError("one token count (and superseded flag) per memory is needed")
-    near = [i for i, keep in enumerate(within_odds_gap(rank_odds, exponent=exponent, odds_gap=choice.odds_gap))
+    near = [i for i, keep in enumerate(within_odds_gap(log_rank_odds, exponent=exponent, odds_gap=choice.odds_gap))
             if keep and not (superseded is not None and superseded[i])]
     return [near[i] for i in within_token_budget([tokens[i] for i in near], choice.token_budget)]
 

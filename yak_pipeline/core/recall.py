@@ -26,7 +26,10 @@ For each candidate:
    30-day half-life pushed months-old evidence out of long histories (paraphrase Recall@10 0.906
    against 0.933 with 30, cross-validated; docs/RECALL.md), while recency and warmth still order
    memories of near-equal relevance. ``f_superseded`` (default 0.5) puts a memory that a newer one replaced below
-   that newer one at equal relevance;
+   that newer one at equal relevance. The score is computed as its logarithm, the sum of the
+   factors' (``e × logit(standing) + ln decay + …``): the product passes the largest float
+   once ``e × logit`` passes 709 (exponent 100 and a standing of 0.9992), and the order must not
+   depend on whether it does;
 4. order by score, then relevance, then id (stable);
 5. for a question about the present (``core.query_intent``: "Which town do I live in now?"),
    the first :data:`PRESENT_WINDOW` memories — the memory block's default size — are then
@@ -45,13 +48,14 @@ For each candidate:
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Final, Literal
 
 from yak_pipeline.core.relevance import RelevanceModel, RelevanceSignals, relevance_features
-from yak_pipeline.core.scoring import DEFAULT_CORE_MULTIPLIER, GATE_EPSILON, decay_factor, gravity, passes_tier_gate
+from yak_pipeline.core.scoring import DEFAULT_CORE_MULTIPLIER, GATE_EPSILON, gravity, log_decay_factor, passes_tier_gate
 from yak_pipeline.core.types import TIERS, Tier
 from yak_pipeline.core.updates import announces_update
 
@@ -149,6 +153,10 @@ class Candidate:
             raise ValueError(f"refreshed_at of {self.id} must be timezone-aware")
 
 
+# exp() of more than this overflows a float (ln of the largest finite one is 709.78).
+_LOG_LARGEST_FLOAT: Final[float] = math.log(sys.float_info.max)
+
+
 @dataclass(frozen=True)
 class RankedMemory:
     """A recalled memory with its score and every factor of it (the ``explain`` breakdown).
@@ -167,9 +175,12 @@ class RankedMemory:
     decay: float
     gravity: float
     superseded_by: str | None
-    # What recall orders by: odds(standing)^e × decay × (1 + warmth) × gravity × f_superseded. It
-    # spans many orders of magnitude (1e29 and 1e-5 in one recall), so it is no number to show.
-    rank_odds: float
+    # What recall orders by, as its natural logarithm: ln(odds(standing)^e × decay × (1 + warmth) ×
+    # gravity × f_superseded), summed from the factors' logarithms. The product itself spans
+    # hundreds of orders of magnitude (1e29 and 1e-5 in one recall; past 1e308 with a steep model
+    # or a large exponent, where computing it as a product raised OverflowError), so the order is
+    # kept on this scale and :attr:`rank_odds` is only its display.
+    log_rank_odds: float
     features: Mapping[str, float]
     ranks: Mapping[Leg, int]
     # The same order on the relevance scale, in [0, 1] (:func:`readable_score`): what every
@@ -180,6 +191,11 @@ class RankedMemory:
     kind: MemoryKind = "distilled"
     # True when this memory moved ahead of older ones because its words announce a new value (step 6).
     update_first: bool = False
+
+    @property
+    def rank_odds(self) -> float:
+        """The product :attr:`log_rank_odds` is the logarithm of, capped at the largest finite float."""
+        return math.exp(min(self.log_rank_odds, _LOG_LARGEST_FLOAT))
 
     @property
     def similarity(self) -> float:
@@ -246,28 +262,24 @@ class RankedMemory:
         }
 
 
-# Relevance 1.0 (possible in floating point) would have infinite odds; capped just below it.
-_MAX_RELEVANCE: Final[float] = 1.0 - 1e-12
+def _ln(factor: float) -> float:
+    """``ln`` of a non-negative score factor; −inf for 0 (a superseded factor of 0 ranks last)."""
+    return math.log(factor) if factor > 0.0 else -math.inf
 
 
-def relevance_odds(relevance: float) -> float:
-    """``r / (1 − r)``: the relevance as odds, the scale on which the priors multiply it."""
-    r = min(max(relevance, 0.0), _MAX_RELEVANCE)
-    return r / (1.0 - r)
-
-
-def readable_score(rank_odds: float, answerability: float, exponent: float) -> float:
-    """The recall order's value on the relevance scale, in [0, 1]: ``answerability × sigmoid(ln(rank_odds) / e)``.
+def readable_score(log_rank_odds: float, answerability: float, exponent: float) -> float:
+    """The recall order's value on the relevance scale, in [0, 1]: ``answerability × sigmoid(ln(rank_odds) / e)``,
+    from ``ln(rank_odds)`` (:attr:`RankedMemory.log_rank_odds`).
 
     With neutral priors (no decay, warmth 0, gravity 1) it is the relevance itself; decay,
     warmth and gravity move it as they move the order (the e-th root undoes the exponent), and
     within one query it orders memories exactly as ``rank_odds`` does.
     """
-    if rank_odds <= 0.0:
+    if log_rank_odds == -math.inf:
         return 0.0
-    if math.isinf(rank_odds):
+    if log_rank_odds == math.inf:
         return answerability
-    x = math.log(rank_odds) / exponent
+    x = log_rank_odds / exponent
     return answerability * (1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x)))
 
 
@@ -336,7 +348,7 @@ def rank_memories(
     """
     if now.tzinfo is None or now.utcoffset() is None:
         raise ValueError("now must be timezone-aware")
-    # (score, relevance, candidate, features, standing, answerability, decay, gravity) of each candidate
+    # (ln score, relevance, candidate, features, standing, answerability, decay, gravity) of each candidate
     # that passes; only the best ``limit`` become RankedMemory objects (about 130 candidates a query
     # at 100,000 rows, 10 kept: 1.2 -> 0.9 ms of rank_memories per recall).
     scored: list[tuple[float, float, Candidate, Mapping[str, float], float, float, float, float]] = []
@@ -355,13 +367,16 @@ def rank_memories(
             continue
         relevance = standing * answerability
         age_days = (now - candidate.refreshed_at).total_seconds() / _SECONDS_PER_DAY
-        decay = decay_factor(age_days, params.half_life_days, params.decay_enabled)
+        log_decay = log_decay_factor(age_days, params.half_life_days, params.decay_enabled)
         weight = gravity(candidate.tier, candidate.user_weight)
         replaced = params.superseded_factor if candidate.superseded_by is not None else 1.0
         # The answerability is the same for every candidate of the query, so the order among them
         # is the standing's; on the odds scale a factor of it would not change the order anyway,
-        # and leaving it out keeps the product from flattening near 1.
-        score = relevance_odds(standing) ** params.relevance_exponent * decay * (1.0 + candidate.warmth) * weight * replaced
+        # and leaving it out keeps the product from flattening near 1. Summed as logarithms: the
+        # standing's log-odds is its logit, so no product can overflow and no odds are capped.
+        score = (params.relevance_exponent * model.logit(features) + log_decay + _ln(1.0 + candidate.warmth)
+                 + _ln(weight) + _ln(replaced))
+        decay = math.exp(log_decay)
         scored.append((score, relevance, candidate, features, standing, answerability, decay, weight))
     # Recall order: best score, then most relevant, then id, so ties are stable.
     scored.sort(key=lambda item: (-item[0], -item[1], item[2].id))
@@ -369,7 +384,7 @@ def rank_memories(
         RankedMemory(
             id=c.id, tier=c.tier, warmth=c.warmth, user_weight=c.user_weight, refreshed_at=c.refreshed_at,
             relevance=relevance, standing=standing, answerability=answerability, decay=decay, gravity=weight,
-            superseded_by=c.superseded_by, rank_odds=score, features=features, ranks=dict(c.ranks), kind=c.kind,
+            superseded_by=c.superseded_by, log_rank_odds=score, features=features, ranks=dict(c.ranks), kind=c.kind,
             score=readable_score(score, answerability, params.relevance_exponent))
         for score, relevance, c, features, standing, answerability, decay, weight in scored[:params.limit]
     ]

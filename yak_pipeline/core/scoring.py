@@ -43,13 +43,19 @@ def passes_tier_gate(
 
 def decay_factor(age_days: float, half_life_days: float, enabled: bool = True) -> float:
     """``exp(-ln 2 × age / half_life)``; 1.0 when decay is disabled; future-dated ages count as 0."""
+    return math.exp(log_decay_factor(age_days, half_life_days, enabled))
+
+
+def log_decay_factor(age_days: float, half_life_days: float, enabled: bool = True) -> float:
+    """``ln`` of :func:`decay_factor`, computed as such: it stays finite (and keeps old memories in
+    order) where the factor itself would underflow to 0 (an age of over a thousand half-lives)."""
     if not enabled:
-        return 1.0
+        return 0.0
     if math.isnan(age_days):
         raise ValueError("age_days is NaN")
     if not half_life_days > 0 or math.isinf(half_life_days):
         raise ValueError(f"half_life_days must be a positive finite number, got {half_life_days!r}")
-    return math.exp(-math.log(2.0) * max(age_days, 0.0) / half_life_days)
+    return -math.log(2.0) * max(age_days, 0.0) / half_life_days
 
 
 def gravity(tier: Tier, user_weight: float) -> float:

@@ -44,7 +44,7 @@ def _chosen_block(asked: AskedQuestion, ranked: Sequence[RankedMemory], items: S
     tokens = [line_tokens(texts[i]) for i in top]
     if cut:
         history = asks_about_past(asked.question.question)
-        chosen = choose_block([ranked[i].rank_odds for i in top], tokens, exponent=spec.exponent, choice=shape.choice,
+        chosen = choose_block([ranked[i].log_rank_odds for i in top], tokens, exponent=spec.exponent, choice=shape.choice,
                               superseded=None if history else [ranked[i].superseded_by is not None for i in top])
         top = [top[i] for i in chosen]
         if shape.newest_first:

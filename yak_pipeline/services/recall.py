@@ -211,7 +211,7 @@ def build_context(
         # A query that filled the limit needs no help from the others (and costs no more recalls).
         full = len(hits) >= limit
         # Only what answers: the memories near the best one (the odds gap), not a fixed count.
-        near = within_odds_gap([h.rank_odds for h in hits], exponent=ask["params"].relevance_exponent,
+        near = within_odds_gap([h.log_rank_odds for h in hits], exponent=ask["params"].relevance_exponent,
                                odds_gap=shape.choice.odds_gap)
         hits = [h for h, keep in zip(hits, near) if keep]
         found = {h.id for h in hits}

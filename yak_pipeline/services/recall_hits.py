@@ -53,6 +53,7 @@ class RecallHit:
     relevance = property(lambda self: self.ranked.relevance)
     score = property(lambda self: self.ranked.score)
     rank_odds = property(lambda self: self.ranked.rank_odds)
+    log_rank_odds = property(lambda self: self.ranked.log_rank_odds)
     superseded_by = property(lambda self: self.ranked.superseded_by)
 
     @property

@@ -47,7 +47,8 @@ class SearchHit(BaseModel):
     score: float = Field(description="The recall order on the relevance scale, in [0, 1]: the relevance with "
                                      "recency, warmth and weight folded in (higher first).")
     rank_odds: float = Field(description="What recall orders by internally: odds(standing)^e × decay × "
-                                         "(1 + warmth) × gravity (spans many orders of magnitude).")
+                                         "(1 + warmth) × gravity (spans many orders of magnitude; shown "
+                                         "capped at the largest finite float).")
     is_core: bool
     occurred_at: datetime
     superseded_by: UUID | None = Field(default=None, description="The newer memory that replaced this one.")
