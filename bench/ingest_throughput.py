@@ -3,8 +3,8 @@
 0. **The machine's limit** — what the configured embedder alone does on this machine: the texts an
    exchange costs (its distillation, itself, itself read with its neighbours), embedded in
    batches from one thread per core, in documents/s, at the best of a few batch sizes (16, 32
-   and 64: padding makes large batches of mixed lengths slower, 129 against 141 documents/s for
-   64 and 16 on the 2-core development machine). Divided by the texts ``yak process``
+   and 64: which is best changes from run to run by up to a tenth on the 2-core development
+   machine, 141 documents/s for 16 against 129 for 64 in one series, 126 against 130 in another). Divided by the texts ``yak process``
    embedded per exchange (its ``documents_embedded``), it is the exchanges/s no pipeline on this
    machine can pass; ingest is printed as a share of it (``share_of_limit``), a figure that holds
    on any machine where the absolute rate does not.
