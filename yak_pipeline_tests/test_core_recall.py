@@ -418,6 +418,15 @@ def test_a_raw_exchange_that_says_nothing_of_the_user_is_marked() -> None:
     assert relevance_features(replace(plain, raw=False))["raw_not_about_self"] == 0.0
 
 
+def test_a_memory_holding_what_the_question_asks_for_is_marked() -> None:
+    """``answer_kind`` is 1 when the signals say the memory holds the kind of thing the query asks for."""
+    plain = _signals(0.5)
+    assert relevance_features(plain)["answer_kind"] == 0.0
+    assert relevance_features(replace(plain, answer_kind=True))["answer_kind"] == 1.0
+    # A model fitted before the feature existed has no weight for it and ignores it.
+    assert STEEP.logit(relevance_features(replace(plain, answer_kind=True))) == STEEP.logit(relevance_features(plain))
+
+
 def test_features_are_cosines_gaps_to_the_best_and_bm25_relative_to_the_best() -> None:
     features = relevance_features(_signals(0.6, cos_x=0.5, bm25_d=3.0, bm25_x=1.0, best_cos=0.8, best_cos_x=0.9,
                                            best_bm25_d=6.0, best_bm25_x=5.0))
@@ -427,7 +436,7 @@ def test_features_are_cosines_gaps_to_the_best_and_bm25_relative_to_the_best() -
     assert features == pytest.approx({"cos_distillation": 0.6, "cos_exchange": 0.5, "cos_context": 0.5,
                                       "gap_distillation": -0.2, "gap_exchange": -0.4, "gap_context": -0.4,
                                       "text_distillation": 0.5, "text_exchange": 0.1, "raw_exchange": 0.0,
-                                      "lexical_strength": 0.5, "raw_not_about_self": 0.0})
+                                      "lexical_strength": 0.5, "raw_not_about_self": 0.0, "answer_kind": 0.0})
     # A query whose best lexical match is a common word or two: its shared words count for little.
     weak = relevance_features(_signals(0.6, bm25_x=2.0, best_bm25_x=2.0))
     strong = relevance_features(_signals(0.6, bm25_x=12.0, best_bm25_x=12.0))

@@ -250,6 +250,28 @@ def test_recall_finds_words_only_the_exchange_kept(conn: psycopg.Connection) -> 
     assert rank_memories(candidates, model=FITTED, params=params, now=NOW) == exact
 
 
+def test_candidates_say_whether_they_hold_the_kind_of_thing_the_question_asks_for(conn: psycopg.Connection) -> None:
+    moved, lovely, sister = (d for _, d in _seed(conn, "bob", [
+        ("I moved to Porto in March 2024.", "User moved to Porto in March 2024."),
+        ("Porto is lovely, the food is great.", "User finds porto lovely, the food is great."),
+        ("My sister teaches chemistry, her name is Anna.", "User's sister is called Anna and teaches chemistry.")]))
+    _embed_exchanges(conn)
+    params = RecallParams(threshold=0.0, limit=6, gate=False)
+
+    def marked(query: str) -> dict[str, bool]:
+        found = recall_candidates(conn, user_id="bob", query=query, query_embedding=EMBEDDER.embed_query(query),
+                                  embedding_model=MODEL, params=params, exact=True)
+        return {c.id: c.signals.answer_kind for c in found}
+
+    # A date is asked for: "in March 2024" holds one, "lovely, the food is great" none.
+    when = marked("When did I move to Porto, and is Porto lovely?")
+    assert when[moved] and not when[lovely]
+    # A name is asked for: "called Anna" holds one.
+    assert marked("What is my sister called?")[sister]
+    # Nothing in particular is asked for: no candidate is marked.
+    assert not any(marked("Tell me about Porto and my sister").values())
+
+
 def test_recall_at_the_largest_exponent_with_a_steep_model_ranks_without_overflow(conn: psycopg.Connection) -> None:
     # YAK_RECALL_RELEVANCE_EXPONENT allows 100; with a model ten times as steep as the shipped
     # one the best memories' rank odds pass the largest float (e × logit > 709), where the score

@@ -49,6 +49,8 @@ Features (all pure functions of :class:`RelevanceSignals`):
 - ``raw_not_about_self`` — 1 for such a raw exchange whose user side has no first-person word
   (:func:`speaks_of_self`): "Can you make a moving checklist?" or "Wow, nice!" says nothing about
   the person, "my niece Greta is three" does. A distillation is always about its user: 0.
+- ``answer_kind`` — 1 when the query asks for a date, a number or a name and the memory's words
+  hold one (``core.answer_kinds``: "When did I move?" and "…moved in March"), else 0.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ FEATURES: Final[tuple[str, ...]] = (
     "raw_exchange",
     "lexical_strength",
     "raw_not_about_self",
+    "answer_kind",
 )
 # The best BM25 of a query's exchange leg at which its words count half (``lexical_strength``):
 # with PostgreSQL's english stemming and Okapi BM25 over a person's exchanges, a match of one or two
@@ -110,6 +113,9 @@ class RelevanceSignals:
     raw: bool = False
     # Whether a raw exchange's user side speaks of the user (:func:`speaks_of_self`); a distillation always does.
     about_self: bool = True
+    # Whether the query asks for a kind of thing (a date, a number, a name) that the memory's words
+    # hold (``core.answer_kinds``).
+    answer_kind: bool = False
 
 
 def _ratio(value: float, best: float) -> float:
@@ -137,6 +143,7 @@ def relevance_features(signals: RelevanceSignals) -> dict[str, float]:
         "raw_exchange": 1.0 if signals.raw else 0.0,
         "lexical_strength": strength,
         "raw_not_about_self": 1.0 if signals.raw and not signals.about_self else 0.0,
+        "answer_kind": 1.0 if signals.answer_kind else 0.0,
     }
 
 
