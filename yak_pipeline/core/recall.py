@@ -54,7 +54,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Final, Literal
 
-from yak_pipeline.core.relevance import RelevanceModel, RelevanceSignals, relevance_features
+from yak_pipeline.core.relevance import RelevanceModel, RelevanceSignals, relevance_features, sigmoid
 from yak_pipeline.core.scoring import DEFAULT_CORE_MULTIPLIER, GATE_EPSILON, gravity, log_decay_factor, passes_tier_gate
 from yak_pipeline.core.types import TIERS, Tier
 from yak_pipeline.core.updates import announces_update
@@ -281,8 +281,7 @@ def readable_score(log_rank_odds: float, answerability: float, exponent: float) 
         return 0.0
     if log_rank_odds == math.inf:
         return answerability
-    x = log_rank_odds / exponent
-    return answerability * (1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x)))
+    return answerability * sigmoid(log_rank_odds / exponent)
 
 
 def newest_first(ranked: list[RankedMemory], window: int = PRESENT_WINDOW) -> list[RankedMemory]:
@@ -358,7 +357,9 @@ def rank_memories(
     answerabilities: dict[tuple[float, float | None, float | None], float] = {}
     for candidate in candidates:
         features = relevance_features(candidate.signals)
-        standing = model.standing_of(features)
+        # The logit once: the standing is its sigmoid, the score its multiple (below).
+        logit = model.logit(features)
+        standing = sigmoid(logit)
         signals = candidate.signals
         best = (signals.best_cos_distillation, signals.best_cos_exchange, signals.best_cos_context)
         if best not in answerabilities:
@@ -376,7 +377,7 @@ def rank_memories(
         # is the standing's; on the odds scale a factor of it would not change the order anyway,
         # and leaving it out keeps the product from flattening near 1. Summed as logarithms: the
         # standing's log-odds is its logit, so no product can overflow and no odds are capped.
-        score = (params.relevance_exponent * model.logit(features) + log_decay + _ln(1.0 + candidate.warmth)
+        score = (params.relevance_exponent * logit + log_decay + _ln(1.0 + candidate.warmth)
                  + _ln(weight) + _ln(replaced))
         decay = math.exp(log_decay)
         scored.append((score, relevance, candidate, features, standing, answerability, decay, weight))

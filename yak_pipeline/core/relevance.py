@@ -129,7 +129,7 @@ def relevance_features(signals: RelevanceSignals) -> dict[str, float]:
     # A missing context vector reads as the exchange alone: the best stand-in, not a penalty.
     cos_c = signals.cos_context if signals.cos_context is not None else cos_x
     best_c = signals.best_cos_context if signals.best_cos_context is not None else best_x
-    strength = _sigmoid(signals.best_bm25_exchange - LEXICAL_MIDPOINT)
+    strength = sigmoid(signals.best_bm25_exchange - LEXICAL_MIDPOINT)
     return {
         "cos_distillation": signals.cos_distillation,
         "cos_exchange": cos_x,
@@ -164,7 +164,8 @@ def answerable_features(signals: RelevanceSignals) -> dict[str, float]:
             "best_cos_context": best_c}
 
 
-def _sigmoid(x: float) -> float:
+def sigmoid(x: float) -> float:
+    """``1 / (1 + e^-x)``, computed without overflow for either sign of ``x``."""
     if x >= 0:
         return 1.0 / (1.0 + math.exp(-x))
     e = math.exp(x)
@@ -211,7 +212,7 @@ class RelevanceModel:
         if not self.answerable_weights:
             return 1.0
         features = answerable_features(signals)
-        return _sigmoid(self.answerable_bias + sum(w * features[n] for n, w in self.answerable_weights.items()))
+        return sigmoid(self.answerable_bias + sum(w * features[n] for n, w in self.answerable_weights.items()))
 
     def standing(self, signals: RelevanceSignals) -> float:
         """How likely this memory is the answer, if the user's memories hold one (the first factor)."""
@@ -219,7 +220,7 @@ class RelevanceModel:
 
     def standing_of(self, features: Mapping[str, float]) -> float:
         """:meth:`standing` from the candidate's features (:func:`relevance_features`) already computed."""
-        return _sigmoid(self.logit(features))
+        return sigmoid(self.logit(features))
 
     def relevance(self, signals: RelevanceSignals) -> float:
         """The calibrated relevance in [0, 1] of one candidate: its standing × the query's answerability."""
@@ -232,7 +233,7 @@ class RelevanceModel:
         the order decide); judging whether a memory was *used* (warmth) needs the even-odds
         probability, on which a loosely related memory scores low.
         """
-        return _sigmoid(self.logit(relevance_features(signals)) - self.standing_shift) * self.answerability(signals)
+        return sigmoid(self.logit(relevance_features(signals)) - self.standing_shift) * self.answerability(signals)
 
     def to_dict(self) -> dict[str, object]:
         """The JSON form (``recall_models/*.json``)."""
