@@ -213,10 +213,12 @@ def test_a_question_about_the_present_gets_the_block_newest_first_and_the_rest_b
 
 def test_questions_about_the_present_are_read_from_their_words() -> None:
     for question in ("Which town do I live in now?", "Who's my current partner?", "What do I drink these days?",
-                     "Do I still play bass?", "Where do I work at the moment?", "Is she vegan anymore?"):
+                     "Do I still play bass?", "Where do I work at the moment?", "Is she vegan anymore?",
+                     "What is my latest test score?", "How many interviews have I had in the recent period?"):
         assert asks_about_present(question), question
     for question in ("Where did I grow up?", "When did I move to Porto?", "How long have I had my current job?",
-                     "What year did I start at the current school?", "What is my dog called?"):
+                     "What year did I start at the current school?", "What is my dog called?",
+                     "When did I recently move?"):
         assert not asks_about_present(question), question
 
 
