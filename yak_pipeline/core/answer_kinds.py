@@ -18,6 +18,8 @@ from __future__ import annotations
 import re
 from typing import Final, Literal
 
+from yak_pipeline.core.dates import MONTH, WEEKDAYS
+
 AnswerKind = Literal["date", "number", "name"]
 
 # The question's words that ask for each kind, in the order they are tried: "How long ago …" is a
@@ -29,11 +31,9 @@ _WANTS: Final[tuple[tuple[AnswerKind, re.Pattern[str]], ...]] = (
                           r"how far|how long)\b", re.IGNORECASE)),
     ("name", re.compile(r"\b(who|whom|whose|what'?s? (?:[\w']+ ){0,3}name|called|named)\b", re.IGNORECASE)),
 )
-_MONTHS: Final = (r"(?:january|february|march|april|may|june|july|august|september|october|november|december|"
-                  r"jan|feb|mar|apr|jun|jul|aug|sep|sept|oct|nov|dec)")
-_DAYS: Final = r"(?:monday|tuesday|wednesday|thursday|friday|saturday|sunday|weekend|yesterday|tomorrow|tonight|today)"
+_DAYS: Final = "(?:" + "|".join((*WEEKDAYS, "weekend", "yesterday", "tomorrow", "tonight", "today")) + ")"
 _HOLDS: Final[dict[AnswerKind, re.Pattern[str]]] = {
-    "date": re.compile(rf"\b(?:{_MONTHS}|{_DAYS}|(?:19|20)\d\d|\d{{1,2}}(?:st|nd|rd|th)|last (?:week|month|year|night)|"
+    "date": re.compile(rf"\b(?:{MONTH}|{_DAYS}|(?:19|20)\d\d|\d{{1,2}}(?:st|nd|rd|th)|last (?:week|month|year|night)|"
                        r"next (?:week|month|year)|\d+ (?:days?|weeks?|months?|years?) ago|ago)\b", re.IGNORECASE),
     "number": re.compile(r"\b(?:\d+(?:[.,]\d+)?%?|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|"
                          r"twenty|thirty|forty|fifty|hundred|dozen|half)\b", re.IGNORECASE),

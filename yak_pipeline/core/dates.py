@@ -19,13 +19,14 @@ import re
 from datetime import date, timedelta
 from typing import Final
 
-_WEEKDAYS: Final = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
+# The weekdays and the month pattern are read by core.answer_kinds too (does a memory hold a date?).
+WEEKDAYS: Final = ("monday", "tuesday", "wednesday", "thursday", "friday", "saturday", "sunday")
 _NUMBERS: Final = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
                    "eight": 8, "nine": 9, "ten": 10, "a couple of": 2, "couple of": 2}
 _NUMBER: Final = r"(\d{1,3}|a couple of|couple of|an?|one|two|three|four|five|six|seven|eight|nine|ten)"
 _EXPRESSION: Final = re.compile(
     r"\b(?:(today|yesterday|tomorrow|the day before yesterday|the day after tomorrow)"
-    r"|(last|this|next|on) (" + "|".join(_WEEKDAYS) + r")"
+    r"|(last|this|next|on) (" + "|".join(WEEKDAYS) + r")"
     r"|" + _NUMBER + r" (days?|weeks?) ago"
     r"|in " + _NUMBER + r" (days?|weeks?))\b",
     re.IGNORECASE)
@@ -34,12 +35,12 @@ _FIXED: Final = {"today": 0, "yesterday": -1, "tomorrow": 1, "the day before yes
 _MONTHS: Final = ("january", "february", "march", "april", "may", "june", "july", "august", "september",
                   "october", "november", "december")
 # Full names and the usual abbreviations ("Sept" too); "may" only in full, as it is a month.
-_MONTH: Final = (r"(jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|"
+MONTH: Final = (r"(jan(?:uary)?|feb(?:ruary)?|mar(?:ch)?|apr(?:il)?|may|june?|july?|aug(?:ust)?|"
                  r"sep(?:t(?:ember)?)?|oct(?:ober)?|nov(?:ember)?|dec(?:ember)?)")
 _DAY: Final = r"(\d{1,2})(?:st|nd|rd|th)?"
 _YEAR: Final = r"(?:,?\s+(\d{4}))?"
-_DAY_MONTH: Final = re.compile(r"\b(?:the\s+)?" + _DAY + r"\s+(?:of\s+)?" + _MONTH + r"\.?" + _YEAR + r"\b", re.IGNORECASE)
-_MONTH_DAY: Final = re.compile(r"\b" + _MONTH + r"\.?\s+(?:the\s+)?" + _DAY + r"\b" + _YEAR, re.IGNORECASE)
+_DAY_MONTH: Final = re.compile(r"\b(?:the\s+)?" + _DAY + r"\s+(?:of\s+)?" + MONTH + r"\.?" + _YEAR + r"\b", re.IGNORECASE)
+_MONTH_DAY: Final = re.compile(r"\b" + MONTH + r"\.?\s+(?:the\s+)?" + _DAY + r"\b" + _YEAR, re.IGNORECASE)
 _ISO: Final = re.compile(r"\b(\d{4})-(\d{2})-(\d{2})\b")
 # At most this many resolved expressions are named per memory: a line stays a line.
 MAX_RESOLVED: Final = 3
@@ -50,7 +51,7 @@ def _count(word: str) -> int:
 
 
 def _weekday(which: str, name: str, said: date) -> date:
-    target = _WEEKDAYS.index(name.lower())
+    target = WEEKDAYS.index(name.lower())
     which = which.lower()
     if which == "last":
         # The most recent such day before the day it was said ("last Tuesday" said on a Tuesday: a week ago).

@@ -216,11 +216,7 @@ class RelevanceModel:
 
     def standing(self, signals: RelevanceSignals) -> float:
         """How likely this memory is the answer, if the user's memories hold one (the first factor)."""
-        return self.standing_of(relevance_features(signals))
-
-    def standing_of(self, features: Mapping[str, float]) -> float:
-        """:meth:`standing` from the candidate's features (:func:`relevance_features`) already computed."""
-        return sigmoid(self.logit(features))
+        return sigmoid(self.logit(relevance_features(signals)))
 
     def relevance(self, signals: RelevanceSignals) -> float:
         """The calibrated relevance in [0, 1] of one candidate: its standing × the query's answerability."""
