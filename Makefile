@@ -41,8 +41,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet '$(TORCH)' 2>/dev/null \
 		|| $(BIN)/python -m pip install --quiet --extra-index-url $(TORCH_CPU_INDEX) '$(TORCH)'
 	$(BIN)/python -m pip install --quiet -e '.[test]'
-	# The int8 query model, built once per machine (a few seconds) so no query waits for it.
+	# The int8 query model and the float32 document model, built once per machine (a few seconds
+	# each) so no query or run waits for them.
 	$(BIN)/python -m yak_pipeline.embeddings.query_model
+	$(BIN)/python -m yak_pipeline.embeddings.document_model
 	@touch $(STAMP)
 
 # Plain `dagster` commands in this folder (definitions validate, job backfill) read the instance

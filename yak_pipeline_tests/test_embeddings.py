@@ -40,7 +40,7 @@ def test_local_model_runs_offline_and_ranks_by_meaning() -> None:
 
 
 def test_local_queries_run_without_torch_in_the_same_space_as_documents() -> None:
-    """Queries go through the int8 ONNX export of the model; documents through torch. A text's two
+    """Queries go through the int8 ONNX export of the model; documents through the float32 one. A text's two
     vectors must be all but equal, long texts are cut as sentence-transformers cuts them, and the
     query path never imports torch (checked in a fresh process)."""
     embedder = get_embedder(Settings(embedder="local"))
@@ -123,3 +123,62 @@ def test_a_query_model_that_will_not_load_is_removed_and_queries_go_on(tmp_path,
     assert not target.exists()  # the next query builds it again
     [warning] = [r.getMessage() for r in caplog.records if r.name == "yak.embeddings"]
     assert "queries run the packaged model" in warning and "\n" not in warning
+
+
+def test_documents_run_on_the_exported_model_with_the_vectors_of_sentence_transformers(tmp_path, monkeypatch) -> None:
+    """Documents go through the float32 ONNX export (embeddings.document_model): built once into the
+    cache folder and reused; every coordinate of its vectors within 1e-5 of sentence-transformers'
+    for short, long (cut at 256 tokens) and non-English texts in one batch, whatever the batch; and
+    a process that embeds documents with it never imports torch."""
+    import numpy as np
+    import onnxruntime
+
+    from yak_pipeline.embeddings import document_model, local
+
+    monkeypatch.setenv("YAK_MODEL_CACHE", str(tmp_path / "cache"))
+    target = document_model.built_model_path()
+    assert target.parent == tmp_path / "cache" and not target.exists()
+    session = document_model.document_session(onnxruntime.SessionOptions())
+    assert session is not None and target.is_file()
+    assert [p.name for p in target.parent.iterdir()] == [target.name]  # no work files left behind
+    built_at = target.stat().st_mtime_ns
+    assert document_model.document_session(onnxruntime.SessionOptions()) is not None
+    assert target.stat().st_mtime_ns == built_at  # reused, not built again
+
+    texts = ["User lives in Berlin.", "what do I like to drink?", "Ich trinke gern Kaffee mit Hafermilch. ☕",
+             "User: I started eating fish again.\nAssistant: Noted, no longer vegetarian then.", "word " * 600, "a"]
+    got = np.asarray(local.onnx_vectors(session, texts, batch_size=4))
+    want = local._load_model().encode(texts, normalize_embeddings=True, show_progress_bar=False)
+    assert float(np.abs(got - want).max()) <= document_model.TOLERANCE
+    alone = np.asarray([local.onnx_vectors(session, [text])[0] for text in texts])
+    assert float(np.abs(alone - got).max()) <= 1e-6  # a text's vector does not depend on its batch
+
+    script = ("import sys; from yak_pipeline.embeddings.local import LocalMiniLMEmbedder;"
+              "v = LocalMiniLMEmbedder().embed_documents(['hello', 'world']); print(len(v[1]), 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["384", "False"], done.stderr[-2000:]
+
+
+def test_a_document_model_that_will_not_load_is_removed_and_documents_run_on_torch(tmp_path, monkeypatch,
+                                                                                   caplog) -> None:
+    import numpy as np
+    import onnxruntime
+
+    from yak_pipeline.embeddings import document_model, local
+
+    monkeypatch.setenv("YAK_MODEL_CACHE", str(tmp_path))
+    target = document_model.built_model_path()
+    target.write_bytes(b"half a model")
+    with caplog.at_level("WARNING", logger="yak.embeddings"):
+        assert document_model.document_session(onnxruntime.SessionOptions()) is None
+    assert not target.exists()  # the next process builds it again
+    [warning] = [r.getMessage() for r in caplog.records if r.name == "yak.embeddings"]
+    assert "documents run on sentence-transformers" in warning and "\n" not in warning
+
+    target.write_bytes(b"half a model")
+    monkeypatch.setattr(local, "_DOCUMENT_MODEL", None)  # as in a new process
+    texts = ["User lives in Berlin.", "User likes spicy noodles."]
+    vectors = local.LocalMiniLMEmbedder().embed_documents(texts)
+    assert local._DOCUMENT_MODEL is False  # known unavailable: not tried again in this process
+    want = local._load_model().encode(texts, normalize_embeddings=True, show_progress_bar=False)
+    assert float(np.abs(np.asarray(vectors) - want).max()) <= 1e-6

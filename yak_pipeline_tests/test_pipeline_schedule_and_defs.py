@@ -159,7 +159,8 @@ def test_yak_up_points_daemon_and_webserver_at_one_code_server_with_warm_run_wor
     workspace = yaml.safe_load(write_workspace(tmp_path, "127.0.0.1", 4321).read_text())
     assert workspace == {"load_from": [{"grpc_server": {"host": "127.0.0.1", "port": 4321,
                                                         "location_name": CODE_LOCATION}}]}
-    # Run workers fork from a process that imported the project (and torch only when the local embedder is used).
+    # Run workers fork from a process that imported the project (and the document model's runtime
+    # only when the local embedder is used; torch is not it).
     local = run_worker_preload(Settings(embedder="local"))
-    assert local[0] == CODE_LOCATION and {"dagster_postgres", "torch", "sentence_transformers"} <= set(local)
-    assert "torch" not in run_worker_preload(Settings(embedder="hashing"))
+    assert local[0] == CODE_LOCATION and {"dagster_postgres", "onnxruntime", "tokenizers"} <= set(local)
+    assert "torch" not in local and "onnxruntime" not in run_worker_preload(Settings(embedder="hashing"))

