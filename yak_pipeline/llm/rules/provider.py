@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from functools import lru_cache
 from typing import Final
 
 from yak_pipeline.core.exchanges import users_words
@@ -14,7 +15,14 @@ from yak_pipeline.llm.models import (
     LLMCallStats,
     ScoreResult,
 )
-from yak_pipeline.llm.rules.claims import claims_of, same_value_in, sentence_conflict
+from yak_pipeline.llm.rules.claims import (
+    Claim,
+    SentenceReading,
+    claims_of,
+    read_sentence,
+    readings_conflict,
+    same_value_in,
+)
 from yak_pipeline.llm.rules.conflicts import claims_conflict, clauses_of, conflict_claims
 from yak_pipeline.llm.rules.distilling import (
     DIRECT_CONFIDENCE,
@@ -31,6 +39,15 @@ from yak_pipeline.llm.rules.words import TRAILING_PUNCT, content_words, normalis
 
 # The offline provider's name: shown as the evaluator, and how callers tell it from a real LLM.
 RULES_PROVIDER_NAME: Final = "rules"
+
+
+@lru_cache(maxsize=4096)
+def _conflict_reading(text: str) -> tuple[tuple[Claim, ...], tuple[SentenceReading, ...]]:
+    """What :meth:`RulesProvider.conflict_score` reads of one text: its claims and its clauses, read
+    once however many neighbours it is scored against (a run scores each new memory against up to
+    five, and each is a neighbour of others: bench/ingest_throughput.py's conflict stage)."""
+    clauses = (clause for sentence in sentences_of(text) for clause in clauses_of(sentence))
+    return tuple(conflict_claims(text)), tuple(read_sentence(clause) for clause in clauses)
 
 
 class RulesProvider:
@@ -123,15 +140,14 @@ class RulesProvider:
     def conflict_score(self, a: str, b: str) -> ScoreResult:
         """Contradiction heuristic over predicates and negation (see the package docstring, yak_pipeline.llm.rules); symmetric."""
         started = time.perf_counter()
-        claims_b = conflict_claims(b)
-        score = max((claims_conflict(x, y) for x in conflict_claims(a) for y in claims_b), default=0.0)
+        claims_a, clauses_a = _conflict_reading(a)
+        claims_b, clauses_b = _conflict_reading(b)
+        score = max((claims_conflict(x, y) for x in claims_a for y in claims_b), default=0.0)
         # Then the word-overlap check, clause by clause: "User lives in Lisbon and does not own a car"
         # negates nothing of "User lives in Lisbon".
-        clauses_a = [clause for sentence in sentences_of(a) for clause in clauses_of(sentence)]
-        clauses_b = [clause for sentence in sentences_of(b) for clause in clauses_of(sentence)]
         for clause_a in clauses_a:
             for clause_b in clauses_b:
-                score = max(score, sentence_conflict(clause_a, clause_b))
+                score = max(score, readings_conflict(clause_a, clause_b))
         return ScoreResult(score=score, stats=self._stats(started))
 
     def relevance_score(self, memory: str, context: str) -> ScoreResult:

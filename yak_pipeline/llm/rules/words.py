@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Set
 from typing import Final
 
 from yak_pipeline.core.sentences import split_sentences
@@ -86,7 +87,7 @@ def content_words(text: str) -> set[str]:
     return {stem(w) for w in words_of(text) if w not in STOP_WORDS and w.removesuffix("'s") not in STOP_WORDS}
 
 
-def jaccard(a: set[str], b: set[str]) -> float:
+def jaccard(a: Set[str], b: Set[str]) -> float:
     """Jaccard similarity of two sets (0 when both are empty)."""
     union = a | b
     return len(a & b) / len(union) if union else 0.0
