@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from datetime import date
@@ -174,7 +172,6 @@ def run_pending_work(parts: YakParts, *, user_id: str | None, day: date | None,
     embedded_before = documents_embedded()
     db = parts.database
     found = discover_work(db, drop_dir=settings.resolved_drop_dir, user_id=user_id, day=day, min_age_seconds=0)
-    warming = _warm_up_in_background(parts) if found.drop_files or found.memory_partitions else None
     instance = dagster_instance(settings)
     drop_users = {user for user, _ in found.drop_files}
     sync_partitions_with_data(instance, db, keep=drop_users)
@@ -186,8 +183,6 @@ def run_pending_work(parts: YakParts, *, user_id: str | None, day: date | None,
     # A user who grew past the line gets their own recall indexes now, not at the nightly run.
     announce = (lambda *build: console.print(f"{describe_build(*build)} …")) if progress else None
     indexes = maintain_recall_indexes(db, on_build=announce) if tally.partitions else []
-    if warming is not None:
-        warming.join()  # long done by now; not left importing while the interpreter exits
     return {
         "files": tally.files,
         "partitions": tally.partitions,
@@ -197,26 +192,6 @@ def run_pending_work(parts: YakParts, *, user_id: str | None, day: date | None,
         # The runs' embedding work (texts of distillations, exchanges, contexts, merges): most of their time.
         "documents_embedded": documents_embedded() - embedded_before,
     }
-
-
-def _warm_up_in_background(parts: YakParts) -> threading.Thread:
-    """Load the embedder's document model and Great Expectations (3 s of imports) on a thread of
-    their own, while this command sets up Dagster and the first run stores and distils: the
-    run's first embedding and first quality check then do not wait for them (bench/ingest_throughput.py)."""
-    from yak_pipeline.services import quality
-
-    def warm_up() -> None:
-        # A failure here only loses the head start: the run's own first use reports it.
-        with contextlib.suppress(Exception):
-            embedder_warm_up = getattr(parts.embedder, "warm_up", None)
-            if embedder_warm_up is not None:
-                embedder_warm_up()
-        with contextlib.suppress(Exception):
-            quality.warm_up()
-
-    thread = threading.Thread(target=warm_up, name="yak-warm-up", daemon=True)
-    thread.start()
-    return thread
 
 
 def _print_process_report(report: dict) -> None:

@@ -7,8 +7,8 @@ sentences; an embedding of the database's dimension; no ``active`` row under the
 from __future__ import annotations
 
 import os
-import threading
 from dataclasses import dataclass
+from functools import lru_cache
 
 import pandas as pd
 
@@ -38,27 +38,8 @@ def distillation_frame(rows: list[dict]) -> pd.DataFrame:
     })
 
 
-_GX_LOCK = threading.Lock()
-_BATCH_DEFINITION = None
-
-
-def warm_up() -> None:
-    """Import Great Expectations and make its context now (3 s of imports on the development
-    machine), e.g. on a thread while a run distils, so the first check does not wait for that."""
-    _batch_definition()
-
-
+@lru_cache(maxsize=1)
 def _batch_definition():  # noqa: ANN202 - GX types are heavy to import at module load
-    """The one batch definition of this process, made on first use (also when ``warm_up``'s thread
-    and a check ask at once)."""
-    global _BATCH_DEFINITION
-    with _GX_LOCK:
-        if _BATCH_DEFINITION is None:
-            _BATCH_DEFINITION = _new_batch_definition()
-        return _BATCH_DEFINITION
-
-
-def _new_batch_definition():  # noqa: ANN202
     # Great Expectations reports usage to its vendor by default; a personal memory system must not.
     # Set here, before GX is first used, not when this module is imported (importing changes nothing).
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
