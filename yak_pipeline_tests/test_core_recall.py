@@ -32,7 +32,8 @@ from yak_pipeline.core.relevance import (
 )
 from yak_pipeline.core.scoring import TIER_GRAVITY
 from yak_pipeline.core.types import TIERS
-from yak_pipeline.core.updates import announces_update
+from yak_pipeline.core.updates import announces_update, tells_of_change
+from yak_pipeline.recall_models import load_relevance_model
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 # relevance = sigmoid(10 × cos_distillation): a candidate's relevance is set through its cosine.
@@ -272,6 +273,28 @@ def test_a_new_value_is_read_from_the_words_that_announce_it() -> None:
         assert not announces_update(text), text
 
 
+def test_a_change_or_how_things_stand_now_is_read_from_the_words() -> None:
+    for text in ("User drives a Subaru Forester now.", "User has stopped drinking completely.",
+                 "User no longer eats meat.", "User switched to oat milk.", "User doesn't smoke any more.",
+                 "User quit padel.", "User is currently learning Portuguese.", "User started eating fish again."):
+        assert tells_of_change(text), text
+    for text in ("User lives in Ruzafa.", "User's sister Chioma had a baby boy.", "User is vegetarian.",
+                 "User knows the station well.", "User's flatmate is Irene."):
+        assert not tells_of_change(text), text
+
+
+def test_a_memory_telling_of_a_change_is_marked_for_a_question_about_the_present() -> None:
+    """``present_change`` is 1 when the signals say so (``store.recall`` sets it only for a question
+    about the present and a distillation's words); a model without its weight ignores it."""
+    plain = _signals(0.5)
+    assert relevance_features(plain)["present_change"] == 0.0
+    assert relevance_features(replace(plain, present_change=True))["present_change"] == 1.0
+    assert STEEP.logit(relevance_features(replace(plain, present_change=True))) == STEEP.logit(relevance_features(plain))
+    shipped = load_relevance_model("all-MiniLM-L6-v2")
+    lifted = shipped.logit(relevance_features(replace(plain, present_change=True)))
+    assert lifted > shipped.logit(relevance_features(plain))  # the shipped fit weighs it as evidence for
+
+
 def test_explain_carries_every_factor_of_the_score() -> None:
     signals = _signals(0.2, cos_x=0.3, bm25_d=2.0, bm25_x=4.0, best_cos=0.4, best_cos_x=0.5, best_bm25_d=4.0,
                        best_bm25_x=4.0)
@@ -438,7 +461,8 @@ def test_features_are_cosines_gaps_to_the_best_and_bm25_relative_to_the_best() -
     assert features == pytest.approx({"cos_distillation": 0.6, "cos_exchange": 0.5, "cos_context": 0.5,
                                       "gap_distillation": -0.2, "gap_exchange": -0.4, "gap_context": -0.4,
                                       "text_distillation": 0.5, "text_exchange": 0.1, "raw_exchange": 0.0,
-                                      "lexical_strength": 0.5, "raw_not_about_self": 0.0, "answer_kind": 0.0})
+                                      "lexical_strength": 0.5, "raw_not_about_self": 0.0, "answer_kind": 0.0,
+                                      "present_change": 0.0})
     # A query whose best lexical match is a common word or two: its shared words count for little.
     weak = relevance_features(_signals(0.6, bm25_x=2.0, best_bm25_x=2.0))
     strong = relevance_features(_signals(0.6, bm25_x=12.0, best_bm25_x=12.0))

@@ -272,6 +272,30 @@ def test_candidates_say_whether_they_hold_the_kind_of_thing_the_question_asks_fo
     assert not any(marked("Tell me about Porto and my sister").values())
 
 
+def test_candidates_say_whether_they_tell_of_a_change_when_the_question_asks_about_the_present(
+        conn: psycopg.Connection) -> None:
+    (_, cycles), (_, scoots), (said_now, words) = _seed(conn, "carol", [
+        ("I cycle to school on Valenbisi.", "User cycles to school on Valenbisi."),
+        ("I bought a Vespa, so now I scoot to school.", "User bought a Vespa, so now they scoot to school."),
+        ("Right now I'm stuck in traffic on the way to school.", "User is stuck in traffic.")])
+    # The third exchange's distillation waits in review: its exchange is recalled as the user's own words.
+    conn.execute("UPDATE distillations SET status = 'review', confidence = 0.5 WHERE id = %s", (words,))
+    _embed_exchanges(conn)
+    params = RecallParams(threshold=0.0, limit=6, gate=False)
+
+    def marked(query: str) -> dict[str, bool]:
+        found = recall_candidates(conn, user_id="carol", query=query, query_embedding=EMBEDDER.embed_query(query),
+                                  embedding_model=MODEL, params=params, exact=True)
+        return {c.id: c.signals.present_change for c in found}
+
+    now = marked("How do I get to school currently?")
+    assert now[scoots] and not now[cycles]
+    # The user's own words say "now" of the moment: not read (core.updates.tells_of_change).
+    assert said_now in now and not now[said_now]
+    # A question not about the present marks nothing.
+    assert not any(marked("How did I get to school on Valenbisi?").values())
+
+
 def test_recall_at_the_largest_exponent_with_a_steep_model_ranks_without_overflow(conn: psycopg.Connection) -> None:
     # YAK_RECALL_RELEVANCE_EXPONENT allows 100; with a model ten times as steep as the shipped
     # one the best memories' rank odds pass the largest float (e × logit > 709), where the score

@@ -221,6 +221,8 @@ class RankedMemory:
             why.append("shares words with the question")
         if f.get("answer_kind", 0.0) > 0.0:
             why.append("it holds the kind of thing the question asks for (a date, a number or a name)")
+        if f.get("present_change", 0.0) > 0.0:
+            why.append("the question asks how things are now, and it says how they are now or that they changed")
         days = max((now - self.refreshed_at).total_seconds() / _SECONDS_PER_DAY, 0.0)
         said = "today" if days < 1 else "yesterday" if days < 2 else f"{days:.0f} days ago"
         why.append(f"said {said}" + (", so it counts for less" if self.decay < 0.9 else ""))

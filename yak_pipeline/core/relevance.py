@@ -51,6 +51,10 @@ Features (all pure functions of :class:`RelevanceSignals`):
   the person, "my niece Greta is three" does. A distillation is always about its user: 0.
 - ``answer_kind`` — 1 when the query asks for a date, a number or a name and the memory's words
   hold one (``core.answer_kinds``: "When did I move?" and "…moved in March"), else 0.
+- ``present_change`` — 1 when the query asks about the present ("How do I commute currently?",
+  ``core.query_intent``) and the memory is a distillation whose words tell how things stand now
+  or that they changed ("User bought a Vespa, so now they scoot to school";
+  ``core.updates.tells_of_change``), else 0: the current statement, not the one it replaced.
 """
 
 from __future__ import annotations
@@ -74,6 +78,7 @@ FEATURES: Final[tuple[str, ...]] = (
     "lexical_strength",
     "raw_not_about_self",
     "answer_kind",
+    "present_change",
 )
 # The best BM25 of a query's exchange leg at which its words count half (``lexical_strength``):
 # with PostgreSQL's english stemming and Okapi BM25 over a person's exchanges, a match of one or two
@@ -116,6 +121,9 @@ class RelevanceSignals:
     # Whether the query asks for a kind of thing (a date, a number, a name) that the memory's words
     # hold (``core.answer_kinds``).
     answer_kind: bool = False
+    # Whether the query asks about the present and the memory, a distillation, tells how things
+    # stand now or that they changed (``core.updates.tells_of_change``).
+    present_change: bool = False
 
 
 def _ratio(value: float, best: float) -> float:
@@ -144,6 +152,7 @@ def relevance_features(signals: RelevanceSignals) -> dict[str, float]:
         "lexical_strength": strength,
         "raw_not_about_self": 1.0 if signals.raw and not signals.about_self else 0.0,
         "answer_kind": 1.0 if signals.answer_kind else 0.0,
+        "present_change": 1.0 if signals.present_change else 0.0,
     }
 
 

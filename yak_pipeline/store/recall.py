@@ -46,6 +46,7 @@ from yak_pipeline.core.query_intent import asks_about_past, asks_about_present
 from yak_pipeline.core.recall import Candidate, Leg, RankedMemory, RecallParams, rank_memories
 from yak_pipeline.core.relevance import RelevanceModel, RelevanceSignals, speaks_of_self
 from yak_pipeline.core.types import Tier
+from yak_pipeline.core.updates import tells_of_change
 from yak_pipeline.store.bm25 import bm25_search
 from yak_pipeline.store.leg_runner import Once, Spare, run_legs
 from yak_pipeline.store.recall_legs import LegHit
@@ -176,13 +177,14 @@ class CandidateQuery(TypedDict):
 def _candidates(rows: Sequence[_CandidateRow], raw_rows: Sequence[_RawRow], held_by: Mapping[str, str], *,
                 said: Mapping[str, str], d_text: Sequence[LegHit], d_vec: Sequence[LegHit],
                 m_text: Sequence[LegHit], m_vec: Sequence[LegHit], c_vec: Sequence[LegHit],
-                wanted: AnswerKind | None) -> list[Candidate]:
+                wanted: AnswerKind | None, present: bool) -> list[Candidate]:
     """Each candidate row (:data:`_CANDIDATE_ROWS_SQL`) with its signals and ranks from the legs' hits
     (the exchange legs' through ``held_by``, the distillation holding each exchange), and each raw
     row (:data:`_RAW_ROWS_SQL`, an exchange no active distillation holds) as a raw candidate, each
     with the words the update reading reads (a distillation's text; an exchange's user side,
     ``said``, by its id); ``wanted`` is the kind of thing the query asks for (``core.answer_kinds``),
-    looked for in those words."""
+    looked for in those words; ``present``, whether the query asks about the present, when a
+    distillation's words that tell of a change count (``core.updates.tells_of_change``)."""
     # An exchange's BM25 and cosine count for the distillation that holds it; a distillation
     # holding several (merges) keeps the best of each. A raw exchange stands for itself.
     itself = {row.id: row.id for row in raw_rows}
@@ -230,7 +232,7 @@ def _candidates(rows: Sequence[_CandidateRow], raw_rows: Sequence[_RawRow], held
             best_cos_distillation=best_cos_d, best_cos_exchange=best_cos_x,
             best_bm25_distillation=best_bm25_d, best_bm25_exchange=best_bm25_x,
             cos_context=context_cos[distillation_id], best_cos_context=best_cos_c,
-            answer_kind=holds_kind(wanted, row.content))
+            answer_kind=holds_kind(wanted, row.content), present_change=present and tells_of_change(row.content))
         candidates.append(Candidate(
             id=distillation_id, tier=row.tier, warmth=float(row.warmth), user_weight=float(row.user_weight),
             refreshed_at=row.refreshed_at, signals=signals, ranks=ranks.get(distillation_id, {}),
@@ -342,7 +344,7 @@ def recall_candidates(conn: psycopg.Connection, **ask: Unpack[CandidateQuery]) -
         # whose own exchange came after that moment: not a candidate then (found by hypothesis).
         return []
     return _candidates(rows, raw_rows, held_by, said=said, d_text=d_text, d_vec=d_vec, m_text=m_text, m_vec=m_vec,
-                       c_vec=c_vec, wanted=wanted_kind(query))
+                       c_vec=c_vec, wanted=wanted_kind(query), present=asks_about_present(query))
 
 
 def recall(conn: psycopg.Connection, *, model: RelevanceModel, now: datetime | None = None,
