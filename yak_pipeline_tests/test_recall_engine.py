@@ -250,18 +250,22 @@ def test_recall_finds_words_only_the_exchange_kept(conn: psycopg.Connection) -> 
     assert rank_memories(candidates, model=FITTED, params=params, now=NOW) == exact
 
 
+def _candidates_of(conn: psycopg.Connection, user_id: str, query: str) -> list:
+    """Every candidate of ``query`` for ``user_id``, ungated (exact search)."""
+    return recall_candidates(conn, user_id=user_id, query=query, query_embedding=EMBEDDER.embed_query(query),
+                             embedding_model=MODEL, params=RecallParams(threshold=0.0, limit=6, gate=False),
+                             exact=True)
+
+
 def test_candidates_say_whether_they_hold_the_kind_of_thing_the_question_asks_for(conn: psycopg.Connection) -> None:
     moved, lovely, sister = (d for _, d in _seed(conn, "bob", [
         ("I moved to Porto in March 2024.", "User moved to Porto in March 2024."),
         ("Porto is lovely, the food is great.", "User finds porto lovely, the food is great."),
         ("My sister teaches chemistry, her name is Anna.", "User's sister is called Anna and teaches chemistry.")]))
     _embed_exchanges(conn)
-    params = RecallParams(threshold=0.0, limit=6, gate=False)
 
     def marked(query: str) -> dict[str, bool]:
-        found = recall_candidates(conn, user_id="bob", query=query, query_embedding=EMBEDDER.embed_query(query),
-                                  embedding_model=MODEL, params=params, exact=True)
-        return {c.id: c.signals.answer_kind for c in found}
+        return {c.id: c.signals.answer_kind for c in _candidates_of(conn, "bob", query)}
 
     # A date is asked for: "in March 2024" holds one, "lovely, the food is great" none.
     when = marked("When did I move to Porto, and is Porto lovely?")
@@ -281,12 +285,9 @@ def test_candidates_say_whether_they_tell_of_a_change_when_the_question_asks_abo
     # The third exchange's distillation waits in review: its exchange is recalled as the user's own words.
     conn.execute("UPDATE distillations SET status = 'review', confidence = 0.5 WHERE id = %s", (words,))
     _embed_exchanges(conn)
-    params = RecallParams(threshold=0.0, limit=6, gate=False)
 
     def marked(query: str) -> dict[str, bool]:
-        found = recall_candidates(conn, user_id="carol", query=query, query_embedding=EMBEDDER.embed_query(query),
-                                  embedding_model=MODEL, params=params, exact=True)
-        return {c.id: c.signals.present_change for c in found}
+        return {c.id: c.signals.present_change for c in _candidates_of(conn, "carol", query)}
 
     now = marked("How do I get to school currently?")
     assert now[scoots] and not now[cycles]

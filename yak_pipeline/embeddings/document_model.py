@@ -13,13 +13,12 @@ a fraction of a second.
 The file is built once per machine from the packaged model (a few seconds; it needs torch,
 transformers and onnx, which `make setup` installs), checked against sentence-transformers on
 texts short and long before it is kept, and stored in the user's cache folder
-(``query_model.cache_dir``) under a name for what it was built from. When it cannot be built or
+(``built_models.cache_dir``) under a name for what it was built from. When it cannot be built or
 loaded, documents run on sentence-transformers as before: slower to start, never different.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import tempfile
@@ -28,7 +27,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from yak_pipeline.embeddings.query_model import cache_dir
+from yak_pipeline.embeddings.built_models import built_session, cache_dir
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -108,22 +107,8 @@ def document_session(options: onnxruntime.SessionOptions) -> onnxruntime.Inferen
     """An ONNX Runtime session of the exported model, built now if this machine has none yet; None
     when it cannot be built or loaded (a warning says why: documents then run on torch). A built
     file that does not load is removed, to be built again."""
-    import onnxruntime
-
-    target = None
-    try:
-        target = built_model_path()
-        if not target.is_file():
-            logger.info("exporting the document model once for this machine: %s", target)
-            build(target)
-        return onnxruntime.InferenceSession(str(target), options, providers=["CPUExecutionProvider"])
-    except Exception as exc:  # noqa: BLE001 - any failure here costs speed, never a vector
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        logger.warning("the ONNX document model is unavailable (%s); documents run on sentence-transformers", reason)
-        if target is not None and target.is_file():
-            with contextlib.suppress(OSError):
-                target.unlink()
-        return None
+    return built_session(built_model_path, build, options, name="ONNX document model",
+                         otherwise="documents run on sentence-transformers")
 
 
 if __name__ == "__main__":  # `make setup`: build it now rather than in the first run

@@ -18,12 +18,13 @@ slower, never wrong.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from yak_pipeline.embeddings.built_models import built_session, cache_dir
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -32,14 +33,6 @@ logger = logging.getLogger("yak.embeddings")
 
 # Part of the file's name: change it when the recipe below changes, so old files are not reused.
 _RECIPE = "dynamic-int8-per-channel-1"
-
-
-def cache_dir() -> Path:
-    """Where built model files are kept: ``$YAK_MODEL_CACHE``, else ``$XDG_CACHE_HOME/yak``, else ``~/.cache/yak``."""
-    configured = os.environ.get("YAK_MODEL_CACHE")
-    if configured:
-        return Path(configured).expanduser()
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "yak"
 
 
 def packaged_model() -> Path:
@@ -92,23 +85,11 @@ def query_session(options: onnxruntime.SessionOptions) -> onnxruntime.InferenceS
     """
     import onnxruntime
 
-    def session(path: Path) -> onnxruntime.InferenceSession:
-        return onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-    target = None
-    try:
-        target = built_model_path()
-        if not target.is_file():
-            logger.info("building the int8 query model once for this machine: %s", target)
-            build(target)
-        return session(target)
-    except Exception as exc:  # noqa: BLE001 - any failure here costs speed, never a recall
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        logger.warning("the int8 query model is unavailable (%s); queries run the packaged model", reason)
-        if target is not None and target.is_file():
-            with contextlib.suppress(OSError):
-                target.unlink()
-        return session(packaged_model())
+    built = built_session(built_model_path, build, options, name="int8 query model",
+                          otherwise="queries run the packaged model")
+    if built is not None:
+        return built
+    return onnxruntime.InferenceSession(str(packaged_model()), options, providers=["CPUExecutionProvider"])
 
 
 if __name__ == "__main__":  # `make setup`: build it now rather than on the first query
