@@ -232,15 +232,9 @@ def _load_query_model() -> Any:
 
 
 def _encode_query(text: str) -> list[float]:
-    """One query through the ONNX model: mean of the token vectors (the model's pooling), unit length."""
-    import numpy as np
-
+    """One query through the int8 ONNX model, as documents go through theirs (:func:`onnx_vectors`)."""
     tokenizer, session = _load_query_model()
-    encoding = tokenizer.encode(text)
-    ids = np.asarray([encoding.ids], dtype=np.int64)
-    mask = np.asarray([encoding.attention_mask], dtype=np.int64)
-    hidden = session.run(None, {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)})[0]
-    return _pooled(hidden, mask)[0].tolist()
+    return onnx_vectors(session, [text], tokenizer)[0]
 
 
 class LocalMiniLMEmbedder:
