@@ -16,7 +16,9 @@
    merges, exchange vectors.
 3. **LLM-bound** — distillation through the loopback OpenAI-protocol server (the test suite's
    ``FakeOpenAIServer``, real HTTP, real ``openai`` client) answering every call after 200 ms,
-   at concurrency 1 and 10 (``YAK_LLM_CONCURRENCY``): exchanges/s and the speed-up.
+   at concurrency 1 and 10 (``YAK_LLM_CONCURRENCY``): exchanges/s and the speed-up. Then the
+   conflict checks of ``CONFLICT_N`` distillations (distilled offline first), every conflict
+   call answered after 200 ms, at concurrency 1 and 10: distillations checked per second.
 
 Targets (issue 37): ``yak process`` at ≥ 60 % of the limit measured in the same run; ≥ 7× speed-up at
 concurrency 10.
@@ -47,6 +49,9 @@ TARGETS = {"share_of_limit": 0.6, "concurrency_speedup": 7.0}
 # The batch sizes the limit is measured at; the best is the limit.
 LIMIT_BATCHES = (16, 32, 64)
 LLM_DELAY_SECONDS = 0.2
+# Distillations whose conflict checks go through the 200 ms LLM (about five calls each, one after
+# another at concurrency 1: this many keep that run near half a minute).
+CONFLICT_N = 30
 _OPENERS = ["I", "My sister", "We", "I really", "Last week I", "My partner and I"]
 _ACTS = ["moved to Lisbon", "adopted a kitten called Miso", "started learning the violin", "work as a nurse",
          "ran a half marathon", "bake sourdough on Sundays", "visited the science museum", "prefer green tea",
@@ -203,8 +208,46 @@ def bench_llm_concurrency(settings: Settings, url: str, n: int, seed: int) -> di
                                              "seconds": round(seconds, 2),
                                              "exchanges_per_s": round(len(ids) / seconds, 2)}
                 progress(f"  concurrency {concurrency}: {len(ids)} exchanges in {seconds:.1f}s")
+            conflicts = _llm_conflict_checks(settings, db, llm, embedder, seed, server)
     speedup = results["10"]["exchanges_per_s"] / results["1"]["exchanges_per_s"]
-    return {"delay_seconds": LLM_DELAY_SECONDS, "by_concurrency": results, "speedup": round(speedup, 2)}
+    return {"delay_seconds": LLM_DELAY_SECONDS, "by_concurrency": results, "speedup": round(speedup, 2),
+            "conflict_checks": conflicts}
+
+
+def _llm_conflict_checks(settings: Settings, db, llm, embedder, seed: int, server) -> dict:  # noqa: ANN001
+    """The conflict checks of :data:`CONFLICT_N` distillations, each LLM call answered after 200 ms,
+    at concurrency 1 and 10 (one user each, distilled offline by the rules first)."""
+    from yak_loopback.openai_replies import Reply
+    from yak_pipeline.ingestion.formats.exchange_records import ExchangeRecord
+    from yak_pipeline.ingestion.records import ingest_records
+    from yak_pipeline.llm.rules import RulesProvider
+    from yak_pipeline.services.consolidate import ConsolidateJob, score_conflicts
+    from yak_pipeline.services.distill import DistillJob, distill_memories, partition_memory_ids
+
+    by_concurrency = {}
+    for concurrency in (1, 10):
+        user = f"conflicts-c{concurrency}"
+        records = [ExchangeRecord(user_id=user, content=f"User: {e['user']}\nAssistant: {e['assistant']}",
+                                  occurred_at=datetime.fromisoformat(e["occurred_at"]), line=i)
+                   for i, e in enumerate(exchanges(CONFLICT_N, seed, user_prefix="c"))]
+        ingest_records(db, records, source="import")
+        ids = partition_memory_ids(db, user_id=user, day=None, include_outdated=False,
+                                   prompt_version=settings.prompt_version)
+        distill_memories(DistillJob(db=db, llm=RulesProvider(), embedder=embedder,
+                                    prompt_version=settings.prompt_version), ids, concurrency=2)
+        # Every call delayed: more delayed replies than calls (a leftover only delays a later call).
+        server.script(*[Reply.delay(LLM_DELAY_SECONDS)] * (10 * CONFLICT_N))
+        began = time.monotonic()
+        report = score_conflicts(ConsolidateJob(db=db, llm=llm, embedder=embedder, concurrency=concurrency),
+                                 user_id=user, day=None)
+        seconds = time.monotonic() - began
+        by_concurrency[str(concurrency)] = {"distillations": report.rows_out, "llm_calls": len(report.latencies_ms),
+                                            "conflicts": report.flagged, "seconds": round(seconds, 2),
+                                            "distillations_per_s": round(report.rows_out / seconds, 2)}
+        progress(f"  conflict checks at concurrency {concurrency}: {report.rows_out} distillations, "
+                 f"{len(report.latencies_ms)} calls in {seconds:.1f}s")
+    speedup = by_concurrency["10"]["distillations_per_s"] / by_concurrency["1"]["distillations_per_s"]
+    return {"by_concurrency": by_concurrency, "speedup": round(speedup, 2)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -260,6 +303,10 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((f"LLM at 200 ms/call, concurrency {c} (exchanges/s)", f"{figures['exchanges_per_s']}", "", ""))
     rows.append(("speed-up at concurrency 10", f"{llm['speedup']}×", f"≥ {TARGETS['concurrency_speedup']:g}×",
                  verdict(llm["speedup"], TARGETS["concurrency_speedup"], higher_is_better=True)))
+    for c, figures in llm["conflict_checks"]["by_concurrency"].items():
+        rows.append((f"conflict checks, LLM at 200 ms/call, concurrency {c} (distillations/s; calls)",
+                     f"{figures['distillations_per_s']}; {figures['llm_calls']}", "", ""))
+    rows.append(("conflict checks' speed-up at concurrency 10", f"{llm['conflict_checks']['speedup']}×", "", ""))
     rows.append(("load average, 1 min (before / after)", f"{load['before']} / {load['after']}", "", ""))
     print_table("Ingest throughput", rows)
     print(f"wrote {path}")

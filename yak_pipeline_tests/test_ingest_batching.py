@@ -351,3 +351,70 @@ def test_a_worker_embedding_its_distillation_holds_no_llm_slot_and_calls_never_e
     else:
         # No connection to spare for a fifth worker: none waits for one while holding a slot.
         assert busy.most_busy <= 4
+
+
+# --- Conflict checks side by side ------------------------------------------------------------------
+
+_CHANGING = ["I live in Lisbon", "I live in Porto", "I work as a nurse", "I work as a teacher",
+             "My favourite colour is blue", "My favourite colour is green", "I am vegetarian", "I eat fish"]
+
+
+def _distilled(database: Database, user_id: str, n: int, facts: list[str] = _CHANGING) -> None:
+    """``n`` exchanges of ``facts`` (by default facts that keep changing), distilled one at a time and
+    not yet conflict-checked."""
+    start = datetime.now(UTC) - timedelta(days=3)
+    records = [ExchangeRecord(user_id=user_id, content=f"User: {facts[(i * 3) % len(facts)]} ({i}).\nAssistant: Noted.",
+                              occurred_at=start + timedelta(minutes=5 * i), line=i) for i in range(n)]
+    ingest_records(database, records, source="import")
+    job = DistillJob(db=database, llm=RulesProvider(), embedder=HashingEmbedder(384), prompt_version="test")
+    ids = partition_memory_ids(database, user_id=user_id, day=None, include_outdated=False, prompt_version="test")
+    assert distill_memories(job, ids, concurrency=1).rows_out == n
+
+
+def _conflict_state(database: Database, user_id: str) -> tuple[list, list]:
+    """A user's conflicts (as exchange positions) and each distillation's check and review marks."""
+    with database.connection() as conn:
+        rows = conn.execute(
+            """SELECT d.id::text, d.conflict_checked_at IS NOT NULL, d.needs_review, d.superseded_by IS NOT NULL
+               FROM distillations d JOIN memories m ON m.id = d.memory_id WHERE d.user_id = %s
+               ORDER BY m.occurred_at""", (user_id,)).fetchall()
+        pairs = conn.execute("SELECT distillation_a::text, distillation_b::text FROM conflicts WHERE user_id = %s",
+                             (user_id,)).fetchall()
+    position = {row[0]: i for i, row in enumerate(rows)}
+    return sorted(tuple(sorted((position[a], position[b]))) for a, b in pairs), [row[1:] for row in rows]
+
+
+def test_conflicts_checked_side_by_side_end_in_the_one_at_a_time_state(database: Database) -> None:
+    """Contradicting distillations checked by several workers at once (each records the pair and
+    flags the other side) give the same conflicts, marks and counts as one check after another."""
+    n = 40
+    for user in ("one-at-a-time", "side-by-side"):
+        _distilled(database, user, n)
+    embedder = HashingEmbedder(384)
+    plain = score_conflicts(ConsolidateJob(db=database, llm=RulesProvider(), embedder=embedder),
+                            user_id="one-at-a-time", day=None)
+    wide = score_conflicts(ConsolidateJob(db=database, llm=RulesProvider(), embedder=embedder, concurrency=4),
+                           user_id="side-by-side", day=None)
+    assert plain.flagged >= 3, "the data must produce conflicts for the comparison to mean anything"
+    assert _conflict_state(database, "side-by-side") == _conflict_state(database, "one-at-a-time")
+    assert (wide.rows_in, wide.rows_out, wide.flagged, wide.failed, wide.skipped) == (
+        plain.rows_in, plain.rows_out, plain.flagged, plain.failed, plain.skipped) == (n, n, plain.flagged, 0, 0)
+
+
+def test_a_distillation_held_elsewhere_is_skipped_once_and_left_for_the_next_run(database: Database) -> None:
+    # Facts that contradict nothing: no check needs the held row (recording a conflict would wait for it).
+    _distilled(database, "held", 12, [f"I have a pet called {name}" for name in ("Miso", "Tofu", "Pip", "Luna")] + _FACTS)
+    with database.connection() as conn:
+        active = conn.execute("SELECT count(*) FROM distillations WHERE user_id = 'held' AND status = 'active'"
+                              ).fetchone()[0]
+    with database.connection() as holder:
+        held = holder.execute("SELECT id::text FROM distillations WHERE user_id = 'held' AND status = 'active' ORDER BY created_at LIMIT 1"
+                              ).fetchone()[0]
+        holder.execute("SELECT 1 FROM distillations WHERE id = %s FOR UPDATE", (held,))
+        report = score_conflicts(ConsolidateJob(db=database, llm=RulesProvider(), embedder=HashingEmbedder(384),
+                                                concurrency=4), user_id="held", day=None)
+    assert active > 5 and (report.rows_in, report.rows_out, report.skipped) == (active, active - 1, 1)
+    with database.connection() as conn:
+        unchecked = conn.execute("SELECT id::text FROM distillations WHERE user_id = 'held' AND status = 'active' AND conflict_checked_at IS NULL"
+                                 ).fetchall()
+    assert unchecked == [(held,)]

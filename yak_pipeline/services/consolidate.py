@@ -10,6 +10,7 @@ neither repeat nor double a merge.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import date
@@ -87,38 +88,76 @@ def _count_failure(conn: psycopg.Connection, report: StageReport, distillation_i
 
 
 def score_conflicts(job: ConsolidateJob, *, user_id: str, day: date | None) -> StageReport:
-    """Score each new distillation against its similar active ones; > 0.7 records a conflict."""
+    """Score each new distillation against its similar active ones; > 0.7 records a conflict.
+
+    Up to ``job.concurrency`` distillations are checked at once, each in its own transaction on
+    its own connection (a remote LLM's conflict calls wait in parallel; offline, the database's
+    round trips do). Two of them that contradict each other may meet: recording the pair touches
+    both rows, so one check can find the other's row held, or the database breaks a deadlock
+    between them. Such a check is undone and done again after the others, one at a time, so the
+    outcome is the one-after-another outcome.
+    """
     report = StageReport()
-    for distillation_id in _unchecked(job.db, user_id=user_id, day=day, column="conflict_checked_at"):
-        with _claim(job, distillation_id, "conflict_checked_at", report) as claimed:
-            if claimed is None:
-                continue
-            conn, row = claimed
-            owner, content, embedding, model = row.user_id, row.content, row.embedding, row.embedding_model
-            neighbours = nearest_active(conn, user_id=owner, embedding=embedding, embedding_model=model,
-                                        limit=CONFLICT_CHECK_TOP_K, exclude_id=distillation_id)
-            candidates = conflict_candidates(distillation_id, owner, neighbours)
-            # All candidates' texts in one round trip rather than one query per candidate.
-            texts = contents_by_id(conn, [n.id for n in candidates])
-            try:
-                for neighbour in candidates:
-                    result = job.llm.conflict_score(texts[neighbour.id], content)
-                    report.record_call(result.stats)
-                    if is_conflict(result.score):
-                        conflict_id = record_conflict(conn, user_id=owner, a=distillation_id, b=neighbour.id,
-                                                      score=result.score)
-                        if conflict_id is not None:
-                            report.flagged += 1
-                            report.ids.append(str(conflict_id))
-                            job.alerter.alert("conflict_detected", f"two memories of {owner} contradict each other",
-                                              level="warn", ids=(distillation_id, neighbour.id),
-                                              error=f"score {result.score:.2f}")
-            except LLMError as exc:
-                _count_failure(conn, report, distillation_id, exc, "conflict_score_failed")
-                continue
-            mark_checked(conn, [distillation_id], "conflict_checked_at")
-            report.rows_out += 1
+    ids = _unchecked(job.db, user_id=user_id, day=day, column="conflict_checked_at")
+    workers = min(job.concurrency, job.db.max_connections - 1, len(ids))
+    again = ids
+    if workers > 1:
+        again = []
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="yak-conflicts") as pool:
+            for distillation_id, (done, mine) in zip(ids, pool.map(lambda i: _check_conflicts(job, i), ids)):
+                if done:
+                    report.merge(mine)
+                else:
+                    again.append(distillation_id)
+    for distillation_id in again:
+        report.merge(_check_conflicts(job, distillation_id, retry=False)[1])
     return report
+
+
+def _check_conflicts(job: ConsolidateJob, distillation_id: str, *, retry: bool = True) -> tuple[bool, StageReport]:
+    """Check one distillation for conflicts in one transaction: ``(done, report)``.
+
+    With ``retry``, a distillation found held (by another worker of this stage, or of another
+    run) or caught in a deadlock is left undone (``done`` False) for the caller to check again.
+    """
+    report = StageReport()
+    with _claim(job, distillation_id, "conflict_checked_at", report) as claimed:
+        if claimed is None:
+            return not retry, report
+        conn, row = claimed
+        owner, content, embedding, model = row.user_id, row.content, row.embedding, row.embedding_model
+        neighbours = nearest_active(conn, user_id=owner, embedding=embedding, embedding_model=model,
+                                    limit=CONFLICT_CHECK_TOP_K, exclude_id=distillation_id)
+        candidates = conflict_candidates(distillation_id, owner, neighbours)
+        # All candidates' texts in one round trip rather than one query per candidate.
+        texts = contents_by_id(conn, [n.id for n in candidates])
+        alerts: list[tuple[str, float]] = []
+        try:
+            for neighbour in candidates:
+                result = job.llm.conflict_score(texts[neighbour.id], content)
+                report.record_call(result.stats)
+                if is_conflict(result.score):
+                    conflict_id = record_conflict(conn, user_id=owner, a=distillation_id, b=neighbour.id,
+                                                  score=result.score)
+                    if conflict_id is not None:
+                        report.flagged += 1
+                        report.ids.append(str(conflict_id))
+                        alerts.append((str(neighbour.id), result.score))
+        except psycopg.errors.DeadlockDetected:
+            if not retry:
+                raise
+            conn.rollback()
+            return False, report
+        except LLMError as exc:
+            _count_failure(conn, report, distillation_id, exc, "conflict_score_failed")
+            return True, report
+        mark_checked(conn, [distillation_id], "conflict_checked_at")
+        report.rows_out += 1
+    # Alerted once the conflicts are committed (a check undone above records none).
+    for other, score in alerts:
+        job.alerter.alert("conflict_detected", f"two memories of {owner} contradict each other",
+                          level="warn", ids=(distillation_id, other), error=f"score {score:.2f}")
+    return True, report
 
 
 def merge_near_duplicates(job: ConsolidateJob, *, user_id: str, day: date | None) -> StageReport:
