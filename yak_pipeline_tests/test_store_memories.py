@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -119,6 +119,23 @@ def test_conflicts_are_one_per_pair_and_flag_both(conn: psycopg.Connection) -> N
     assert not close_conflict(conn, conflict, status="resolved", user_id="bob")
     assert close_conflict(conn, conflict, status="resolved", resolution="moved to Porto", user_id="alice")
     assert list_conflicts(conn, user_id="alice") == []
+
+
+@pytest.mark.parametrize("latest_first", [True, False])
+def test_of_two_later_statements_the_latest_supersedes_whatever_order_they_are_recorded_in(
+        conn: psycopg.Connection, latest_first: bool) -> None:
+    """Conflict checks run side by side record a memory's conflicts in any order: it ends
+    superseded by the latest statement it contradicts all the same."""
+    start = datetime(2026, 3, 1, tzinfo=UTC)
+    said = {}
+    for days, city in ((0, "Lisbon"), (10, "Porto"), (20, "Madrid")):
+        said[city] = seed_memory_with_distillation(
+            conn, user_id="alice", exchange=f"User: I live in {city}\nAssistant: ok",
+            distillation=f"User lives in {city}.", occurred_at=start + timedelta(days=days))[1]
+    order = ["Madrid", "Porto"] if latest_first else ["Porto", "Madrid"]
+    for city in order:
+        assert record_conflict(conn, user_id="alice", a=said["Lisbon"], b=said[city], score=0.9) is not None
+    assert str(get_distillation(conn, said["Lisbon"])["superseded_by"]) == str(said["Madrid"])
 
 
 def test_a_conflict_cannot_span_users(conn: psycopg.Connection) -> None:
