@@ -105,10 +105,12 @@ def score_conflicts(job: ConsolidateJob, *, user_id: str, day: date | None) -> S
         again = []
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="yak-conflicts") as pool:
             for distillation_id, (done, mine) in zip(ids, pool.map(lambda i: _check_conflicts(job, i), ids)):
-                if done:
-                    report.merge(mine)
-                else:
+                if not done:
+                    # Checked again below; only the LLM calls the undone attempt made count from it.
                     again.append(distillation_id)
+                    mine.rows_in = mine.skipped = mine.flagged = 0
+                    mine.ids.clear()
+                report.merge(mine)
     for distillation_id in again:
         report.merge(_check_conflicts(job, distillation_id, retry=False)[1])
     return report
