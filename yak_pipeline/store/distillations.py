@@ -284,8 +284,8 @@ def mark_superseded_by_newer(conn: psycopg.Connection, a: UUID | str, b: UUID | 
     A knowledge update ("I moved to Porto" after "I live in Lisbon"): the older stays, with its
     versions, and recall ranks it below the newer and marks it in the memory block. Nothing is
     marked when both were stated at the same moment (no way to tell which is current), nor when
-    a statement later than the newer one already supersedes the older. Returns the id of the
-    superseded distillation, or None.
+    a statement later than the newer one (not forgotten) already supersedes the older. Returns the
+    id of the superseded distillation, or None.
     """
     # When each was said (its exchange's time), not when it was last edited.
     rows = conn.execute(
@@ -302,7 +302,8 @@ def mark_superseded_by_newer(conn: psycopg.Connection, a: UUID | str, b: UUID | 
         """UPDATE distillations d SET superseded_by = %(newer)s, superseded_at = now(), updated_at = now()
            WHERE d.id = %(older)s AND d.superseded_by IS DISTINCT FROM %(newer)s
              AND NOT EXISTS (SELECT 1 FROM distillations s JOIN memories m ON m.id = s.memory_id
-                             WHERE s.id = d.superseded_by AND (m.occurred_at, s.id) > (%(newer_at)s, %(newer)s::uuid))
+                             WHERE s.id = d.superseded_by AND s.deleted_at IS NULL
+                               AND (m.occurred_at, s.id) > (%(newer_at)s, %(newer)s::uuid))
            RETURNING d.id""",
         {"newer": newer, "older": older, "newer_at": newer_at},
     ).fetchone()
