@@ -418,3 +418,37 @@ def test_a_distillation_held_elsewhere_is_skipped_once_and_left_for_the_next_run
         unchecked = conn.execute("SELECT id::text FROM distillations WHERE user_id = 'held' AND status = 'active' AND conflict_checked_at IS NULL"
                                  ).fetchall()
     assert unchecked == [(held,)]
+
+
+class _MeetingRules(RulesProvider):
+    """Rules, except that the first two conflict calls wait for each other: two checks then hold
+    their own rows when each records the pair, and PostgreSQL must end the deadlock."""
+
+    def __init__(self) -> None:
+        self._meeting = threading.Barrier(2, timeout=10)
+        self.calls = 0
+        self._lock = threading.Lock()
+
+    def conflict_score(self, a: str, b: str):  # noqa: ANN201 - as the parent
+        with self._lock:
+            self.calls += 1
+            meet = self.calls <= 2
+        if meet:
+            self._meeting.wait()
+        return super().conflict_score(a, b)
+
+
+def test_two_contradicting_distillations_checked_at_once_record_their_conflict_once(database: Database) -> None:
+    """Each check locks its own distillation and records the pair, which updates the other's row:
+    a deadlock, which PostgreSQL ends by failing one of them. That check is undone and done again
+    after the other, and the outcome is the one-at-a-time outcome."""
+    _distilled(database, "meeting", 2, ["I live in Lisbon", "I live in Porto"])
+    llm = _MeetingRules()
+    report = score_conflicts(ConsolidateJob(db=database, llm=llm, embedder=HashingEmbedder(384), concurrency=2),
+                             user_id="meeting", day=None)
+    assert llm.calls == 3  # both checks once, and the undone one again
+    assert (report.rows_in, report.rows_out, report.flagged, report.failed, report.skipped) == (2, 2, 1, 0, 0)
+    pairs, marks = _conflict_state(database, "meeting")
+    assert pairs == [(0, 1)]
+    # Both checked, both flagged for review, the one said first superseded by the other.
+    assert marks == [(True, True, True), (True, True, False)]
