@@ -172,15 +172,26 @@ def bench_stages(settings: Settings, url: str, n: int, seed: int) -> dict:
             "share": {k: round(v / total, 3) for k, v in seconds.items()}}
 
 
+def _stored_for(settings: Settings, db, user: str, items: list[dict]) -> list[str]:  # noqa: ANN001 - Database
+    """``items`` (:func:`exchanges`) stored as ``user``'s exchanges; the ids of their memories to distil."""
+    from yak_pipeline.ingestion.formats.exchange_records import ExchangeRecord
+    from yak_pipeline.ingestion.records import ingest_records
+    from yak_pipeline.services.distill import partition_memory_ids
+
+    ingest_records(db, [ExchangeRecord(user_id=user, content=f"User: {e['user']}\nAssistant: {e['assistant']}",
+                                       occurred_at=datetime.fromisoformat(e["occurred_at"]), line=i)
+                        for i, e in enumerate(items)], source="import")
+    return partition_memory_ids(db, user_id=user, day=None, include_outdated=False,
+                                prompt_version=settings.prompt_version)
+
+
 def bench_llm_concurrency(settings: Settings, url: str, n: int, seed: int) -> dict:
     """Distillation through a loopback OpenAI-protocol server that answers after 200 ms."""
     from yak_loopback.openai_replies import Reply
     from yak_loopback.openai_server import FakeOpenAIServer
     from yak_pipeline.embeddings import get_embedder
-    from yak_pipeline.ingestion.formats.exchange_records import ExchangeRecord
-    from yak_pipeline.ingestion.records import ingest_records
     from yak_pipeline.llm import OpenAIChatProvider
-    from yak_pipeline.services.distill import DistillJob, distill_memories, partition_memory_ids
+    from yak_pipeline.services.distill import DistillJob, distill_memories
     from yak_pipeline.wiring import open_database
 
     embedder = get_embedder(settings)
@@ -191,13 +202,7 @@ def bench_llm_concurrency(settings: Settings, url: str, n: int, seed: int) -> di
         llm = OpenAIChatProvider.from_settings(llm_settings)
         with open_database(settings, url=url, max_size=12) as db:
             for concurrency in (1, 10):
-                user = f"llm-c{concurrency}"
-                records = [ExchangeRecord(user_id=user, content=f"User: {e['user']}\nAssistant: {e['assistant']}",
-                                          occurred_at=datetime.fromisoformat(e["occurred_at"]), line=i)
-                           for i, e in enumerate(exchanges(n, seed + concurrency, user_prefix="x"))]
-                ingest_records(db, records, source="import")
-                ids = partition_memory_ids(db, user_id=user, day=None, include_outdated=False,
-                                           prompt_version=settings.prompt_version)
+                ids = _stored_for(settings, db, f"llm-c{concurrency}", exchanges(n, seed + concurrency, user_prefix="x"))
                 job = DistillJob(db=db, llm=llm, embedder=embedder, prompt_version=settings.prompt_version)
                 # One delayed answer per distillation call; each then answers like a good model.
                 server.script(*[Reply.delay(LLM_DELAY_SECONDS)] * len(ids))
@@ -218,21 +223,14 @@ def _llm_conflict_checks(settings: Settings, db, llm, embedder, seed: int, serve
     """The conflict checks of :data:`CONFLICT_N` distillations, each LLM call answered after 200 ms,
     at concurrency 1 and 10 (one user each, distilled offline by the rules first)."""
     from yak_loopback.openai_replies import Reply
-    from yak_pipeline.ingestion.formats.exchange_records import ExchangeRecord
-    from yak_pipeline.ingestion.records import ingest_records
     from yak_pipeline.llm.rules import RulesProvider
     from yak_pipeline.services.consolidate import ConsolidateJob, score_conflicts
-    from yak_pipeline.services.distill import DistillJob, distill_memories, partition_memory_ids
+    from yak_pipeline.services.distill import DistillJob, distill_memories
 
     by_concurrency = {}
     for concurrency in (1, 10):
         user = f"conflicts-c{concurrency}"
-        records = [ExchangeRecord(user_id=user, content=f"User: {e['user']}\nAssistant: {e['assistant']}",
-                                  occurred_at=datetime.fromisoformat(e["occurred_at"]), line=i)
-                   for i, e in enumerate(exchanges(CONFLICT_N, seed, user_prefix="c"))]
-        ingest_records(db, records, source="import")
-        ids = partition_memory_ids(db, user_id=user, day=None, include_outdated=False,
-                                   prompt_version=settings.prompt_version)
+        ids = _stored_for(settings, db, user, exchanges(CONFLICT_N, seed, user_prefix="c"))
         distill_memories(DistillJob(db=db, llm=RulesProvider(), embedder=embedder,
                                     prompt_version=settings.prompt_version), ids, concurrency=2)
         # Every call delayed: more delayed replies than calls (a leftover only delays a later call).

@@ -86,6 +86,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import resource
 import secrets
 import sys
 import time
@@ -713,6 +714,12 @@ def bench_store(url: str, queries: list, limit: int, warmup: list) -> dict:
     }
 
 
+def _own_cpu_seconds() -> float:
+    """CPU seconds this process has used, every thread of it."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _machine_busy_seconds() -> float | None:
     """CPU seconds the whole machine has been busy (every process, PostgreSQL's too), from /proc/stat."""
     try:
@@ -730,16 +737,10 @@ def bench_cpu(url: str, queries: list, limit: int) -> dict:
     Whatever runs side by side, a recall cannot take less wall time than its CPU ÷ the cores: the
     floor under the p95 targets (docs/BENCHMARKS.md §2f).
     """
-    import resource
-
     from yak_pipeline.embeddings.local import LocalMiniLMEmbedder
     from yak_pipeline.recall_models import load_relevance_model
     from yak_pipeline.services.recall import SPARE_LEG_CONNECTIONS, recall_params, search_memories
     from yak_pipeline.store.database import Database
-
-    def own_seconds() -> float:
-        usage = resource.getrusage(resource.RUSAGE_SELF)  # every thread of this process
-        return usage.ru_utime + usage.ru_stime
 
     params = recall_params(get_settings(), threshold=0.7, limit=limit)
     model = load_relevance_model(MODEL)
@@ -747,10 +748,10 @@ def bench_cpu(url: str, queries: list, limit: int) -> dict:
     with Database(url, max_size=2 + SPARE_LEG_CONNECTIONS) as db:
         for user, text, _ in queries[:10]:  # loads the query model, opens the pool's connections
             search_memories(db, embedder, user_id=user, query=text, params=params, model=model)
-        busy, own, began = _machine_busy_seconds(), own_seconds(), time.perf_counter()
+        busy, own, began = _machine_busy_seconds(), _own_cpu_seconds(), time.perf_counter()
         for user, text, _ in queries:
             search_memories(db, embedder, user_id=user, query=text, params=params, model=model)
-        wall, own = time.perf_counter() - began, own_seconds() - own
+        wall, own = time.perf_counter() - began, _own_cpu_seconds() - own
         after = _machine_busy_seconds()
     n, cores = len(queries), os.cpu_count() or 1
     machine = (after - busy) / n * 1000 if busy is not None and after is not None else None
@@ -794,16 +795,10 @@ def _http_cpu(client, route: str, queries: list, limit: int) -> dict:  # noqa: A
 
     The floor of the request the HTTP percentiles time, block, profile and framework included,
     where :func:`bench_cpu`'s is the floor of ``search_memories`` alone."""
-    import resource
-
-    def own_seconds() -> float:
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        return usage.ru_utime + usage.ru_stime
-
-    busy, own, began = _machine_busy_seconds(), own_seconds(), time.perf_counter()
+    busy, own, began = _machine_busy_seconds(), _own_cpu_seconds(), time.perf_counter()
     for user, text, _ in queries:
         client.post(route, json={"query": text, "user_id": user, "limit": limit})
-    wall, own = time.perf_counter() - began, own_seconds() - own
+    wall, own = time.perf_counter() - began, _own_cpu_seconds() - own
     after = _machine_busy_seconds()
     n, cores = len(queries), os.cpu_count() or 1
     if busy is None or after is None:
